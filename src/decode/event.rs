@@ -1,0 +1,74 @@
+//! The typed events every protocol decoder produces.
+//!
+//! Decoders turn wire bytes into these; the metering glue turns these into
+//! meter calls. Text is carried only so it can be tokenized: it is never
+//! stored, logged or published.
+
+/// Which of the three output channels a piece of text belongs to. The
+/// channel decides the phase (`responding`, `reasoning`, `calling_tool`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutputChannel {
+    /// Visible answer text.
+    Text,
+    /// Reasoning / thinking text (split fields or inline `<think>`).
+    Reasoning,
+    /// Tool-call arguments (and names), streamed or whole.
+    ToolArguments,
+}
+
+/// A usage receipt as the API reports it. Absent fields were not reported.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Output tokens, reasoning and tool calls included
+    /// (`completion_tokens`, `output_tokens`, `eval_count`, ...).
+    pub output_tokens: Option<u64>,
+    /// Prompt tokens, cached ones included where the API says so.
+    pub input_tokens: Option<u64>,
+    /// Reasoning tokens, when the API breaks them out (already part of
+    /// `output_tokens`).
+    pub reasoning_tokens: Option<u64>,
+    /// Prompt tokens served from cache, when reported.
+    pub cached_input_tokens: Option<u64>,
+}
+
+/// The inference server's own timings (llama.cpp `timings`, Ollama
+/// durations converted to milliseconds). Implausible values (zero or
+/// nanosecond durations, as KoboldCpp's Ollama emulation sends) are dropped
+/// by the decoder, so a present duration is a real one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServerTimings {
+    /// Tokens generated so far or in all (`predicted_n`, `eval_count`).
+    pub generated_tokens: Option<u64>,
+    /// Generation time in ms, from the first sampled token
+    /// (`predicted_ms`, `eval_duration / 1e6`).
+    pub generation_ms: Option<f64>,
+    /// Prompt tokens evaluated this request (`prompt_n`, `prompt_eval_count`).
+    pub prompt_tokens: Option<u64>,
+    /// Prompt processing time in ms (`prompt_ms`, `prompt_eval_duration`).
+    pub prompt_ms: Option<f64>,
+    /// Model load time in ms (Ollama `load_duration`).
+    pub load_ms: Option<f64>,
+    /// Prompt tokens reused from cache (`cache_n`, `tokens_cached`).
+    pub cached_tokens: Option<u64>,
+}
+
+/// One thing a decoder learned from the stream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamEvent {
+    /// Non-empty output text on one channel. Decoders never emit empty text.
+    Output {
+        channel: OutputChannel,
+        text: String,
+    },
+    /// A usage receipt (may come more than once; later ones win field by field).
+    Usage(Usage),
+    /// Server timings (may come per chunk with llama.cpp `timings_per_token`;
+    /// later ones win field by field).
+    ServerTimings(ServerTimings),
+    /// The protocol's terminal marker was seen (`[DONE]`, `message_stop`,
+    /// `response.completed`, `done: true`, `stop: true`, TGI `details`...).
+    Done,
+    /// The stream reported an error. The message is the server's own
+    /// error type/code, kept short; it never quotes user text.
+    Error { message: String },
+}

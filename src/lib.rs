@@ -1,0 +1,14 @@
+//! speedtap: measure every local LLM call's phase, time to first token and
+//! tokens per second, by tapping its response stream.
+//!
+//! # Overview
+//! - [`decode`] turns response bytes of any supported API into typed events;
+//! - [`tokens`] estimates token counts with tiktoken (o200k_base by default);
+//! - [`meter`] holds the pure metric maths: the per-call meter, route
+//!   calibration and the global meter;
+//! - [`metering`] is the glue: bytes and a clock in, snapshots out.
+
+pub mod decode;
+pub mod meter;
+pub mod metering;
+pub mod tokens;
