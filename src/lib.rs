@@ -6,9 +6,12 @@
 //! - [`tokens`] estimates token counts with tiktoken (o200k_base by default);
 //! - [`meter`] holds the pure metric maths: the per-call meter, route
 //!   calibration and the global meter;
-//! - [`metering`] is the glue: bytes and a clock in, snapshots out.
+//! - [`metering`] is the glue: bytes and a clock in, snapshots out;
+//! - [`simulate`] is a scripted local model server for demos, tests and
+//!   benchmarks.
 
 pub mod decode;
 pub mod meter;
 pub mod metering;
 pub mod tokens;
+pub mod simulate;
