@@ -11,7 +11,12 @@
 //!   benchmarks.
 
 pub mod decode;
+pub mod engine;
 pub mod meter;
 pub mod metering;
 pub mod tokens;
 pub mod simulate;
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod discover;

@@ -1,0 +1,44 @@
+//! What front ends (control API, terminal view, tray) may ask of a running
+//! engine. A trait so the control API can be tested against a fake and the
+//! engine's internals (actors) stay private.
+
+use std::future::Future;
+
+use tokio::sync::mpsc;
+
+use super::model::{Call, EngineEvent};
+use crate::meter::global::Stats;
+
+/// `GET /api/v1/calls?limit=N&route=NAME`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallsQuery {
+    /// At most this many calls, newest first (contract default 100).
+    pub limit: usize,
+    /// Only calls of this route.
+    pub route: Option<String>,
+}
+
+impl Default for CallsQuery {
+    fn default() -> Self {
+        CallsQuery {
+            limit: 100,
+            route: None,
+        }
+    }
+}
+
+/// Read access to a running engine.
+pub trait EngineQueries: Clone + Send + Sync + 'static {
+    /// Calls newest first, in-flight ones included.
+    fn calls(&self, query: CallsQuery) -> impl Future<Output = Vec<Call>> + Send;
+    /// One call by id (`c-000042`), in flight or recent.
+    fn call(&self, id: String) -> impl Future<Output = Option<Call>> + Send;
+    /// The latest global reading.
+    fn stats(&self) -> impl Future<Output = Stats> + Send;
+    /// A new subscription to every [`EngineEvent`]. The channel is bounded;
+    /// a subscriber that falls behind is dropped by the engine (its
+    /// receiver then ends), never waited on.
+    fn subscribe(&self) -> impl Future<Output = mpsc::Receiver<EngineEvent>> + Send;
+    /// The Prometheus text exposition of the engine's metrics.
+    fn metrics_text(&self) -> String;
+}
