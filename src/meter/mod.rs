@@ -9,6 +9,7 @@
 pub mod calibration;
 pub mod call;
 pub mod global;
+pub mod limits;
 pub mod rate;
 pub mod snapshot;
 
