@@ -1,1 +1,313 @@
-//! (being written)
+//! The glue between a decoder and a meter: response bytes and a clock in,
+//! snapshots out. This is all the interceptor has to drive per call.
+//!
+//! A [`CallMetering`] exists from the moment a request is dispatched
+//! upstream, because the clock starts then and the first-token wait may
+//! happen before the response head arrives (Ollama sends its head with the
+//! first chunk). The decoder and the meter are only built when the head
+//! arrives, since the API, the framing and the model are only known then.
+//!
+//! Contract for the caller:
+//! - [`CallMetering::start`] once, at dispatch: the first snapshot;
+//! - [`CallMetering::on_response_head`] at most once;
+//! - [`CallMetering::on_frame`] for every body frame, in order, with its
+//!   arrival time; a chunk is never the whole body;
+//! - [`CallMetering::tick`] from time to time (every `SNAPSHOT_INTERVAL`),
+//!   so a stream that pauses still publishes its pending count;
+//! - [`CallMetering::finish`] exactly once, however the call ends.
+//!
+//! Nothing here fails: input the decoder can't parse is counted and
+//! skipped, so a metering problem can never become a proxy problem.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::decode::detect::BodyFraming;
+use crate::decode::stream::StreamDecoder;
+use crate::decode::{ApiKind, ServerTimings, StreamEvent};
+use crate::meter::call::CallMeter;
+use crate::meter::{Phase, Snapshot, TokenSource};
+use crate::tokens::TokenEstimator;
+
+/// How the response body ended, as the proxy saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The upstream finished the body cleanly.
+    Complete,
+    /// The upstream connection failed or was cut mid-body.
+    UpstreamCut,
+    /// The client went away before the body ended.
+    ClientGone,
+}
+
+/// How a metered call came out, decided by [`CallMetering::finish`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Settled: the body ended and the protocol's terminal marker was seen.
+    Ok,
+    /// The client hung up, the stream was cut, or it ended without its
+    /// terminal marker (a truncated stream: counts kept, no rate).
+    Abandoned,
+    /// The upstream answered non-2xx, or reported an error inside the
+    /// stream (counts kept, no rate).
+    UpstreamError,
+}
+
+/// Everything known about a call once it ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallReport {
+    /// The final snapshot (`is_final`, phase `complete`).
+    pub snapshot: Snapshot,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// A plausible exact/estimate ratio to feed route calibration.
+    pub calibration_ratio: Option<f64>,
+    /// Prompt tokens, when the server reported them.
+    pub input_tokens: Option<u64>,
+    /// The server's own timings, merged field by field (latest wins).
+    pub server_timings: Option<ServerTimings>,
+    /// The server's error type or code when the stream carried an error.
+    pub stream_error: Option<String>,
+    /// Messages the decoder could not understand (diagnostics).
+    pub unparsed_messages: u64,
+}
+
+/// What the response head said, as far as metering cares.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub api: ApiKind,
+    pub framing: BodyFraming,
+    pub model: Option<String>,
+    /// The route's calibration factor for (route, model) at this moment.
+    pub calibration: f64,
+}
+
+struct Active {
+    decoder: StreamDecoder,
+    meter: CallMeter,
+}
+
+/// One call's decoder and meter, driven by bytes and a clock.
+pub struct CallMetering {
+    dispatched_at: Instant,
+    estimator: Arc<dyn TokenEstimator>,
+    active: Option<Active>,
+    /// Non-2xx head: the body is passed through but not metered.
+    upstream_status_error: bool,
+    saw_done: bool,
+    stream_error: Option<String>,
+    input_tokens: Option<u64>,
+    server_timings: Option<ServerTimings>,
+    events: Vec<StreamEvent>,
+    latest: Snapshot,
+}
+
+impl CallMetering {
+    /// A call dispatched upstream at `dispatched_at`.
+    pub fn new(dispatched_at: Instant, estimator: Arc<dyn TokenEstimator>) -> Self {
+        CallMetering {
+            dispatched_at,
+            estimator,
+            active: None,
+            upstream_status_error: false,
+            saw_done: false,
+            stream_error: None,
+            input_tokens: None,
+            server_timings: None,
+            events: Vec::new(),
+            latest: waiting_snapshot(0),
+        }
+    }
+
+    /// The first snapshot, published at once (phase `awaiting_first_token`).
+    pub fn start(&mut self) -> Snapshot {
+        self.latest = waiting_snapshot(0);
+        self.latest.clone()
+    }
+
+    /// The response head arrived. A non-2xx status means the body is the
+    /// server's error, passed through but not metered.
+    pub fn on_response_head(&mut self, head: &ResponseHead) {
+        if !(200..300).contains(&head.status) {
+            self.upstream_status_error = true;
+            return;
+        }
+        let decoder = StreamDecoder::new(head.api, head.framing, head.model.as_deref());
+        let streamed = decoder.is_streamed();
+        let mut meter = CallMeter::new(
+            self.dispatched_at,
+            streamed,
+            head.calibration,
+            self.estimator.clone(),
+        );
+        meter.start();
+        self.active = Some(Active { decoder, meter });
+    }
+
+    /// True once a response head with a metered body has been seen.
+    pub fn is_metering(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// The latest published snapshot.
+    pub fn latest(&self) -> &Snapshot {
+        &self.latest
+    }
+
+    /// When the first output arrived, if it did.
+    pub fn first_output_at(&self) -> Option<Instant> {
+        self.active.as_ref().and_then(|a| a.meter.first_output_at())
+    }
+
+    /// When the latest output arrived, if any did.
+    pub fn last_output_at(&self) -> Option<Instant> {
+        self.active.as_ref().and_then(|a| a.meter.last_output_at())
+    }
+
+    /// One body frame arrived at `now`. Returns the snapshot to publish, if
+    /// one is due (the latest one when several became due in this frame).
+    pub fn on_frame(&mut self, bytes: &[u8], now: Instant) -> Option<Snapshot> {
+        let active = self.active.as_mut()?;
+        if !active.decoder.is_streamed() {
+            // A non-streamed body: TTFT is the time to the response body.
+            if active.meter.first_output_at().is_none() {
+                active.meter.on_response_body(now);
+            }
+        }
+        self.events.clear();
+        active.decoder.feed(bytes, &mut self.events);
+        self.apply_events(now)
+    }
+
+    /// Time passed without a frame: publish pending counts if due.
+    pub fn tick(&mut self, now: Instant) -> Option<Snapshot> {
+        let snapshot = self.active.as_mut()?.meter.tick(now)?;
+        self.latest = snapshot.clone();
+        Some(snapshot)
+    }
+
+    /// The call ended. Call exactly once.
+    pub fn finish(&mut self, end: StreamEnd, now: Instant) -> CallReport {
+        if let Some(active) = self.active.as_mut() {
+            self.events.clear();
+            active.decoder.finish(&mut self.events);
+            // A final publish is coming anyway; ignore intermediate ones.
+            let _ = self.apply_events(now);
+        }
+        let unparsed = self
+            .active
+            .as_ref()
+            .map_or(0, |a| a.decoder.unparsed_messages());
+        let clean = end == StreamEnd::Complete && self.saw_done && self.stream_error.is_none();
+        let outcome = if self.upstream_status_error || self.stream_error.is_some() {
+            Outcome::UpstreamError
+        } else if clean {
+            Outcome::Ok
+        } else {
+            Outcome::Abandoned
+        };
+        let (snapshot, calibration_ratio, input_tokens) = match self.active.as_mut() {
+            Some(active) if outcome == Outcome::Ok => {
+                let settled = active.meter.settle(now);
+                (
+                    settled.snapshot,
+                    settled.calibration_ratio,
+                    settled.input_tokens.or(self.input_tokens),
+                )
+            }
+            Some(active) => (active.meter.abandon(now), None, self.input_tokens),
+            None => (
+                abandoned_before_head(elapsed_ms(self.dispatched_at, now)),
+                None,
+                None,
+            ),
+        };
+        self.latest = snapshot.clone();
+        CallReport {
+            snapshot,
+            outcome,
+            calibration_ratio,
+            input_tokens,
+            server_timings: self.server_timings.clone(),
+            stream_error: self.stream_error.clone(),
+            unparsed_messages: unparsed,
+        }
+    }
+
+    fn apply_events(&mut self, now: Instant) -> Option<Snapshot> {
+        let active = self.active.as_mut()?;
+        let mut due = None;
+        for event in self.events.drain(..) {
+            match event {
+                StreamEvent::Output { channel, text } => {
+                    if let Some(s) = active.meter.on_output(channel, &text, now) {
+                        due = Some(s);
+                    }
+                }
+                StreamEvent::Usage(usage) => {
+                    if usage.input_tokens.is_some() {
+                        self.input_tokens = usage.input_tokens;
+                    }
+                    active.meter.on_usage(&usage);
+                }
+                StreamEvent::ServerTimings(timings) => {
+                    merge_timings(&mut self.server_timings, &timings);
+                    if let Some(s) = active.meter.on_server_timings(&timings, now) {
+                        due = Some(s);
+                    }
+                }
+                StreamEvent::Done => self.saw_done = true,
+                StreamEvent::Error { message } => {
+                    if self.stream_error.is_none() {
+                        self.stream_error = Some(message);
+                    }
+                }
+            }
+        }
+        if let Some(s) = &due {
+            self.latest = s.clone();
+        }
+        due
+    }
+}
+
+/// Later timings win field by field: a per-chunk running `timings` object
+/// is superseded by the final one, but a field only the first carried
+/// (Ollama `load_duration`) is kept.
+fn merge_timings(into: &mut Option<ServerTimings>, new: &ServerTimings) {
+    let t = into.get_or_insert_with(ServerTimings::default);
+    t.generated_tokens = new.generated_tokens.or(t.generated_tokens);
+    t.generation_ms = new.generation_ms.or(t.generation_ms);
+    t.prompt_tokens = new.prompt_tokens.or(t.prompt_tokens);
+    t.prompt_ms = new.prompt_ms.or(t.prompt_ms);
+    t.load_ms = new.load_ms.or(t.load_ms);
+    t.cached_tokens = new.cached_tokens.or(t.cached_tokens);
+}
+
+fn elapsed_ms(from: Instant, now: Instant) -> u64 {
+    now.saturating_duration_since(from).as_millis() as u64
+}
+
+fn waiting_snapshot(elapsed_ms: u64) -> Snapshot {
+    Snapshot {
+        phase: Phase::AwaitingFirstToken,
+        is_final: false,
+        elapsed_ms,
+        time_to_first_token_ms: None,
+        output_tokens: 0,
+        output_tokens_per_second: None,
+        token_source: TokenSource::Estimated,
+    }
+}
+
+/// A call that ended before any metered body arrived (connection failure,
+/// client gone during the wait, non-2xx head).
+fn abandoned_before_head(elapsed_ms: u64) -> Snapshot {
+    Snapshot {
+        phase: Phase::Complete,
+        is_final: true,
+        ..waiting_snapshot(elapsed_ms)
+    }
+}

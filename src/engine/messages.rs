@@ -1,0 +1,145 @@
+//! The messages between the proxy and the actors, one struct each, named
+//! as facts. Delivery: the proxy only ever uses `do_send` (never awaits an
+//! actor), so metering can't slow the traffic it measures.
+
+use actix::prelude::*;
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::model::{Call, CallIdentity, EngineEvent, SlowFirstToken};
+use super::queries::CallsQuery;
+use crate::meter::calibration::CalibrationTable;
+use crate::meter::global::Stats;
+use crate::meter::Snapshot;
+use crate::metering::StreamEnd;
+
+// === proxy -> CallActor ===
+
+/// The first bytes (at most 256 KiB) of the request body, sent once the
+/// body ended or the cap was reached. Used to read `model` and `stream`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RequestCaptured(pub Bytes);
+
+/// The upstream's response head arrived.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResponseStarted {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub at: Instant,
+}
+
+/// One response body frame, timestamped on arrival from the upstream,
+/// before it was forwarded. The `Bytes` is a cheap clone of the frame the
+/// client receives.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Frame {
+    pub bytes: Bytes,
+    pub at: Instant,
+}
+
+/// The response body ended (or the client left). Sent at most once per
+/// call by the tap; the actor also settles from `stopping()` when it never
+/// comes.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct BodyEnded {
+    pub end: StreamEnd,
+    pub at: Instant,
+}
+
+/// The upstream could not be reached (the proxy answered 502).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct UpstreamFailed {
+    pub at: Instant,
+}
+
+// === CallActor / proxy -> Supervisor ===
+
+/// A metered call was dispatched: it joins the active set.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CallOpened {
+    pub seq: u64,
+    pub call: Call,
+}
+
+/// A metered call published a snapshot.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CallProgress {
+    pub seq: u64,
+    pub identity: CallIdentity,
+    pub speed: Snapshot,
+    /// When the call's latest output arrived (feeds the global meter).
+    pub last_output_at: Option<Instant>,
+}
+
+/// A call ended; this is its record. Sent exactly once per opened call.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CallClosed {
+    pub seq: u64,
+    pub call: Call,
+    /// A plausible exact/estimate ratio for (route, model) calibration.
+    pub calibration_ratio: Option<f64>,
+}
+
+/// A call that was never metered (unknown path, unreachable upstream for
+/// one): recorded as it is.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PassedThrough {
+    pub seq: u64,
+    pub call: Call,
+}
+
+/// Send an event to every subscriber (the Notifier's alarms).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Broadcast(pub EngineEvent);
+
+// === queries ===
+
+/// A new bounded subscription to every engine event.
+#[derive(Message)]
+#[rtype(result = "mpsc::Receiver<EngineEvent>")]
+pub struct Subscribe {
+    pub capacity: usize,
+}
+
+/// Calls newest first.
+#[derive(Message)]
+#[rtype(result = "Vec<Call>")]
+pub struct GetCalls(pub CallsQuery);
+
+/// One call by id.
+#[derive(Message)]
+#[rtype(result = "Option<Call>")]
+pub struct GetCall(pub String);
+
+/// The latest global reading.
+#[derive(Message)]
+#[rtype(result = "Stats")]
+pub struct GetStats;
+
+/// A copy of the calibration table (for persistence and inspection).
+#[derive(Message)]
+#[rtype(result = "CalibrationTable")]
+pub struct GetCalibration;
+
+// === -> Notifier ===
+
+/// A call has waited `slow_ttft` for its first token and is still waiting.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FirstTokenLate(pub SlowFirstToken);
+
+/// Pause or resume desktop notifications (the tray's menu entry).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetNotificationsPaused(pub bool);

@@ -1,0 +1,258 @@
+//! The forwarding proxy: one listener per route, everything under it
+//! forwarded to the route's upstream base URL.
+//!
+//! The proxy never waits on metering. Per request it allocates a call id,
+//! starts a [`CallActor`] when the path is one the decoders know (on a
+//! metering arbiter, never on these threads), streams the request body
+//! upstream while copying its first 256 KiB, and streams the response back
+//! frame by frame through a [`tap::TapBody`]. Requests the decoders don't
+//! know pass through untouched and are recorded as `unmetered`.
+//!
+//! Upstream connections are pooled (hyper-util's legacy client keeps
+//! keep-alive connections per host). Dropping a response body that has not
+//! ended (the client hung up) drops the upstream body too, which closes
+//! that upstream connection at once, so the server stops generating.
+
+pub mod headers;
+pub mod tap;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use actix::prelude::*;
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+
+use super::call_actor::{CallActor, CallSetup};
+use super::messages::{FirstTokenLate, PassedThrough, ResponseStarted, UpstreamFailed};
+use super::model::{Call, CallIdentity, CallStatus};
+use super::supervisor::Supervisor;
+use crate::config::Upstream;
+use crate::decode::detect::detect_request;
+use crate::decode::ApiKind;
+use crate::meter::calibration::CalibrationTable;
+use crate::tokens::TokenEstimator;
+use tap::{CallTap, Capture, CaptureBody, TapBody};
+
+/// Any error a body may carry on its way through.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type of every response the proxy returns.
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// What the proxy needs from the engine: where to start call actors and
+/// where to report. Shared by every route.
+pub struct EngineLink {
+    pub supervisor: Addr<Supervisor>,
+    pub notifier: Recipient<FirstTokenLate>,
+    pub arbiters: Vec<ArbiterHandle>,
+    pub next_arbiter: AtomicUsize,
+    pub seq: AtomicU64,
+    pub calibration: Arc<RwLock<CalibrationTable>>,
+    pub estimator: Arc<dyn TokenEstimator>,
+    pub slow_ttft: Duration,
+}
+
+impl EngineLink {
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn arbiter(&self) -> &ArbiterHandle {
+        let i = self.next_arbiter.fetch_add(1, Ordering::Relaxed);
+        &self.arbiters[i % self.arbiters.len()]
+    }
+}
+
+/// The id a call is known by in the API: `c-000042`.
+pub fn call_id(seq: u64) -> String {
+    format!("c-{seq:06}")
+}
+
+/// One route's forwarding service.
+pub struct RouteProxy {
+    name: String,
+    upstream: Upstream,
+    client: Client<HttpConnector, BoxBody<Bytes, hyper::Error>>,
+    link: Arc<EngineLink>,
+}
+
+impl RouteProxy {
+    pub fn new(name: String, upstream: Upstream, link: Arc<EngineLink>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        RouteProxy {
+            name,
+            upstream,
+            client,
+            link,
+        }
+    }
+
+    /// Forwards one request. Never fails: upstream trouble becomes a 502
+    /// with a JSON body naming the upstream.
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let seq = self.link.next_seq();
+        let (parts, body) = req.into_parts();
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_else(|| "/".to_owned());
+        let api_hint = detect_request(parts.method.as_str(), parts.uri.path(), b"").api;
+        let identity = CallIdentity {
+            id: call_id(seq),
+            route: self.name.clone(),
+            api: api_hint,
+            model: None,
+            started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        };
+
+        let mut headers = parts.headers;
+        headers::strip_hop_by_hop(&mut headers);
+        if let Ok(host) = HeaderValue::from_str(&self.upstream.authority()) {
+            headers.insert(header::HOST, host);
+        }
+        if api_hint != ApiKind::Unknown {
+            headers::request_identity_encoding(&mut headers);
+        }
+        let uri: Uri = match self.upstream.join(&path_and_query).parse() {
+            Ok(uri) => uri,
+            Err(e) => return self.bad_gateway(&format!("bad upstream URL: {e}")),
+        };
+
+        let dispatched_at = Instant::now();
+        let actor = (api_hint != ApiKind::Unknown).then(|| {
+            let setup = CallSetup {
+                seq,
+                identity: identity.clone(),
+                method: parts.method.as_str().to_owned(),
+                path: parts.uri.path().to_owned(),
+                dispatched_at,
+                slow_ttft: self.link.slow_ttft,
+                estimator: self.link.estimator.clone(),
+                calibration: self.link.calibration.clone(),
+                supervisor: self.link.supervisor.clone(),
+                notifier: self.link.notifier.clone(),
+            };
+            CallActor::start_in_arbiter(self.link.arbiter(), move |_| CallActor::new(setup))
+        });
+        let body = match &actor {
+            Some(addr) => CaptureBody::new(body, Capture::new(addr.clone())).boxed(),
+            None => body.boxed(),
+        };
+        let mut upstream_req = Request::new(body);
+        *upstream_req.method_mut() = parts.method;
+        *upstream_req.uri_mut() = uri;
+        *upstream_req.headers_mut() = headers;
+
+        match self.client.request(upstream_req).await {
+            Err(e) => {
+                let cause = error_chain(&e);
+                match &actor {
+                    Some(addr) => addr.do_send(UpstreamFailed {
+                        at: Instant::now(),
+                    }),
+                    None => self.link.supervisor.do_send(PassedThrough {
+                        seq,
+                        call: Call {
+                            identity,
+                            status: CallStatus::UpstreamError,
+                            http_status: Some(502),
+                            speed: None,
+                            input_tokens: None,
+                        },
+                    }),
+                }
+                self.bad_gateway(&cause)
+            }
+            Ok(resp) => {
+                let (mut parts, body) = resp.into_parts();
+                headers::strip_hop_by_hop(&mut parts.headers);
+                let body = match actor {
+                    Some(addr) => {
+                        let content_type = parts
+                            .headers
+                            .get(header::CONTENT_TYPE)
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_owned);
+                        addr.do_send(ResponseStarted {
+                            status: parts.status.as_u16(),
+                            content_type,
+                            at: Instant::now(),
+                        });
+                        TapBody::new(body, CallTap::new(addr))
+                            .map_err(BoxError::from)
+                            .boxed()
+                    }
+                    None => {
+                        self.link.supervisor.do_send(PassedThrough {
+                            seq,
+                            call: Call {
+                                identity,
+                                status: CallStatus::Unmetered,
+                                http_status: Some(parts.status.as_u16()),
+                                speed: None,
+                                input_tokens: None,
+                            },
+                        });
+                        body.map_err(BoxError::from).boxed()
+                    }
+                };
+                Response::from_parts(parts, body)
+            }
+        }
+    }
+
+    /// `502 Bad Gateway` with a JSON body saying which upstream failed and
+    /// why, so a user sees at once which server is down.
+    fn bad_gateway(&self, cause: &str) -> Response<ProxyBody> {
+        let body = serde_json::json!({
+            "error": "upstream unreachable",
+            "route": self.name,
+            "upstream": self.upstream.base_url(),
+            "cause": cause,
+        });
+        json_response(StatusCode::BAD_GATEWAY, &body)
+    }
+}
+
+/// A JSON response with the given status.
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ProxyBody> {
+    let mut resp = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// "client error (Connect): tcp connect error: Connection refused (os error 111)"
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
