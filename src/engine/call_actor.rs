@@ -154,13 +154,11 @@ impl Actor for CallActor {
             }
             act.learn_model();
             let waited = Instant::now().saturating_duration_since(act.setup.dispatched_at);
-            act.setup
-                .notifier
-                .do_send(FirstTokenLate(SlowFirstToken {
-                    call: act.setup.identity.clone(),
-                    waited_ms: waited.as_millis() as u64,
-                    threshold_ms: act.setup.slow_ttft.as_millis() as u64,
-                }));
+            act.setup.notifier.do_send(FirstTokenLate(SlowFirstToken {
+                call: act.setup.identity.clone(),
+                waited_ms: waited.as_millis() as u64,
+                threshold_ms: act.setup.slow_ttft.as_millis() as u64,
+            }));
         });
     }
 

@@ -23,7 +23,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use super::messages::{GetCalibration, GetCall, GetCalls, GetStats, SetNotificationsPaused, Subscribe};
+use super::messages::{
+    GetCalibration, GetCall, GetCalls, GetStats, SetNotificationsPaused, Subscribe,
+};
 use super::metrics::Metrics;
 use super::model::{Call, EngineEvent};
 use super::notifier::{Notifier, SlowFirstTokenHook};
@@ -110,13 +112,19 @@ impl EngineHandle {
 
     /// A copy of the current calibration table.
     pub async fn calibration(&self) -> CalibrationTable {
-        self.supervisor.send(GetCalibration).await.unwrap_or_default()
+        self.supervisor
+            .send(GetCalibration)
+            .await
+            .unwrap_or_default()
     }
 }
 
 impl EngineQueries for EngineHandle {
     async fn calls(&self, query: CallsQuery) -> Vec<Call> {
-        self.supervisor.send(GetCalls(query)).await.unwrap_or_default()
+        self.supervisor
+            .send(GetCalls(query))
+            .await
+            .unwrap_or_default()
     }
 
     async fn call(&self, id: String) -> Option<Call> {
@@ -124,10 +132,7 @@ impl EngineQueries for EngineHandle {
     }
 
     async fn stats(&self) -> Stats {
-        match self.supervisor.send(GetStats).await {
-            Ok(stats) => stats,
-            Err(_) => Stats::default(),
-        }
+        self.supervisor.send(GetStats).await.unwrap_or_default()
     }
 
     async fn subscribe(&self) -> mpsc::Receiver<EngineEvent> {
@@ -177,23 +182,28 @@ impl Engine {
     pub async fn start(options: EngineOptions) -> Result<RunningEngine, EngineError> {
         let mut route_listeners = Vec::new();
         for route in &options.routes {
-            let listener = TcpListener::bind(route.listen)
-                .await
-                .map_err(|source| EngineError::Bind {
-                    what: format!("route {}", route.name),
-                    addr: route.listen,
-                    source,
-                })?;
+            let listener =
+                TcpListener::bind(route.listen)
+                    .await
+                    .map_err(|source| EngineError::Bind {
+                        what: format!("route {}", route.name),
+                        addr: route.listen,
+                        source,
+                    })?;
             route_listeners.push((route.clone(), listener));
         }
         let api_listener = match options.api {
-            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| {
-                EngineError::Bind {
-                    what: "control API".into(),
-                    addr,
-                    source,
-                }
-            })?),
+            Some(addr) => {
+                Some(
+                    TcpListener::bind(addr)
+                        .await
+                        .map_err(|source| EngineError::Bind {
+                            what: "control API".into(),
+                            addr,
+                            source,
+                        })?,
+                )
+            }
             None => None,
         };
 

@@ -174,6 +174,9 @@ mod tests {
             waited_ms: 5000,
             threshold_ms: 5000,
         };
-        assert_eq!(s.message(), "qwen3:32b on ollama: no first token after 5.0 s");
+        assert_eq!(
+            s.message(),
+            "qwen3:32b on ollama: no first token after 5.0 s"
+        );
     }
 }

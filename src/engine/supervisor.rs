@@ -64,13 +64,14 @@ impl Supervisor {
 
     fn broadcast(&mut self, event: EngineEvent) {
         let mut dropped = 0;
-        self.subscribers.retain(|tx| match tx.try_send(event.clone()) {
-            Ok(()) => true,
-            Err(_) => {
-                dropped += 1;
-                false
-            }
-        });
+        self.subscribers
+            .retain(|tx| match tx.try_send(event.clone()) {
+                Ok(()) => true,
+                Err(_) => {
+                    dropped += 1;
+                    false
+                }
+            });
         self.dropped_subscribers += dropped;
     }
 

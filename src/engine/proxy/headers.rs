@@ -41,7 +41,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// keeps the client's header. If an upstream compresses anyway, the bytes
 /// still pass through untouched and the call is simply not understood.
 pub fn request_identity_encoding(headers: &mut HeaderMap) {
-    headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
 }
 
 #[cfg(test)]
@@ -51,11 +54,17 @@ mod tests {
     #[test]
     fn strips_standard_and_connection_named_headers() {
         let mut h = HeaderMap::new();
-        h.insert("connection", HeaderValue::from_static("keep-alive, x-private"));
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("x-private", HeaderValue::from_static("1"));
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        h.insert("content-type", HeaderValue::from_static("text/event-stream"));
+        h.insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
         h.insert("authorization", HeaderValue::from_static("Bearer k"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 2);

@@ -160,9 +160,7 @@ impl RouteProxy {
             Err(e) => {
                 let cause = error_chain(&e);
                 match &actor {
-                    Some(addr) => addr.do_send(UpstreamFailed {
-                        at: Instant::now(),
-                    }),
+                    Some(addr) => addr.do_send(UpstreamFailed { at: Instant::now() }),
                     None => self.link.supervisor.do_send(PassedThrough {
                         seq,
                         call: Call {

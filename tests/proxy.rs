@@ -1,0 +1,387 @@
+//! The interceptor end to end over real sockets: a scripted upstream, the
+//! engine in-process, a client that records every frame.
+
+mod proxy_support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proxy_support::*;
+use speedtap::decode::ApiKind;
+use speedtap::engine::{CallStatus, EngineEvent, EngineQueries};
+use speedtap::meter::{Phase, TokenSource};
+use speedtap::simulate::{SimConfig, SimServer};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn scripts(pairs: Vec<(&str, Script)>) -> HashMap<String, Script> {
+    pairs.into_iter().map(|(p, s)| (p.to_owned(), s)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_chat_is_byte_exact_and_measured() {
+    // 50 one-token words, first at 300 ms, then every 20 ms: TTFT 300 ms,
+    // decode rate (50 - 1) / 0.98 s = 50 tok/s.
+    let script = openai_chat_script(50, 300 * MS, 20 * MS, Some(50));
+    let expected = script.body();
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let got = send(
+        engine.routes[0].listen,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body(), expected, "bytes changed on the way");
+    assert_eq!(got.frames.len(), 50, "frames were merged or split");
+    let calls = settled_calls(&engine, 1).await;
+    let call = &calls[0];
+    assert_eq!(call.identity.api, ApiKind::OpenaiChat);
+    assert_eq!(call.identity.model.as_deref(), Some("m1"));
+    assert_eq!(call.status, CallStatus::Ok);
+    assert_eq!(call.http_status, Some(200));
+    assert_eq!(call.input_tokens, Some(5));
+    let speed = call.speed.as_ref().unwrap();
+    assert_eq!(speed.phase, Phase::Complete);
+    assert!(speed.is_final);
+    assert_eq!(speed.output_tokens, 50);
+    assert_eq!(speed.token_source, TokenSource::Provider);
+    let ttft = speed.time_to_first_token_ms.unwrap();
+    assert!((300..340).contains(&ttft), "ttft {ttft}");
+    let rate = speed.output_tokens_per_second.unwrap();
+    assert!((rate - 50.0).abs() < 2.5, "rate {rate}");
+    // What the upstream saw: identity encoding, its own Host, auth passed.
+    let headers = up.seen.lock().unwrap().requests[0].2.clone();
+    assert_eq!(
+        headers.get("accept-encoding").map(String::as_str),
+        Some("identity")
+    );
+    assert_eq!(headers.get("host"), Some(&up.addr.to_string()));
+    assert_eq!(
+        headers.get("authorization").map(String::as_str),
+        Some("Bearer sk-secret-token")
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Every protocol the simulator speaks: record its real output once, then
+/// replay those exact bytes through the proxy at a steady pace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_protocol_is_byte_exact_and_metered() {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            ttft: 5 * MS,
+            tokens_per_second: 1000.0,
+            tokens: 30,
+            usage: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let cases: [(&str, &str, ApiKind); 8] = [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
+            ApiKind::OpenaiChat,
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"m","stream":true,"prompt":"x"}"#,
+            ApiKind::OpenaiCompletions,
+        ),
+        (
+            "/v1/responses",
+            r#"{"model":"m","stream":true,"input":"x"}"#,
+            ApiKind::OpenaiResponses,
+        ),
+        (
+            "/v1/messages",
+            r#"{"model":"m","stream":true,"max_tokens":64,"messages":[]}"#,
+            ApiKind::AnthropicMessages,
+        ),
+        (
+            "/api/chat",
+            r#"{"model":"m","messages":[]}"#,
+            ApiKind::OllamaChat,
+        ),
+        (
+            "/api/generate",
+            r#"{"model":"m","prompt":"x"}"#,
+            ApiKind::OllamaGenerate,
+        ),
+        (
+            "/completion",
+            r#"{"prompt":"x","stream":true}"#,
+            ApiKind::LlamacppCompletion,
+        ),
+        (
+            "/generate_stream",
+            r#"{"inputs":"x"}"#,
+            ApiKind::TgiGenerate,
+        ),
+    ];
+    let mut table = HashMap::new();
+    let mut expected = HashMap::new();
+    for (path, body, _) in &cases {
+        let direct = send(sim.local_addr(), "POST", path, body).await;
+        assert_eq!(direct.status, 200, "{path}");
+        let ct = direct.headers["content-type"].to_str().unwrap().to_owned();
+        // Replay the recorded frames: first at 200 ms, then every 25 ms.
+        let frames: Vec<(Duration, Bytes)> = direct
+            .frames
+            .iter()
+            .enumerate()
+            .map(|(i, (_, b))| (200 * MS + 25 * MS * i as u32, b.clone()))
+            .collect();
+        assert!(frames.len() >= 25, "{path}: {} frames", frames.len());
+        let script = Script::sse(frames).with_content_type(&ct);
+        expected.insert(path.to_string(), script.body());
+        table.insert(path.to_string(), script);
+    }
+    let up = ScriptedUpstream::start(table).await;
+    let engine = engine_for(&up.url()).await;
+    for (i, (path, body, api)) in cases.iter().enumerate() {
+        let got = send(engine.routes[0].listen, "POST", path, body).await;
+        assert_eq!(&got.body(), &expected[*path], "{path}: bytes changed");
+        let calls = settled_calls(&engine, i + 1).await;
+        let call = calls
+            .iter()
+            .find(|c| c.identity.api == *api)
+            .unwrap_or_else(|| panic!("{path}: no {api} call in {calls:#?}"));
+        assert_eq!(call.status, CallStatus::Ok, "{path}: {call:#?}");
+        let speed = call.speed.as_ref().unwrap();
+        assert_eq!(speed.output_tokens, 30, "{path}: {speed:?}");
+        let ttft = speed.time_to_first_token_ms.unwrap();
+        assert!((200..260).contains(&ttft), "{path}: ttft {ttft}");
+        // 30 tokens over about 29 frames 25 ms apart: about 40 tok/s.
+        let rate = speed.output_tokens_per_second.unwrap();
+        assert!((30.0..50.0).contains(&rate), "{path}: rate {rate}");
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_gets_a_502_naming_it() {
+    // A port nothing listens on.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let upstream = format!("http://127.0.0.1:{port}");
+    let engine = engine_for(&upstream).await;
+    let got = send(
+        engine.routes[0].listen,
+        "POST",
+        "/v1/chat/completions",
+        "{}",
+    )
+    .await;
+    assert_eq!(got.status, 502);
+    assert_eq!(got.headers["content-type"], "application/json");
+    let body: serde_json::Value = serde_json::from_slice(&got.body()).unwrap();
+    assert_eq!(body["upstream"], upstream);
+    assert_eq!(body["route"], "t");
+    assert!(
+        body["cause"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("connect"),
+        "{body}"
+    );
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::UpstreamError);
+    assert_eq!(calls[0].http_status, Some(502));
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_2xx_passes_through_unchanged_as_upstream_error() {
+    let body = Bytes::from_static(
+        br#"{"error":{"code":400,"message":"bad","type":"invalid_request_error"}}"#,
+    );
+    let mut script =
+        Script::sse(vec![(10 * MS, body.clone())]).with_content_type("application/json");
+    script.status = 400;
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let got = send(
+        engine.routes[0].listen,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"stream":true}"#,
+    )
+    .await;
+    assert_eq!(got.status, 400);
+    assert_eq!(got.body(), body.to_vec());
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::UpstreamError);
+    assert_eq!(calls[0].http_status, Some(400));
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_cut_mid_stream_is_abandoned_and_the_client_sees_it() {
+    let mut script = openai_chat_script(40, 50 * MS, 5 * MS, Some(40));
+    script.frames.truncate(10);
+    script.ending = Ending::Cut;
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let got = send(
+        engine.routes[0].listen,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"stream":true}"#,
+    )
+    .await;
+    assert!(got.error.is_some(), "the client must see the cut");
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Abandoned);
+    let speed = calls[0].speed.as_ref().unwrap();
+    assert!(speed.is_final);
+    // Every token the client received was counted (the upstream may not
+    // flush its last frame before the reset).
+    let received = String::from_utf8_lossy(&got.body()).matches(" the").count() as u64;
+    assert!(received >= 5, "{received}");
+    assert_eq!(speed.output_tokens, received);
+    assert_eq!(speed.output_tokens_per_second, None);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_hang_up_abandons_and_closes_upstream() {
+    // A long stream; the client reads three frames and leaves.
+    let script = openai_chat_script(200, 20 * MS, 20 * MS, None);
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    {
+        use http_body_util::{BodyExt, Full};
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        let conn = tokio::spawn(conn);
+        let req = http::Request::post("/v1/chat/completions")
+            .header("host", addr.to_string())
+            .body(Full::new(Bytes::from_static(br#"{"stream":true}"#)))
+            .unwrap();
+        let mut body = sender.send_request(req).await.unwrap().into_body();
+        for _ in 0..3 {
+            body.frame().await.unwrap().unwrap();
+        }
+        conn.abort();
+    }
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Abandoned);
+    assert!(calls[0].speed.as_ref().unwrap().output_tokens >= 3);
+    // The upstream noticed: its stream was cancelled long before its end.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while up.seen.lock().unwrap().cancelled == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "upstream kept streaming"
+        );
+        tokio::time::sleep(10 * MS).await;
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_pass_through_unmetered() {
+    let mut script = Script::sse(vec![(MS, Bytes::from_static(b"{\"status\":\"ok\"}"))])
+        .with_content_type("application/json");
+    script.status = 200;
+    let up = ScriptedUpstream::start(scripts(vec![("/health", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let got = send(engine.routes[0].listen, "GET", "/health", "").await;
+    assert_eq!(got.body(), b"{\"status\":\"ok\"}");
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Unmetered);
+    assert_eq!(calls[0].identity.api, ApiKind::Unknown);
+    assert_eq!(calls[0].speed, None);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_first_token_alarm_fires_while_still_waiting() {
+    // First token at 600 ms; threshold 200 ms.
+    let script = openai_chat_script(5, 600 * MS, 10 * MS, None);
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_with(&up.url(), |o| o.slow_ttft = 200 * MS).await;
+    let mut events = engine.handle.subscribe().await;
+    let addr = engine.routes[0].listen;
+    let client = tokio::spawn(async move {
+        send(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            r#"{"model":"qwen3:32b","stream":true}"#,
+        )
+        .await
+    });
+    let seen = events_until(&mut events, |e| matches!(e, EngineEvent::SlowFirstToken(_))).await;
+    let Some(EngineEvent::SlowFirstToken(slow)) = seen.last() else {
+        panic!("no alarm: {seen:#?}");
+    };
+    assert!(slow.waited_ms >= 200 && slow.waited_ms < 600, "{slow:?}");
+    assert_eq!(slow.call.model.as_deref(), Some("qwen3:32b"));
+    assert_eq!(
+        slow.message(),
+        format!(
+            "qwen3:32b on t: no first token after {:.1} s",
+            slow.waited_ms as f64 / 1000.0
+        )
+    );
+    // It fired before any output was published.
+    assert!(!seen.iter().any(
+        |e| matches!(e, EngineEvent::Speed { speed, .. } if speed.time_to_first_token_ms.is_some())
+    ));
+    client.await.unwrap();
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_streams_are_all_measured() {
+    // 40 tokens 20 ms apart: a 780 ms span, above the 500 ms minimum.
+    let script = openai_chat_script(40, 100 * MS, 20 * MS, Some(40));
+    let expected = script.body();
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let clients: Vec<_> = (0..64)
+        .map(|i| {
+            tokio::spawn(async move {
+                send(
+                    addr,
+                    "POST",
+                    "/v1/chat/completions",
+                    &format!(r#"{{"model":"m{i}","stream":true}}"#),
+                )
+                .await
+            })
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(c.await.unwrap().body(), expected);
+    }
+    let calls = settled_calls(&engine, 64).await;
+    assert_eq!(calls.len(), 64);
+    for call in &calls {
+        assert_eq!(call.status, CallStatus::Ok, "{call:?}");
+        let speed = call.speed.as_ref().unwrap();
+        assert_eq!(speed.output_tokens, 40);
+        let ttft = speed.time_to_first_token_ms.unwrap();
+        assert!((100..400).contains(&ttft), "{call:?}");
+        let rate = speed.output_tokens_per_second.unwrap();
+        // 39 gaps of 20 ms: 50 tok/s; generous for a loaded 2-core box.
+        assert!((40.0..62.5).contains(&rate), "{call:?}");
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+}
