@@ -1,14 +1,6 @@
-//! The `speedtap` binary: the headless engine and CLI.
+//! The `speedtap` binary: the headless engine and CLI. All the work is in
+//! the library (`speedtap::cli`), so tests can drive it too.
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("--version") | Some("-V") => println!("speedtap {}", env!("CARGO_PKG_VERSION")),
-        _ => {
-            println!(
-                "speedtap {}\n\nUsage: speedtap [--version]\n\nThe interceptor (`speedtap run`) is coming.",
-                env!("CARGO_PKG_VERSION")
-            );
-        }
-    }
+    std::process::exit(speedtap::cli::commands::main_with_args(std::env::args_os()));
 }

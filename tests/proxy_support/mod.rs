@@ -130,7 +130,11 @@ async fn respond(
     seen: Arc<Mutex<Seen>>,
 ) -> Response<UpBody> {
     let arrived = Instant::now();
-    let path = req.uri().path().to_owned();
+    // A test may pick the script by name instead of by path.
+    let path = match req.headers().get("x-script") {
+        Some(name) => name.to_str().unwrap_or("").to_owned(),
+        None => req.uri().path().to_owned(),
+    };
     let headers = req
         .headers()
         .iter()
@@ -202,20 +206,33 @@ impl Received {
 
 /// Sends one request and records the response frame by frame.
 pub async fn send(addr: SocketAddr, method: &str, path: &str, body: &str) -> Received {
+    send_with(addr, method, path, Bytes::from(body.to_owned()), &[]).await
+}
+
+/// [`send`] with a raw body and extra request headers.
+pub async fn send_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Bytes,
+    extra_headers: &[(&str, &str)],
+) -> Received {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.set_nodelay(true).unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();
     tokio::spawn(conn);
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(method)
         .uri(path)
         .header("host", addr.to_string())
         .header("content-type", "application/json")
-        .header("authorization", "Bearer sk-secret-token")
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .unwrap();
+        .header("authorization", "Bearer sk-secret-token");
+    for (name, value) in extra_headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(Full::new(body)).unwrap();
     let sent_at = Instant::now();
     let resp = sender.send_request(req).await.unwrap();
     let status = resp.status().as_u16();

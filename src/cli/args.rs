@@ -1,0 +1,84 @@
+//! The command line, as clap parses it. The doc comments are the `--help`
+//! text. The flags are the contract's (`shared/contract.md`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// speedtap: live TTFT and tokens per second for every local LLM call.
+///
+/// Put `speedtap run` between your chat clients and your local model
+/// servers (Ollama, llama.cpp, LM Studio, vLLM, ...): it forwards every byte
+/// unchanged and measures each call's phase, time to first token and
+/// tokens per second.
+#[derive(Debug, Parser)]
+#[command(name = "speedtap", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the interceptor headless: proxy routes, control API, live view.
+    Run(RunArgs),
+    /// Run a scripted local model server that speaks every supported API.
+    Simulate(SimulateArgs),
+    /// List the local model servers found and the route speedtap would make.
+    Discover,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Config file (TOML). Default: the platform config file, if it exists.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A route: a listener at LISTEN forwarding to the base URL UPSTREAM,
+    /// e.g. `ollama=127.0.0.1:11435=http://127.0.0.1:11434`. Repeatable.
+    #[arg(long = "route", value_name = "NAME=LISTEN=UPSTREAM")]
+    pub routes: Vec<String>,
+    /// Address of the control API and web dashboard [default: 127.0.0.1:7878].
+    #[arg(long, value_name = "ADDR")]
+    pub api: Option<SocketAddr>,
+    /// The store of settled calls and calibration.
+    #[arg(long, value_name = "FILE", conflicts_with = "no_db")]
+    pub db: Option<PathBuf>,
+    /// Keep everything in memory only.
+    #[arg(long)]
+    pub no_db: bool,
+    /// A first token later than this raises a warning [default: 5000].
+    #[arg(long, value_name = "N")]
+    pub slow_ttft_ms: Option<u64>,
+    /// One JSON line per published call snapshot on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Allow listening on non-loopback addresses.
+    #[arg(long)]
+    pub allow_remote: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// Where to listen, e.g. 127.0.0.1:11434.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8089")]
+    pub listen: String,
+    /// Time to first token in milliseconds.
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub ttft_ms: u64,
+    /// Output tokens per second.
+    #[arg(long, value_name = "N", default_value_t = 50.0)]
+    pub tps: f64,
+    /// Output (answer) tokens per call.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub tokens: u64,
+    /// Reasoning tokens streamed before the answer.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub reasoning: u64,
+    /// Always send a usage receipt.
+    #[arg(long)]
+    pub usage: bool,
+    /// Send the server's own timings (llama.cpp `timings`, Ollama durations).
+    #[arg(long)]
+    pub server_timings: bool,
+}

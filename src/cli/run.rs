@@ -1,0 +1,219 @@
+//! `speedtap run`: resolve the settings, start the engine, show what it
+//! measures, stop cleanly on SIGINT/SIGTERM.
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::args::RunArgs;
+use super::view::{json_line, TerminalView};
+use crate::config::{self, CliOverrides, ConfigError, Settings};
+use crate::engine::{Engine, EngineEvent, EngineOptions, EngineQueries, RunningEngine};
+
+/// In-flight calls get this long to finish on SIGINT/SIGTERM (contract).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How the process ends, mapped to the contract's exit codes.
+#[derive(Debug)]
+pub enum RunError {
+    /// Bad usage or config: exit code 2.
+    Usage(String),
+    /// A runtime failure such as a taken port: exit code 1.
+    Runtime(String),
+}
+
+impl RunError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Usage(_) => 2,
+            RunError::Runtime(_) => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Usage(m) | RunError::Runtime(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<ConfigError> for RunError {
+    fn from(e: ConfigError) -> Self {
+        RunError::Usage(e.to_string())
+    }
+}
+
+/// Reads the config file (the one named, else the platform default if it
+/// exists) and merges the flags over it.
+pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
+    let file = match &args.config {
+        Some(path) => Some(config::load_config(path)?),
+        None => {
+            let default = config::default_config_path();
+            if default.exists() {
+                Some(config::load_config(&default)?)
+            } else {
+                None
+            }
+        }
+    };
+    let mut routes = Vec::new();
+    for spec in &args.routes {
+        routes.push(
+            config::parse_route_flag(spec).map_err(|e| RunError::Usage(format!("--route {e}")))?,
+        );
+    }
+    let flags = CliOverrides {
+        routes,
+        api: args.api,
+        db: args.db.clone(),
+        no_db: args.no_db,
+        slow_ttft_ms: args.slow_ttft_ms,
+        json: args.json,
+        allow_remote: args.allow_remote,
+    };
+    Ok(config::resolve(file, flags)?)
+}
+
+/// Fills in routes from auto-discovery when none were configured.
+async fn discover_routes(settings: &mut Settings) -> Result<(), RunError> {
+    if !settings.routes.is_empty() {
+        return Ok(());
+    }
+    eprintln!("speedtap: no routes configured; looking for local model servers...");
+    let found = crate::discover::discover().await;
+    if found.is_empty() {
+        return Err(RunError::Usage(
+            "no local model server found on the usual ports (Ollama 11434, llama.cpp 8080, \
+             LM Studio 1234, vLLM 8000, KoboldCpp 5001, Jan 1337); start one, or pass \
+             --route NAME=LISTEN=UPSTREAM"
+                .into(),
+        ));
+    }
+    for d in found {
+        eprintln!("speedtap: {}", d.summary());
+        settings.routes.push(d.suggested_route);
+    }
+    Ok(())
+}
+
+/// Runs until SIGINT/SIGTERM. Returns the process exit code.
+pub async fn run(args: RunArgs) -> Result<(), RunError> {
+    let mut settings = resolve_settings(&args)?;
+    discover_routes(&mut settings).await?;
+    if settings.db.path().is_some() {
+        tracing::debug!("the embedded store arrives with the history issue; running in memory");
+    }
+    let mut options = EngineOptions::new(settings.routes.clone());
+    options.api = Some(settings.api);
+    options.slow_ttft = Duration::from_millis(settings.slow_ttft_ms);
+    options.metering_threads = 1;
+    let engine = Engine::start(options)
+        .await
+        .map_err(|e| RunError::Runtime(e.to_string()))?;
+    announce(&engine);
+    // Build the tokenizer tables now, off the proxy's threads, so the first
+    // call doesn't pay for them.
+    std::thread::spawn(crate::tokens::O200kEstimator::warm_up);
+
+    let json = settings.json || !std::io::stdout().is_terminal();
+    let events = engine.handle.subscribe().await;
+    let printer = tokio::spawn(print_events(events, json));
+
+    wait_for_signal().await;
+    eprintln!("speedtap: stopping (in-flight calls get up to 5 s to finish)...");
+    engine.shutdown(SHUTDOWN_GRACE).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), printer).await;
+    Ok(())
+}
+
+fn announce(engine: &RunningEngine) {
+    for route in &engine.routes {
+        eprintln!(
+            "speedtap: route {}: {} -> {}",
+            route.name,
+            route.proxy_url(),
+            route.upstream
+        );
+    }
+    if let Some(api) = engine.api {
+        eprintln!("speedtap: dashboard and control API on http://{api}/");
+    }
+}
+
+/// Writes every event: JSON lines, or the live terminal view on a TTY.
+/// Slow-first-token warnings go to stderr either way.
+async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json: bool) {
+    let mut stdout = std::io::stdout();
+    if json {
+        while let Some(event) = events.recv().await {
+            match &event {
+                EngineEvent::Speed { call, speed } => {
+                    let _ = writeln!(stdout, "{}", json_line(call, speed));
+                    let _ = stdout.flush();
+                }
+                EngineEvent::SlowFirstToken(slow) => {
+                    eprintln!("{}", TerminalView::warning_line(slow));
+                }
+                _ => {}
+            }
+        }
+        return;
+    }
+    let width = terminal_width();
+    let mut view = TerminalView::new(width);
+    let mut redraw = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            event = events.recv() => {
+                let Some(event) = event else { break };
+                // The view prints slow-first-token warnings above its live
+                // block itself.
+                view.apply(&event);
+            }
+            _ = redraw.tick() => {
+                if let Some(text) = view.render(Instant::now()) {
+                    let _ = stdout.write_all(text.as_bytes());
+                    let _ = stdout.flush();
+                }
+            }
+        }
+    }
+    // Calls that settled in the last moments still get their line.
+    if let Some(text) = view.flush() {
+        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.flush();
+    }
+}
+
+fn terminal_width() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(100)
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
