@@ -1,1 +1,151 @@
-//! (being written)
+//! `simulate`: a scripted local model server that speaks every protocol
+//! speedtap meters, with a precise, known token schedule.
+//!
+//! It exists for demos (`speedtap simulate`), for the proxy's integration
+//! tests, and for benchmarks and accuracy checks: because the schedule is
+//! known, a meter's TTFT, token count and rate can be checked against the
+//! truth.
+//!
+//! # What it does
+//! - Routes (POST): `/v1/chat/completions`, `/v1/completions`,
+//!   `/v1/responses`, `/v1/messages`, `/api/chat`, `/api/generate`,
+//!   `/completion`, `/generate_stream`, `/generate`. Discovery (GET):
+//!   `/health`, `/v1/models`, `/api/tags`, `/api/version`. Anything else is a
+//!   JSON 404.
+//! - Output is [`WORDS`] cycled, each one o200k token, so an o200k estimate of
+//!   the streamed text equals the scheduled count exactly. Reasoning tokens
+//!   come first, in each API's reasoning field (`reasoning_content`,
+//!   `thinking`, `reasoning_text`, Anthropic `thinking_delta`), or inline as
+//!   `<think>…</think>` for APIs without one (legacy completions, llama.cpp
+//!   `/completion`, TGI): `<think>` is glued to the first reasoning word and
+//!   `</think>` to the last, so stripping the tags leaves exactly the words.
+//! - Token `i` (0-based over all output tokens) is written at
+//!   `arrival + ttft + i / tokens_per_second`, against absolute deadlines, one
+//!   SSE event / NDJSON line per token in its own body frame. The closing
+//!   events follow the last token in the same frame, as llama.cpp writes them.
+//! - The wire shapes imitate the real llama-server captures in
+//!   `shared/fixtures/real/llama-server` (key order included); see the
+//!   per-API modules under `wire` for each family's choices.
+//! - Per-request overrides and faults come from `x-sim-*` request headers
+//!   (see [`SimServer`]). Nothing of the request text is stored or logged:
+//!   the body is read for its `stream`, `model` and
+//!   `stream_options.include_usage` fields and its length (the prompt token
+//!   count is `ceil(body bytes / 4)`, a stable stand-in) and then dropped.
+
+mod body;
+mod ids;
+mod json;
+mod plan;
+mod server;
+mod wire;
+mod words;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use server::SimServer;
+pub use words::WORDS;
+
+/// The script every simulated request follows unless its `x-sim-*` headers
+/// say otherwise.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// Request arrival to the first output token (default 200 ms).
+    pub ttft: Duration,
+    /// Output rate (default 50 tokens per second): token `i` is due at
+    /// `ttft + i / tokens_per_second`. Must be finite and > 0.
+    pub tokens_per_second: f64,
+    /// Answer tokens (default 64).
+    pub tokens: u64,
+    /// Reasoning tokens streamed before the answer (default 0).
+    pub reasoning_tokens: u64,
+    /// Always send a usage receipt (default false). When false each API
+    /// behaves naturally: OpenAI chat/completions streams carry usage only
+    /// with `stream_options.include_usage`; Anthropic, Responses, Ollama,
+    /// llama.cpp native and TGI always carry their counts; non-streamed
+    /// responses always carry usage.
+    pub usage: bool,
+    /// Send the server's own timings (default false): llama.cpp `timings`
+    /// (chat, completions, responses, `/completion`), Ollama durations
+    /// (`eval_duration` = measured ns from first to last token) and TGI's
+    /// timing headers on `/generate`.
+    pub server_timings: bool,
+    /// Reported exact counts are `round(streamed tokens * usage_factor)`
+    /// (default 1.0): a server tokenizer that differs from o200k by a known
+    /// factor. Must be finite and >= 0.
+    pub usage_factor: f64,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig {
+            ttft: Duration::from_millis(200),
+            tokens_per_second: 50.0,
+            tokens: 64,
+            reasoning_tokens: 0,
+            usage: false,
+            server_timings: false,
+            usage_factor: 1.0,
+        }
+    }
+}
+
+/// Runs until ctrl-c (the CLI's `speedtap simulate --listen ADDR ...`).
+/// Prints one line saying where it listens and which paths it serves.
+pub async fn run_forever(addr: &str, config: SimConfig) -> std::io::Result<()> {
+    let server = SimServer::start(addr, config).await?;
+    println!("{}", banner(server.local_addr()));
+    tokio::signal::ctrl_c().await?;
+    server.shutdown().await;
+    Ok(())
+}
+
+/// The one-line startup message of [`run_forever`].
+fn banner(addr: SocketAddr) -> String {
+    let posts: Vec<&str> = server::POST_ROUTES.iter().map(|r| r.path).collect();
+    format!(
+        "speedtap simulate listening on http://{addr} (POST {}; GET {})",
+        posts.join(", "),
+        server::GET_PATHS.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = SimConfig::default();
+        assert_eq!(c.ttft, Duration::from_millis(200));
+        assert_eq!(c.tokens_per_second, 50.0);
+        assert_eq!(c.tokens, 64);
+        assert_eq!(c.reasoning_tokens, 0);
+        assert!(!c.usage && !c.server_timings);
+        assert_eq!(c.usage_factor, 1.0);
+    }
+
+    #[test]
+    fn banner_names_address_and_every_path() {
+        let line = banner("127.0.0.1:9".parse().unwrap());
+        assert!(line.contains("http://127.0.0.1:9"), "{line}");
+        for p in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/responses",
+            "/v1/messages",
+            "/api/chat",
+            "/api/generate",
+            "/completion",
+            "/generate_stream",
+            "/generate",
+            "/health",
+            "/v1/models",
+            "/api/tags",
+            "/api/version",
+        ] {
+            assert!(line.contains(p), "{p} missing from {line}");
+        }
+        assert!(!line.contains('\n'));
+    }
+}

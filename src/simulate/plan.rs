@@ -1,0 +1,396 @@
+//! What one simulated request will do: the configured script, overridden by
+//! the request's `x-sim-*` headers, and the few body fields that shape the
+//! reply. Pure: no I/O, no clock (instants are passed in).
+
+use std::time::Duration;
+
+use http::HeaderMap;
+use tokio::time::Instant;
+
+use super::SimConfig;
+
+/// `x-sim-ttft-ms`: request arrival to first token, in ms.
+pub(crate) const H_TTFT_MS: &str = "x-sim-ttft-ms";
+/// `x-sim-tps`: tokens per second (> 0).
+pub(crate) const H_TPS: &str = "x-sim-tps";
+/// `x-sim-tokens`: answer tokens.
+pub(crate) const H_TOKENS: &str = "x-sim-tokens";
+/// `x-sim-reasoning`: reasoning tokens before the answer.
+pub(crate) const H_REASONING: &str = "x-sim-reasoning";
+/// `x-sim-usage`: `true`/`false`, always send a usage receipt.
+pub(crate) const H_USAGE: &str = "x-sim-usage";
+/// `x-sim-server-timings`: `true`/`false`.
+pub(crate) const H_SERVER_TIMINGS: &str = "x-sim-server-timings";
+/// `x-sim-usage-factor`: reported counts = round(tokens * factor).
+pub(crate) const H_USAGE_FACTOR: &str = "x-sim-usage-factor";
+/// `x-sim-status`: reply this 4xx/5xx status with a JSON error after ttft.
+pub(crate) const H_STATUS: &str = "x-sim-status";
+/// `x-sim-cut-after`: abort the connection after N tokens.
+pub(crate) const H_CUT_AFTER: &str = "x-sim-cut-after";
+/// `x-sim-error-after`: in-protocol error event after N tokens, clean end.
+pub(crate) const H_ERROR_AFTER: &str = "x-sim-error-after";
+/// `x-sim-keepalive-ms`: SSE `: ping` comments every N ms before the first token.
+pub(crate) const H_KEEPALIVE_MS: &str = "x-sim-keepalive-ms";
+
+/// Offsets beyond this are clamped: a schedule a century long is as good as
+/// "never" and keeps `Instant` arithmetic from overflowing.
+const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// How a stream ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Every token, then the protocol's closing events.
+    Finish,
+    /// An in-protocol error event, then a clean end of the body.
+    Error,
+    /// The connection is aborted with no closing events (incomplete body).
+    Cut,
+}
+
+/// The resolved script of one request.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Plan {
+    pub ttft: Duration,
+    pub tokens_per_second: f64,
+    pub reasoning: u64,
+    pub answer: u64,
+    pub usage: bool,
+    pub server_timings: bool,
+    pub usage_factor: f64,
+    pub status: Option<u16>,
+    pub cut_after: Option<u64>,
+    pub error_after: Option<u64>,
+    pub keepalive: Option<Duration>,
+}
+
+/// Checks the numbers a script needs to be playable. Used for the server's
+/// configuration and for every request's overrides.
+pub(crate) fn validate(config: &SimConfig) -> Result<(), String> {
+    if !(config.tokens_per_second.is_finite() && config.tokens_per_second > 0.0) {
+        return Err(format!(
+            "tokens per second must be a finite number > 0, got {}",
+            config.tokens_per_second
+        ));
+    }
+    if !(config.usage_factor.is_finite() && config.usage_factor >= 0.0) {
+        return Err(format!(
+            "usage factor must be a finite number >= 0, got {}",
+            config.usage_factor
+        ));
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// The configured script with the request's `x-sim-*` overrides. An
+    /// override that doesn't parse is an error naming the header (the
+    /// caller replies 400) rather than being silently ignored: a test or
+    /// benchmark that misspells a value should fail loudly.
+    pub(crate) fn new(config: &SimConfig, headers: &HeaderMap) -> Result<Plan, String> {
+        let mut c = config.clone();
+        if let Some(ms) = parse::<u64>(headers, H_TTFT_MS)? {
+            c.ttft = Duration::from_millis(ms);
+        }
+        if let Some(v) = parse::<f64>(headers, H_TPS)? {
+            c.tokens_per_second = v;
+        }
+        if let Some(v) = parse::<u64>(headers, H_TOKENS)? {
+            c.tokens = v;
+        }
+        if let Some(v) = parse::<u64>(headers, H_REASONING)? {
+            c.reasoning_tokens = v;
+        }
+        if let Some(v) = parse::<bool>(headers, H_USAGE)? {
+            c.usage = v;
+        }
+        if let Some(v) = parse::<bool>(headers, H_SERVER_TIMINGS)? {
+            c.server_timings = v;
+        }
+        if let Some(v) = parse::<f64>(headers, H_USAGE_FACTOR)? {
+            c.usage_factor = v;
+        }
+        validate(&c).map_err(|e| format!("bad x-sim-* override: {e}"))?;
+        let status = parse::<u16>(headers, H_STATUS)?;
+        if let Some(s) = status {
+            if !(400..=599).contains(&s) {
+                return Err(format!("{H_STATUS} must be a 4xx or 5xx status, got {s}"));
+            }
+        }
+        let keepalive = match parse::<u64>(headers, H_KEEPALIVE_MS)? {
+            Some(0) => return Err(format!("{H_KEEPALIVE_MS} must be > 0")),
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => None,
+        };
+        Ok(Plan {
+            ttft: c.ttft,
+            tokens_per_second: c.tokens_per_second,
+            reasoning: c.reasoning_tokens,
+            answer: c.tokens,
+            usage: c.usage,
+            server_timings: c.server_timings,
+            usage_factor: c.usage_factor,
+            status,
+            cut_after: parse::<u64>(headers, H_CUT_AFTER)?,
+            error_after: parse::<u64>(headers, H_ERROR_AFTER)?,
+            keepalive,
+        })
+    }
+
+    /// All output tokens: reasoning then answer.
+    pub(crate) fn total(&self) -> u64 {
+        self.reasoning.saturating_add(self.answer)
+    }
+
+    /// When token `index` is due: `arrival + ttft + index / tps`, computed
+    /// from the absolute start each time so rounding never accumulates.
+    pub(crate) fn deadline(&self, arrival: Instant, index: u64) -> Instant {
+        let offset = Duration::try_from_secs_f64(index as f64 / self.tokens_per_second)
+            .unwrap_or(FAR)
+            .min(FAR);
+        arrival + self.ttft.min(FAR) + offset
+    }
+
+    /// When the response is complete: the last token's deadline (the
+    /// closing events go out with it), or the first-token time when there
+    /// are no tokens. A non-streamed reply is sent at this instant too, so
+    /// both modes finish at the same moment.
+    pub(crate) fn end(&self, arrival: Instant) -> Instant {
+        self.deadline(arrival, self.total().saturating_sub(1))
+    }
+
+    /// A count as the simulated server's tokenizer reports it.
+    pub(crate) fn exact(&self, streamed: u64) -> u64 {
+        (streamed as f64 * self.usage_factor).round() as u64
+    }
+
+    /// How many tokens are written and how the body ends. A fault whose N
+    /// is beyond the output never fires (the stream finishes first); when
+    /// both faults name the same N the cut wins, being the harsher one.
+    pub(crate) fn stop(&self) -> (u64, Ending) {
+        let total = self.total();
+        let cut = self.cut_after.filter(|&n| n <= total);
+        let err = self.error_after.filter(|&n| n <= total);
+        match (cut, err) {
+            (Some(c), Some(e)) if e < c => (e, Ending::Error),
+            (Some(c), _) => (c, Ending::Cut),
+            (None, Some(e)) => (e, Ending::Error),
+            (None, None) => (total, Ending::Finish),
+        }
+    }
+}
+
+fn parse<T: std::str::FromStr>(headers: &HeaderMap, name: &str) -> Result<Option<T>, String> {
+    let Some(value) = headers.get(name) else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| format!("{name}: value is not text"))?
+        .trim();
+    text.parse::<T>()
+        .map(Some)
+        .map_err(|_| format!("{name}: cannot parse {text:?}"))
+}
+
+/// The body fields that shape the reply. Everything else in the body is
+/// ignored and dropped with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BodyFlags {
+    /// The request's `stream` (or the route's default when absent).
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// The requested model, echoed back (default `sim-model`).
+    pub model: String,
+    /// A stable stand-in prompt size: `ceil(body bytes / 4)`, at least 1,
+    /// roughly a tokenizer's count for English JSON, computed without
+    /// keeping or reading the text itself.
+    pub prompt_tokens: u64,
+}
+
+/// The model named when the request names none (and the only one listed).
+pub(crate) const DEFAULT_MODEL: &str = "sim-model";
+
+impl BodyFlags {
+    /// Reads the flags from a request body. An empty body is `{}` (handy for
+    /// `curl -X POST`); anything else must be a JSON object. `stream` of a
+    /// non-boolean type falls back to `default_stream`, as lenient servers do.
+    pub(crate) fn parse(body: &[u8], default_stream: bool) -> Result<BodyFlags, String> {
+        let prompt_tokens = (body.len() as u64).div_ceil(4).max(1);
+        let value: serde_json::Value = if body.iter().all(u8::is_ascii_whitespace) {
+            serde_json::Value::Object(Default::default())
+        } else {
+            serde_json::from_slice(body).map_err(|e| format!("request body is not JSON: {e}"))?
+        };
+        let obj = value
+            .as_object()
+            .ok_or_else(|| String::from("request body is not a JSON object"))?;
+        Ok(BodyFlags {
+            stream: obj
+                .get("stream")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(default_stream),
+            include_usage: obj
+                .get("stream_options")
+                .and_then(|o| o.get("include_usage"))
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false),
+            model: obj
+                .get("model")
+                .and_then(|v| v.as_str())
+                .filter(|m| !m.is_empty())
+                .unwrap_or(DEFAULT_MODEL)
+                .to_owned(),
+            prompt_tokens,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn no_headers_is_the_config() {
+        let c = SimConfig::default();
+        let p = Plan::new(&c, &HeaderMap::new()).unwrap();
+        assert_eq!(p.ttft, c.ttft);
+        assert_eq!(p.tokens_per_second, 50.0);
+        assert_eq!((p.reasoning, p.answer), (0, 64));
+        assert_eq!(
+            (p.usage, p.server_timings, p.usage_factor),
+            (false, false, 1.0)
+        );
+        assert_eq!(
+            (p.status, p.cut_after, p.error_after, p.keepalive),
+            (None, None, None, None)
+        );
+        assert_eq!(p.stop(), (64, Ending::Finish));
+    }
+
+    #[test]
+    fn headers_override_everything() {
+        let h = headers(&[
+            (H_TTFT_MS, "50"),
+            (H_TPS, "200"),
+            (H_TOKENS, "20"),
+            (H_REASONING, "5"),
+            (H_USAGE, "true"),
+            (H_SERVER_TIMINGS, "true"),
+            (H_USAGE_FACTOR, "1.5"),
+            (H_STATUS, "503"),
+            (H_CUT_AFTER, "3"),
+            (H_ERROR_AFTER, "4"),
+            (H_KEEPALIVE_MS, "10"),
+        ]);
+        let p = Plan::new(&SimConfig::default(), &h).unwrap();
+        assert_eq!(p.ttft, Duration::from_millis(50));
+        assert_eq!(p.tokens_per_second, 200.0);
+        assert_eq!((p.reasoning, p.answer, p.total()), (5, 20, 25));
+        assert!(p.usage && p.server_timings);
+        assert_eq!(p.usage_factor, 1.5);
+        assert_eq!(p.status, Some(503));
+        assert_eq!(p.keepalive, Some(Duration::from_millis(10)));
+        assert_eq!(p.stop(), (3, Ending::Cut));
+        assert_eq!(p.exact(25), 38); // 37.5 rounds half away from zero
+    }
+
+    #[test]
+    fn bad_overrides_name_the_header() {
+        for (k, v) in [
+            (H_TPS, "0"),
+            (H_TPS, "fast"),
+            (H_TOKENS, "-1"),
+            (H_USAGE, "yes"),
+            (H_USAGE_FACTOR, "-2"),
+            (H_STATUS, "200"),
+            (H_KEEPALIVE_MS, "0"),
+        ] {
+            let err = Plan::new(&SimConfig::default(), &headers(&[(k, v)])).unwrap_err();
+            assert!(
+                err.contains(k) || err.contains("override"),
+                "{k}={v}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn deadlines_are_absolute_and_end_is_the_last_token() {
+        let t0 = Instant::now();
+        let h = headers(&[(H_TTFT_MS, "50"), (H_TPS, "200"), (H_TOKENS, "20")]);
+        let p = Plan::new(&SimConfig::default(), &h).unwrap();
+        assert_eq!(p.deadline(t0, 0), t0 + Duration::from_millis(50));
+        assert_eq!(p.deadline(t0, 1), t0 + Duration::from_millis(55));
+        assert_eq!(p.deadline(t0, 19), t0 + Duration::from_millis(145));
+        assert_eq!(p.end(t0), t0 + Duration::from_millis(145));
+        // 1/3 s steps do not drift: token 300 is exactly 100 s after token 0.
+        let mut third = p.clone();
+        third.tokens_per_second = 3.0;
+        assert_eq!(
+            third.deadline(t0, 300),
+            third.deadline(t0, 0) + Duration::from_secs(100)
+        );
+        // No tokens: the end is the first-token time.
+        let mut none = p;
+        none.answer = 0;
+        assert_eq!(none.end(t0), t0 + Duration::from_millis(50));
+    }
+
+    #[test]
+    fn absurd_rates_clamp_instead_of_overflowing() {
+        let t0 = Instant::now();
+        let mut p = Plan::new(&SimConfig::default(), &HeaderMap::new()).unwrap();
+        p.tokens_per_second = 1e-300;
+        assert!(p.deadline(t0, 5) > t0 + Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn faults_beyond_the_output_never_fire_and_the_earlier_one_wins() {
+        let mut p = Plan::new(&SimConfig::default(), &HeaderMap::new()).unwrap();
+        p.answer = 10;
+        p.cut_after = Some(11);
+        assert_eq!(p.stop(), (10, Ending::Finish));
+        p.cut_after = Some(10);
+        assert_eq!(p.stop(), (10, Ending::Cut));
+        p.error_after = Some(4);
+        assert_eq!(p.stop(), (4, Ending::Error));
+        p.error_after = Some(10);
+        assert_eq!(p.stop(), (10, Ending::Cut));
+        p.cut_after = None;
+        p.error_after = Some(0);
+        assert_eq!(p.stop(), (0, Ending::Error));
+    }
+
+    #[test]
+    fn body_flags() {
+        let f = BodyFlags::parse(
+            br#"{"model":"qwen3","stream":true,"stream_options":{"include_usage":true}}"#,
+            false,
+        )
+        .unwrap();
+        assert!(f.stream && f.include_usage);
+        assert_eq!(f.model, "qwen3");
+        assert_eq!(f.prompt_tokens, 18); // 72 bytes / 4
+
+        let f = BodyFlags::parse(b"", true).unwrap();
+        assert!(f.stream && !f.include_usage);
+        assert_eq!(f.model, DEFAULT_MODEL);
+        assert_eq!(f.prompt_tokens, 1);
+
+        let f = BodyFlags::parse(br#"{"stream":"yes","model":""}"#, false).unwrap();
+        assert!(!f.stream);
+        assert_eq!(f.model, DEFAULT_MODEL);
+
+        assert!(BodyFlags::parse(b"{", false).is_err());
+        assert!(BodyFlags::parse(b"[1]", false).is_err());
+    }
+}
