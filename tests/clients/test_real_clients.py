@@ -1,0 +1,78 @@
+"""Unchanged client code from the openai and ollama packages, streaming
+through `speedtap run` to `speedtap simulate`; the calls are then checked
+through the control API."""
+import json
+
+import ollama
+import openai
+
+from conftest import TOKENS, TTFT_MS, TPS
+
+
+def check_call(call, api):
+    assert call["api"] == api, call
+    assert call["status"] == "ok", call
+    assert call["http_status"] == 200
+    speed = call["speed"]
+    assert speed["is_final"] and speed["phase"] == "complete"
+    assert speed["output_tokens"] == TOKENS, speed
+    # TTFT measured at the proxy: at least the scripted wait, not much more.
+    assert TTFT_MS <= speed["time_to_first_token_ms"] < TTFT_MS + 250, speed
+    # The settled decode rate against the scripted one.
+    rate = speed["output_tokens_per_second"]
+    assert abs(rate - TPS) / TPS < 0.15, speed
+
+
+def test_openai_chat_stream(stack):
+    client = openai.OpenAI(base_url=f"{stack.proxy}/v1", api_key="sk-test")
+    stream = client.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "hi"}], stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert len(text.split()) == TOKENS
+    (call,) = stack.settled(1)
+    check_call(call, "openai_chat")
+    assert call["model"] == "sim-model"
+
+
+def test_openai_completions_and_responses(stack):
+    client = openai.OpenAI(base_url=f"{stack.proxy}/v1", api_key="sk-test")
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model="sim-model", prompt="hi", stream=True) if c.choices)
+    assert len(text.split()) == TOKENS
+    events = list(client.responses.create(model="sim-model", input="hi", stream=True))
+    assert events[-1].type == "response.completed"
+    calls = stack.settled(2)
+    by_api = {c["api"]: c for c in calls}
+    check_call(by_api["openai_completions"], "openai_completions")
+    check_call(by_api["openai_responses"], "openai_responses")
+
+
+def test_ollama_chat_and_generate(stack):
+    client = ollama.Client(host=stack.proxy)
+    parts = [p["message"]["content"] for p in client.chat(
+        model="sim-model", messages=[{"role": "user", "content": "hi"}], stream=True)]
+    assert len("".join(parts).split()) == TOKENS
+    parts = [p["response"] for p in client.generate(model="sim-model", prompt="hi", stream=True)]
+    assert len("".join(parts).split()) == TOKENS
+    calls = stack.settled(2)
+    by_api = {c["api"]: c for c in calls}
+    check_call(by_api["ollama_chat"], "ollama_chat")
+    check_call(by_api["ollama_generate"], "ollama_generate")
+
+
+def test_json_lines_follow_the_contract(stack):
+    client = openai.OpenAI(base_url=f"{stack.proxy}/v1", api_key="sk-test")
+    list(client.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "hi"}], stream=True))
+    (call,) = stack.settled(1)
+    stack.stop()
+    lines = [json.loads(l) for l in (stack.tmp / "run.jsonl").read_text().splitlines() if l]
+    assert lines, "no --json output"
+    for line in lines:
+        assert set(line) == {"call", "speed"}
+        assert line["call"]["id"] == call["id"]
+        assert line["speed"]["phase"] in (
+            "awaiting_first_token", "reasoning", "responding", "calling_tool", "complete")
+    assert lines[0]["speed"]["phase"] == "awaiting_first_token"
+    assert lines[-1]["speed"]["is_final"] is True
+    assert lines[-1]["speed"] == call["speed"]
