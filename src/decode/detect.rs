@@ -27,7 +27,9 @@ pub struct RequestFacts {
 
 /// Detects the API and the request's stream facts.
 ///
-/// Only `POST` is metered; any other method is [`ApiKind::Unknown`]. The
+/// Only `POST` is metered (compared case-insensitively: HTTP says methods
+/// are case-sensitive, but a lowercase `post` that reached the upstream
+/// was still a generation call); any other method is [`ApiKind::Unknown`]. The
 /// path is matched on its last segments, so route prefixes
 /// (`/ollama/api/chat`) and LM Studio's `/api/v0/chat/completions` work; a
 /// query string, a fragment, empty segments and a trailing `/` are
@@ -55,7 +57,8 @@ pub struct RequestFacts {
 /// before the cut. A body that is not a JSON object yields no model, and
 /// the defaults apply: `stream` is false, except for Ollama's native routes
 /// (true unless the body says `"stream": false`) and TGI's
-/// `/generate_stream` (always true).
+/// `/generate_stream` (always true). The body is read for every call,
+/// metered or not, so an unmetered call still reports its `model`.
 pub fn detect_request(method: &str, path: &str, body_prefix: &[u8]) -> RequestFacts {
     let segments = path_segments(path);
     let api = if method.eq_ignore_ascii_case("POST") {

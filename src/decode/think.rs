@@ -99,7 +99,11 @@ impl ThinkSplitter {
     }
 
     /// True when a model name belongs to a family whose template forces
-    /// thinking open (case-insensitive): see [`FORCED_OPEN_NAMES`].
+    /// thinking open. Case-insensitive, `_` and spaces read as `-`; the
+    /// name matches when it contains `deepseek-r1`, `r1-distill`, `qwq` or
+    /// `thinking` (DeepSeek-R1 and its distills, QwQ, Qwen3
+    /// `*-Thinking-2507`). Matching a substring keeps Ollama tags
+    /// (`deepseek-r1:7b`) and GGUF repository paths working.
     pub fn model_forces_open(model: &str) -> bool {
         let name: String = model
             .chars()
