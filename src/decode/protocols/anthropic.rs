@@ -17,7 +17,7 @@
 //! - `message_stop` is `Done`; a stream that ends after a `stop_reason`
 //!   but without `message_stop` gets `Done` at the end of the body.
 //! - `ping` is ignored; `error` events are handled for every API in
-//!   [`super::Protocol::message`].
+//!   `Protocol::message`.
 
 use serde_json::Value;
 
@@ -27,7 +27,7 @@ use super::{json, Sink};
 
 /// Per-call state of the Anthropic decoder.
 #[derive(Debug, Default)]
-pub struct Decoder {
+pub(crate) struct Decoder {
     /// Latest `input_tokens`, `cache_creation_input_tokens`,
     /// `cache_read_input_tokens` seen.
     input_parts: [Option<u64>; 3],
@@ -43,7 +43,7 @@ const INPUT_PARTS: [&str; 3] = [
 
 impl Decoder {
     /// One streamed event.
-    pub fn message(&mut self, event: Option<&str>, v: &Value, sink: &mut Sink<'_>) {
+    pub(crate) fn message(&mut self, event: Option<&str>, v: &Value, sink: &mut Sink<'_>) {
         let ty = v
             .get("type")
             .and_then(Value::as_str)
@@ -89,7 +89,7 @@ impl Decoder {
 
     /// A whole `message` body. Recognised when `"type": "message"` or it
     /// has a `content` array.
-    pub fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
+    pub(crate) fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
         let content = v.get("content").and_then(Value::as_array);
         if content.is_none() && v.get("type").and_then(Value::as_str) != Some("message") {
             return false;
@@ -118,7 +118,7 @@ impl Decoder {
     }
 
     /// End of body: `Done` if a stop reason was seen without `message_stop`.
-    pub fn finish(&mut self, sink: &mut Sink<'_>) {
+    pub(crate) fn finish(&mut self, sink: &mut Sink<'_>) {
         if self.stopped {
             sink.done();
         }

@@ -25,11 +25,11 @@ use super::{json, Sink};
 
 /// The native decoder keeps no state: every event stands alone.
 #[derive(Debug, Default)]
-pub struct Decoder;
+pub(crate) struct Decoder;
 
 impl Decoder {
     /// One streamed event.
-    pub fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
+    pub(crate) fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
         if let Some(t) = json::nonempty_str(v, "content") {
             sink.text(t);
         }
@@ -49,7 +49,7 @@ impl Decoder {
 
     /// A whole non-streamed response: the final event's shape with all the
     /// text. Recognised when it has `content` or `stop`.
-    pub fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
+    pub(crate) fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
         if v.get("content").is_none() && v.get("stop").is_none() {
             return false;
         }

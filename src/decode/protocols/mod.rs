@@ -2,14 +2,14 @@
 //! line) or one whole JSON body in, [`StreamEvent`]s out.
 //!
 //! Each API family has its own module; this one holds what they share:
-//! - [`Protocol`], the dispatch over the families, with the checks every
+//! - `Protocol`, the dispatch over the families, with the checks every
 //!   API gets the same way (`[DONE]`, bad JSON, error objects);
-//! - [`Sink`], where decoders put what they learned. It owns the rules that
+//! - `Sink`, where decoders put what they learned. It owns the rules that
 //!   hold for every API: output text is never empty, visible text goes
 //!   through the inline-`<think>` splitter, `Done` is emitted at most once.
 //!
 //! Decoders are liberal: unknown fields and event types are ignored, a
-//! message that does not parse is counted ([`Sink::unparsed`]) and skipped,
+//! message that does not parse is counted (`Sink::unparsed`) and skipped,
 //! and nothing here panics on any input.
 
 use serde_json::Value;
@@ -31,7 +31,7 @@ pub mod tgi;
 
 /// The decoder of one API family, chosen once per call from its [`ApiKind`].
 #[derive(Debug)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     OpenaiChat(openai_chat::Decoder),
     OpenaiCompletions(openai_completions::Decoder),
     OpenaiResponses(openai_responses::Decoder),
@@ -46,7 +46,7 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    pub fn new(api: ApiKind) -> Self {
+    pub(crate) fn new(api: ApiKind) -> Self {
         match api {
             ApiKind::OpenaiChat => Self::OpenaiChat(Default::default()),
             ApiKind::OpenaiCompletions => Self::OpenaiCompletions(Default::default()),
@@ -59,8 +59,8 @@ impl Protocol {
         }
     }
 
-    /// False for [`Protocol::Unknown`]: its bodies need not be framed at all.
-    pub fn is_metered(&self) -> bool {
+    /// False for `Protocol::Unknown`: its bodies need not be framed at all.
+    pub(crate) fn is_metered(&self) -> bool {
         !matches!(self, Self::Unknown)
     }
 
@@ -74,7 +74,7 @@ impl Protocol {
     /// an SSE `error` event, which is an error whatever its payload; an
     /// object under an `error` event, with a non-null `error` field or with
     /// `"type": "error"` is an `Error` and nothing else.
-    pub fn message(&mut self, event: Option<&str>, data: &str, sink: &mut Sink<'_>) {
+    pub(crate) fn message(&mut self, event: Option<&str>, data: &str, sink: &mut Sink<'_>) {
         if !self.is_metered() {
             return;
         }
@@ -129,7 +129,7 @@ impl Protocol {
     /// event stream (`data:`/`event:` lines, a server that mislabelled its
     /// stream) is framed as SSE; otherwise it is tried as NDJSON, line by
     /// line. Whatever still does not parse is counted as unparsed.
-    pub fn body(&mut self, body: &[u8], sink: &mut Sink<'_>) {
+    pub(crate) fn body(&mut self, body: &[u8], sink: &mut Sink<'_>) {
         if !self.is_metered() {
             return;
         }
@@ -214,7 +214,7 @@ impl Protocol {
     /// End of body: a stream that ended without its terminal marker but
     /// after the protocol said generation finished (`finish_reason`,
     /// `stop_reason`) gets its `Done` here. See each decoder's `finish`.
-    pub fn finish(&mut self, sink: &mut Sink<'_>) {
+    pub(crate) fn finish(&mut self, sink: &mut Sink<'_>) {
         match self {
             Self::OpenaiChat(d) => d.finish(sink),
             Self::OpenaiCompletions(d) => d.finish(sink),
@@ -249,11 +249,11 @@ fn looks_like_sse(body: &[u8]) -> bool {
     body.starts_with(b"data:") || body.starts_with(b"event:") || body.starts_with(b":")
 }
 
-/// The per-call state behind a [`Sink`]: the inline-think stage, the `Done`
+/// The per-call state behind a `Sink`: the inline-think stage, the `Done`
 /// latch and the unparsed-message count. Kept by the stream decoder across
 /// feeds.
 #[derive(Debug)]
-pub struct SinkState {
+pub(crate) struct SinkState {
     think: InlineThink,
     done: bool,
     unparsed: u64,
@@ -262,7 +262,7 @@ pub struct SinkState {
 impl SinkState {
     /// `model` is the request's model name, only a hint for inline thinking
     /// ([`ThinkSplitter::model_forces_open`]).
-    pub fn new(model: Option<&str>) -> Self {
+    pub(crate) fn new(model: Option<&str>) -> Self {
         Self {
             think: InlineThink {
                 model_forces_open: model.is_some_and(ThinkSplitter::model_forces_open),
@@ -277,12 +277,12 @@ impl SinkState {
     }
 
     /// Messages (or bodies) that could not be understood so far.
-    pub fn unparsed(&self) -> u64 {
+    pub(crate) fn unparsed(&self) -> u64 {
         self.unparsed
     }
 
     /// Binds the state to an output vector for one feed.
-    pub fn sink<'a>(&'a mut self, out: &'a mut Vec<StreamEvent>) -> Sink<'a> {
+    pub(crate) fn sink<'a>(&'a mut self, out: &'a mut Vec<StreamEvent>) -> Sink<'a> {
         Sink { out, state: self }
     }
 }
@@ -325,14 +325,14 @@ impl std::fmt::Debug for InlineThink {
 }
 
 /// Where a decoder puts what it learned. Bound to one output vector.
-pub struct Sink<'a> {
+pub(crate) struct Sink<'a> {
     out: &'a mut Vec<StreamEvent>,
     state: &'a mut SinkState,
 }
 
 impl Sink<'_> {
     /// Visible answer text (through the inline-think splitter).
-    pub fn text(&mut self, text: &str) {
+    pub(crate) fn text(&mut self, text: &str) {
         if text.is_empty() {
             return;
         }
@@ -350,23 +350,23 @@ impl Sink<'_> {
     }
 
     /// Reasoning text from a field the server split out itself.
-    pub fn reasoning(&mut self, text: &str) {
+    pub(crate) fn reasoning(&mut self, text: &str) {
         self.state.think.split_reasoning_seen = true;
         self.output(OutputChannel::Reasoning, text);
     }
 
     /// Tool-call text (names and arguments).
-    pub fn tool(&mut self, text: &str) {
+    pub(crate) fn tool(&mut self, text: &str) {
         self.output(OutputChannel::ToolArguments, text);
     }
 
-    pub fn usage(&mut self, usage: Option<Usage>) {
+    pub(crate) fn usage(&mut self, usage: Option<Usage>) {
         if let Some(u) = usage {
             self.out.push(StreamEvent::Usage(u));
         }
     }
 
-    pub fn timings(&mut self, timings: Option<ServerTimings>) {
+    pub(crate) fn timings(&mut self, timings: Option<ServerTimings>) {
         if let Some(t) = timings {
             self.out.push(StreamEvent::ServerTimings(t));
         }
@@ -375,7 +375,7 @@ impl Sink<'_> {
     /// The terminal marker. Text held back by the think splitter is flushed
     /// first, so no output follows `Done` for a well-formed stream; a
     /// second marker is ignored.
-    pub fn done(&mut self) {
+    pub(crate) fn done(&mut self) {
         if self.state.done {
             return;
         }
@@ -384,17 +384,17 @@ impl Sink<'_> {
         self.out.push(StreamEvent::Done);
     }
 
-    pub fn error(&mut self, message: String) {
+    pub(crate) fn error(&mut self, message: String) {
         self.out.push(StreamEvent::Error { message });
     }
 
     /// A message that could not be understood (counted, never fatal).
-    pub fn unparsed(&mut self) {
+    pub(crate) fn unparsed(&mut self) {
         self.state.unparsed += 1;
     }
 
     /// Releases text the think splitter holds back (end of body or `Done`).
-    pub fn flush_text(&mut self) {
+    pub(crate) fn flush_text(&mut self) {
         let think = &mut self.state.think;
         if let Some(mut splitter) = think.splitter.take() {
             splitter.finish(&mut think.scratch);
@@ -432,7 +432,7 @@ pub(crate) mod testing {
 
     /// Decodes SSE-style messages `(event, data)` with a fresh protocol,
     /// then finishes the stream.
-    pub fn messages(
+    pub(crate) fn messages(
         api: ApiKind,
         model: Option<&str>,
         msgs: &[(Option<&str>, &str)],
@@ -451,13 +451,17 @@ pub(crate) mod testing {
     }
 
     /// Data-only messages (OpenAI-style SSE data, NDJSON lines).
-    pub fn lines(api: ApiKind, model: Option<&str>, lines: &[&str]) -> (Vec<StreamEvent>, u64) {
+    pub(crate) fn lines(
+        api: ApiKind,
+        model: Option<&str>,
+        lines: &[&str],
+    ) -> (Vec<StreamEvent>, u64) {
         let msgs: Vec<(Option<&str>, &str)> = lines.iter().map(|l| (None, *l)).collect();
         messages(api, model, &msgs)
     }
 
     /// A whole JSON body.
-    pub fn body(api: ApiKind, model: Option<&str>, body: &str) -> (Vec<StreamEvent>, u64) {
+    pub(crate) fn body(api: ApiKind, model: Option<&str>, body: &str) -> (Vec<StreamEvent>, u64) {
         let mut proto = Protocol::new(api);
         let mut state = SinkState::new(model);
         let mut out = Vec::new();
@@ -470,7 +474,7 @@ pub(crate) mod testing {
     }
 
     /// Concatenated output text of one channel.
-    pub fn text(events: &[StreamEvent], channel: OutputChannel) -> String {
+    pub(crate) fn text(events: &[StreamEvent], channel: OutputChannel) -> String {
         events
             .iter()
             .filter_map(|e| match e {
@@ -481,7 +485,7 @@ pub(crate) mod testing {
     }
 
     /// The usage receipts merged field by field, later ones winning.
-    pub fn usage(events: &[StreamEvent]) -> Option<Usage> {
+    pub(crate) fn usage(events: &[StreamEvent]) -> Option<Usage> {
         let mut merged: Option<Usage> = None;
         for e in events {
             if let StreamEvent::Usage(u) = e {
@@ -496,18 +500,18 @@ pub(crate) mod testing {
     }
 
     /// The last server timings event.
-    pub fn timings(events: &[StreamEvent]) -> Option<ServerTimings> {
+    pub(crate) fn timings(events: &[StreamEvent]) -> Option<ServerTimings> {
         events.iter().rev().find_map(|e| match e {
             StreamEvent::ServerTimings(t) => Some(t.clone()),
             _ => None,
         })
     }
 
-    pub fn count_done(events: &[StreamEvent]) -> usize {
+    pub(crate) fn count_done(events: &[StreamEvent]) -> usize {
         events.iter().filter(|e| **e == StreamEvent::Done).count()
     }
 
-    pub fn errors(events: &[StreamEvent]) -> Vec<String> {
+    pub(crate) fn errors(events: &[StreamEvent]) -> Vec<String> {
         events
             .iter()
             .filter_map(|e| match e {

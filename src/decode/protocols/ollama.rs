@@ -27,11 +27,11 @@ use super::Sink;
 
 /// The Ollama decoder keeps no state: every line stands alone.
 #[derive(Debug, Default)]
-pub struct Decoder;
+pub(crate) struct Decoder;
 
 impl Decoder {
     /// One NDJSON line.
-    pub fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
+    pub(crate) fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
         if let Some(m) = json::object(v, "message") {
             output(m, "content", sink);
         }
@@ -45,7 +45,7 @@ impl Decoder {
     /// A whole non-streamed response (`"stream": false`): the same object
     /// as the final line, with all the text. Recognised when it has
     /// `message`, `response` or `done`.
-    pub fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
+    pub(crate) fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
         if v.get("message").is_none() && v.get("response").is_none() && v.get("done").is_none() {
             return false;
         }

@@ -33,14 +33,14 @@ use super::Sink;
 
 /// Per-call state of the chat decoder.
 #[derive(Debug, Default)]
-pub struct Decoder {
+pub(crate) struct Decoder {
     /// A choice reported a real `finish_reason`.
     finished: bool,
 }
 
 impl Decoder {
     /// One streamed chunk.
-    pub fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
+    pub(crate) fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
         for choice in choices(v) {
             // Streams carry `delta`; a server that streams whole `message`s
             // (or a non-streamed body) is read the same way.
@@ -54,7 +54,7 @@ impl Decoder {
     }
 
     /// A whole `chat.completion` body. Recognised when it has `choices`.
-    pub fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
+    pub(crate) fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
         if !v.get("choices").is_some_and(Value::is_array) {
             return false;
         }
@@ -63,7 +63,7 @@ impl Decoder {
     }
 
     /// End of body: `Done` if a finish reason was seen (see module doc).
-    pub fn finish(&mut self, sink: &mut Sink<'_>) {
+    pub(crate) fn finish(&mut self, sink: &mut Sink<'_>) {
         if self.finished {
             sink.done();
         }

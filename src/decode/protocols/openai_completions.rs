@@ -12,14 +12,14 @@ use super::{json, Sink};
 
 /// Per-call state of the completions decoder.
 #[derive(Debug, Default)]
-pub struct Decoder {
+pub(crate) struct Decoder {
     /// A choice reported a real `finish_reason`.
     finished: bool,
 }
 
 impl Decoder {
     /// One streamed chunk.
-    pub fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
+    pub(crate) fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
         for choice in choices(v) {
             if let Some(text) = json::nonempty_str(choice, "text") {
                 sink.text(text);
@@ -29,7 +29,7 @@ impl Decoder {
     }
 
     /// A whole `text_completion` body. Recognised when it has `choices`.
-    pub fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
+    pub(crate) fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
         if !v.get("choices").is_some_and(Value::is_array) {
             return false;
         }
@@ -38,7 +38,7 @@ impl Decoder {
     }
 
     /// End of body: `Done` if a finish reason was seen.
-    pub fn finish(&mut self, sink: &mut Sink<'_>) {
+    pub(crate) fn finish(&mut self, sink: &mut Sink<'_>) {
         if self.finished {
             sink.done();
         }

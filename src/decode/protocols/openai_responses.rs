@@ -14,7 +14,7 @@
 //!   (llama.cpp) or `response.timings`, then `Done`;
 //! - `response.failed`: its usage and timings if any, `Error` with
 //!   `response.error`'s code, then `Done`; `error`: `Error` (handled for
-//!   every API in [`super::Protocol::message`]).
+//!   every API in `Protocol::message`).
 //!
 //! Every `.done` event (`output_text.done`, `content_part.done`,
 //! `output_item.done`, ...) repeats text already streamed as deltas and is
@@ -28,11 +28,11 @@ use super::{json, Sink};
 
 /// The Responses decoder keeps no state: every event stands alone.
 #[derive(Debug, Default)]
-pub struct Decoder;
+pub(crate) struct Decoder;
 
 impl Decoder {
     /// One streamed event.
-    pub fn message(&mut self, event: Option<&str>, v: &Value, sink: &mut Sink<'_>) {
+    pub(crate) fn message(&mut self, event: Option<&str>, v: &Value, sink: &mut Sink<'_>) {
         let ty = v
             .get("type")
             .and_then(Value::as_str)
@@ -80,7 +80,7 @@ impl Decoder {
 
     /// A whole `response` object. Recognised when it has an `output`
     /// array or `"object": "response"`.
-    pub fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
+    pub(crate) fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
         let output = v.get("output").and_then(Value::as_array);
         if output.is_none() && v.get("object").and_then(Value::as_str) != Some("response") {
             return false;

@@ -6,7 +6,7 @@
 //! `details` (usage: `generated_tokens`, `input_length`) and, again, the
 //! whole `generated_text`, which is ignored so nothing is counted twice;
 //! non-null `details` is `Done`. Errors are `{"error": "...", "error_type":
-//! "..."}`, handled for every API in [`super::Protocol::message`].
+//! "..."}`, handled for every API in `Protocol::message`.
 //!
 //! `/generate` (JSON): `generated_text` is the text, `details` the usage
 //! (`generated_tokens`; `input_length` when present).
@@ -22,11 +22,11 @@ use super::{json, Sink};
 
 /// The TGI decoder keeps no state: every event stands alone.
 #[derive(Debug, Default)]
-pub struct Decoder;
+pub(crate) struct Decoder;
 
 impl Decoder {
     /// One streamed event.
-    pub fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
+    pub(crate) fn message(&mut self, v: &Value, sink: &mut Sink<'_>) {
         if let Some(token) = json::object(v, "token") {
             let special = token.get("special").and_then(Value::as_bool) == Some(true);
             if !special {
@@ -43,7 +43,7 @@ impl Decoder {
 
     /// A whole `/generate` response. Recognised when it has
     /// `generated_text`.
-    pub fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
+    pub(crate) fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
         if v.get("generated_text").is_none() {
             return false;
         }
