@@ -74,6 +74,10 @@ pub async fn serve<E: EngineQueries>(
 /// The pure router: answers one request without a socket. The request body
 /// is never read (every endpoint is a `GET`), so any body type will do.
 /// Event streams from here end only when the engine drops the subscriber.
-pub async fn handle<E: EngineQueries, B>(engine: &E, req: Request<B>) -> Response<BoxBody> {
+pub async fn handle<E: EngineQueries, B>(engine: &E, req: Request<B>) -> Response<BoxBody>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     routes::route(engine, req, &routes::Context::default()).await
 }

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use super::host_guard::{self, HostRejection};
 use super::{dashboard, sse, BoxBody};
+use crate::engine::control::SettingsDoc;
 use crate::engine::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use crate::engine::{Call, CallsQuery, EngineQueries};
 
@@ -21,6 +22,11 @@ pub const MAX_LIMIT: usize = 10_000;
 
 const JSON: &str = "application/json";
 const ALLOWED: &str = "GET, HEAD, OPTIONS";
+const ALLOWED_SETTINGS: &str = "GET, HEAD, PUT, OPTIONS";
+const ALLOWED_DEMO: &str = "POST, OPTIONS";
+
+/// The largest request body accepted (settings documents are tiny).
+pub const MAX_BODY: usize = 64 * 1024;
 
 /// What the router knows beyond the request: the server's shutdown signal,
 /// which ends open event streams.
@@ -37,7 +43,33 @@ enum Endpoint<'a> {
     Stats,
     Events,
     Metrics,
+    Routes,
+    History,
+    Discover,
+    Settings,
+    Demo,
     Asset(&'static dashboard::Asset),
+}
+
+impl Endpoint<'_> {
+    /// The methods this endpoint answers (for 405s and preflights).
+    fn allowed(&self) -> &'static str {
+        match self {
+            Endpoint::Settings => ALLOWED_SETTINGS,
+            Endpoint::Demo => ALLOWED_DEMO,
+            _ => ALLOWED,
+        }
+    }
+
+    fn accepts(&self, method: &Method) -> bool {
+        match self {
+            Endpoint::Settings => {
+                matches!(*method, Method::GET | Method::HEAD | Method::PUT)
+            }
+            Endpoint::Demo => *method == Method::POST,
+            _ => matches!(*method, Method::GET | Method::HEAD),
+        }
+    }
 }
 
 fn endpoint(path: &str) -> Option<Endpoint<'_>> {
@@ -46,6 +78,11 @@ fn endpoint(path: &str) -> Option<Endpoint<'_>> {
         "/api/v1/stats" => Some(Endpoint::Stats),
         "/api/v1/events" => Some(Endpoint::Events),
         "/metrics" => Some(Endpoint::Metrics),
+        "/api/v1/routes" => Some(Endpoint::Routes),
+        "/api/v1/stats/history" => Some(Endpoint::History),
+        "/api/v1/discover" => Some(Endpoint::Discover),
+        "/api/v1/settings" => Some(Endpoint::Settings),
+        "/api/v1/demo" => Some(Endpoint::Demo),
         _ => {
             if let Some(id) = path.strip_prefix("/api/v1/calls/") {
                 return (!id.is_empty() && !id.contains('/')).then_some(Endpoint::Call(id));
@@ -60,8 +97,30 @@ pub async fn route<E: EngineQueries, B>(
     engine: &E,
     req: Request<B>,
     ctx: &Context,
-) -> Response<BoxBody> {
-    let mut response = dispatch(engine, &req, ctx).await;
+) -> Response<BoxBody>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = req.into_parts();
+    let req = Request::from_parts(parts, ());
+    // Only writes carry a body; read it (bounded) once the host is known
+    // to be allowed.
+    let body =
+        if matches!(*req.method(), Method::PUT | Method::POST) && host_guard::check(&req).is_ok() {
+            match http_body_util::Limited::new(body, MAX_BODY).collect().await {
+                Ok(collected) => Some(collected.to_bytes()),
+                Err(_) => {
+                    return error(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "request body too large or unreadable",
+                    )
+                }
+            }
+        } else {
+            None
+        };
+    let mut response = dispatch(engine, &req, body, ctx).await;
     let headers = response.headers_mut();
     headers.insert(
         "x-content-type-options",
@@ -73,9 +132,10 @@ pub async fn route<E: EngineQueries, B>(
     response
 }
 
-async fn dispatch<E: EngineQueries, B>(
+async fn dispatch<E: EngineQueries>(
     engine: &E,
-    req: &Request<B>,
+    req: &Request<()>,
+    body: Option<Bytes>,
     ctx: &Context,
 ) -> Response<BoxBody> {
     match host_guard::check(req) {
@@ -89,23 +149,35 @@ async fn dispatch<E: EngineQueries, B>(
     let Some(endpoint) = endpoint(req.uri().path()) else {
         return error(StatusCode::NOT_FOUND, "not found");
     };
-    match *req.method() {
-        Method::GET | Method::HEAD => {}
-        Method::OPTIONS => {
-            // A preflight gets the allowed methods and nothing else: without
-            // `access-control-allow-*` headers the browser refuses the
-            // cross-origin request it was asking about.
-            let mut res = Response::new(empty());
-            *res.status_mut() = StatusCode::NO_CONTENT;
-            res.headers_mut()
-                .insert(ALLOW, HeaderValue::from_static(ALLOWED));
-            return res;
-        }
-        _ => {
-            let mut res = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
-            res.headers_mut()
-                .insert(ALLOW, HeaderValue::from_static(ALLOWED));
-            return res;
+    if *req.method() == Method::OPTIONS {
+        // A preflight gets the allowed methods and nothing else: without
+        // `access-control-allow-*` headers the browser refuses the
+        // cross-origin request it was asking about.
+        let mut res = Response::new(empty());
+        *res.status_mut() = StatusCode::NO_CONTENT;
+        res.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static(endpoint.allowed()));
+        return res;
+    }
+    if !endpoint.accepts(req.method()) {
+        let mut res = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+        res.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static(endpoint.allowed()));
+        return res;
+    }
+    // Writes must say they are JSON: a cross-origin page can only send
+    // that after a CORS preflight, which this API never grants.
+    if matches!(*req.method(), Method::PUT | Method::POST) {
+        let is_json = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(JSON));
+        if !is_json {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "writes need content-type: application/json",
+            );
         }
     }
 
@@ -156,6 +228,27 @@ async fn dispatch<E: EngineQueries, B>(
             .header(CACHE_CONTROL, "no-store")
             .body(full(engine.metrics_text()))
             .unwrap_or_else(|_| internal_error()),
+        Endpoint::Routes => json(StatusCode::OK, &engine.routes().await),
+        Endpoint::History => json(StatusCode::OK, &engine.stats_history().await),
+        Endpoint::Discover => json(StatusCode::OK, &engine.discover().await),
+        Endpoint::Settings if *req.method() == Method::PUT => {
+            let doc = match serde_json::from_slice::<SettingsDoc>(body.as_deref().unwrap_or(b"")) {
+                Ok(doc) => doc,
+                Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad settings: {e}")),
+            };
+            match engine.save_settings(doc).await {
+                Ok(outcome) => json(StatusCode::OK, &outcome),
+                Err(message) => error(StatusCode::BAD_REQUEST, &message),
+            }
+        }
+        Endpoint::Settings => match engine.get_settings().await {
+            Ok(doc) => json(StatusCode::OK, &doc),
+            Err(message) => error(StatusCode::NOT_FOUND, &message),
+        },
+        Endpoint::Demo => match engine.start_demo().await {
+            Ok(doc) => json(StatusCode::OK, &doc),
+            Err(message) => error(StatusCode::INTERNAL_SERVER_ERROR, &message),
+        },
         Endpoint::Asset(asset) => Response::builder()
             .header(CONTENT_TYPE, asset.content_type)
             // The page is embedded in the binary: revalidate so an upgrade

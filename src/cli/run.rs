@@ -107,10 +107,12 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     if settings.db.path().is_some() {
         tracing::debug!("the embedded store arrives with the history issue; running in memory");
     }
-    let mut options = EngineOptions::new(settings.routes.clone());
-    options.api = Some(settings.api);
-    options.slow_ttft = Duration::from_millis(settings.slow_ttft_ms);
-    options.metering_threads = 1;
+    let mut options = EngineOptions::from_settings(&settings);
+    options.config_path = Some(
+        args.config
+            .clone()
+            .unwrap_or_else(config::default_config_path),
+    );
     let engine = Engine::start(options)
         .await
         .map_err(|e| RunError::Runtime(e.to_string()))?;

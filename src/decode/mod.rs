@@ -20,3 +20,4 @@ pub mod think;
 
 pub use api::ApiKind;
 pub use event::{OutputChannel, ServerTimings, StreamEvent, Usage};
+pub use stream::StreamDecoder;

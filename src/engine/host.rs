@@ -10,7 +10,8 @@
 //! which settles whatever is still open.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, RwLock};
 use std::time::Duration;
 
@@ -23,8 +24,12 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::control::{
+    DemoDoc, DiscoveredDoc, HistoryDoc, RouteDoc, RouteInfo, RoutesDoc, SaveOutcome, ServerDoc,
+    SettingsDoc,
+};
 use super::messages::{
-    GetCalibration, GetCall, GetCalls, GetStats, SetNotificationsPaused, Subscribe,
+    GetCalibration, GetCall, GetCalls, GetHistory, GetStats, SetNotificationsPaused, Subscribe,
 };
 use super::metrics::Metrics;
 use super::model::{Call, EngineEvent};
@@ -32,9 +37,10 @@ use super::notifier::{Notifier, SlowFirstTokenHook};
 use super::proxy::{EngineLink, RouteProxy};
 use super::queries::{CallsQuery, EngineQueries};
 use super::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
-use crate::config::RouteSpec;
+use crate::config::{self, ConfigFile, RouteSpec, Settings};
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::global::Stats;
+use crate::simulate::{SimConfig, SimServer};
 use crate::tokens::{default_estimator, TokenEstimator};
 
 /// Why the engine could not start.
@@ -52,6 +58,10 @@ pub enum EngineError {
     Actors(String),
 }
 
+/// After the drain, how long shutdown waits for the calls it ended to be
+/// settled by their actors.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(1);
+
 /// What to run.
 pub struct EngineOptions {
     pub routes: Vec<RouteSpec>,
@@ -65,6 +75,12 @@ pub struct EngineOptions {
     pub metering_threads: usize,
     /// Reactions to slow first tokens (desktop notifications).
     pub slow_first_token_hooks: Vec<SlowFirstTokenHook>,
+    /// Desktop notifications on (the settings' `notifications`).
+    pub notifications: bool,
+    /// A follow-up notification when a slow call settles.
+    pub notify_settled: bool,
+    /// Where settings are saved; `None` means the platform default.
+    pub config_path: Option<PathBuf>,
 }
 
 impl EngineOptions {
@@ -72,12 +88,26 @@ impl EngineOptions {
         EngineOptions {
             routes,
             api: None,
-            slow_ttft: Duration::from_millis(5000),
+            slow_ttft: Duration::from_millis(config::DEFAULT_SLOW_TTFT_MS),
             estimator: default_estimator(),
             calibration: CalibrationTable::default(),
             metering_threads: 1,
             slow_first_token_hooks: Vec::new(),
+            notifications: true,
+            notify_settled: false,
+            config_path: None,
         }
+    }
+
+    /// The options `speedtap run` and the tray app derive from resolved
+    /// settings (routes, API address, threshold, notification switches).
+    pub fn from_settings(settings: &Settings) -> Self {
+        let mut options = EngineOptions::new(settings.routes.clone());
+        options.api = Some(settings.api);
+        options.slow_ttft = Duration::from_millis(settings.slow_ttft_ms);
+        options.notifications = settings.notifications;
+        options.notify_settled = settings.notify_settled;
+        options
     }
 }
 
@@ -96,12 +126,40 @@ impl BoundRoute {
     }
 }
 
-/// Read access to the running engine, for front ends. Cheap to clone.
+/// The settings that can change while running.
+#[derive(Clone, Debug)]
+struct LiveSettings {
+    /// The routes as configured (what a restart would bind).
+    routes: Vec<RouteSpec>,
+    notifications: bool,
+    notify_settled: bool,
+}
+
+/// The demo: the simulator, its route, and whether traffic is running.
+struct Demo {
+    _sim: SimServer,
+    route: BoundRoute,
+    traffic: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// State shared by the engine's handle and host.
+struct Shared {
+    link: Arc<EngineLink>,
+    routes: RwLock<Vec<BoundRoute>>,
+    settings: RwLock<LiveSettings>,
+    config_path: PathBuf,
+    stop: watch::Receiver<bool>,
+    servers: tokio::sync::Mutex<JoinSet<()>>,
+    demo: tokio::sync::Mutex<Option<Demo>>,
+}
+
+/// Access to the running engine, for front ends. Cheap to clone.
 #[derive(Clone)]
 pub struct EngineHandle {
     supervisor: Addr<Supervisor>,
     notifier: Addr<Notifier>,
     metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
 }
 
 impl EngineHandle {
@@ -117,6 +175,38 @@ impl EngineHandle {
             .await
             .unwrap_or_default()
     }
+
+    /// The routes bound now (the demo route included once started).
+    pub fn bound_routes(&self) -> Vec<BoundRoute> {
+        read(&self.shared.routes).clone()
+    }
+
+    /// The settings as they are now (for hosts deciding on notifications).
+    pub fn settings_snapshot(&self) -> SettingsDoc {
+        let live = read(&self.shared.settings).clone();
+        SettingsDoc {
+            routes: live.routes.iter().map(RouteDoc::from).collect(),
+            slow_ttft_ms: self.shared.link.slow_ttft_ms.load(Ordering::Relaxed),
+            notifications: live.notifications,
+            notify_settled: live.notify_settled,
+            config_path: Some(self.shared.config_path.display().to_string()),
+        }
+    }
+
+    /// Binds one more route while running and serves it until shutdown.
+    pub async fn add_route(&self, route: RouteSpec) -> Result<BoundRoute, EngineError> {
+        let listener = bind_route(&route).await?;
+        let bound = spawn_route(&self.shared, route, listener).await;
+        Ok(bound)
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
 }
 
 impl EngineQueries for EngineHandle {
@@ -152,6 +242,111 @@ impl EngineQueries for EngineHandle {
     fn metrics_text(&self) -> String {
         self.metrics.render()
     }
+
+    async fn routes(&self) -> RoutesDoc {
+        RoutesDoc {
+            routes: self.bound_routes().iter().map(RouteInfo::from).collect(),
+        }
+    }
+
+    async fn stats_history(&self) -> HistoryDoc {
+        self.supervisor.send(GetHistory).await.unwrap_or_default()
+    }
+
+    async fn discover(&self) -> DiscoveredDoc {
+        DiscoveredDoc {
+            servers: crate::discover::discover()
+                .await
+                .iter()
+                .map(ServerDoc::from)
+                .collect(),
+        }
+    }
+
+    async fn get_settings(&self) -> Result<SettingsDoc, String> {
+        Ok(self.settings_snapshot())
+    }
+
+    /// Validates, writes the config file (keeping its other keys), applies
+    /// the threshold and notification switches at once; route changes are
+    /// saved for the next start (rebinding live would cut calls in flight).
+    async fn save_settings(&self, doc: SettingsDoc) -> Result<SaveOutcome, String> {
+        let mut routes = Vec::new();
+        for (i, r) in doc.routes.iter().enumerate() {
+            let spec = RouteSpec::new(&r.name, &r.listen, &r.upstream)
+                .map_err(|e| format!("routes[{i}] ({}): {e}", r.name))?;
+            if routes.iter().any(|o: &RouteSpec| o.name == spec.name) {
+                return Err(format!(
+                    "routes[{i}]: the name {:?} is used twice",
+                    spec.name
+                ));
+            }
+            routes.push(spec);
+        }
+        if doc.slow_ttft_ms == 0 {
+            return Err("slow_ttft_ms: must be at least 1".into());
+        }
+        let path = self.shared.config_path.clone();
+        let mut file = if path.exists() {
+            config::load_config(&path).map_err(|e| e.to_string())?
+        } else {
+            ConfigFile::default()
+        };
+        file.routes = routes.clone();
+        file.slow_ttft_ms = Some(doc.slow_ttft_ms);
+        file.notifications = Some(doc.notifications);
+        file.notify_settled = Some(doc.notify_settled);
+        config::save_config(&path, &file)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+
+        self.shared
+            .link
+            .slow_ttft_ms
+            .store(doc.slow_ttft_ms, Ordering::Relaxed);
+        let restart_required = {
+            let mut live = write(&self.shared.settings);
+            let changed = live.routes != routes;
+            live.routes = routes;
+            live.notifications = doc.notifications;
+            live.notify_settled = doc.notify_settled;
+            changed
+        };
+        Ok(SaveOutcome {
+            saved: true,
+            restart_required,
+            config_path: path.display().to_string(),
+        })
+    }
+
+    /// Starts the simulator and a `demo` route once, then (again) a minute
+    /// of demo traffic unless some is still running.
+    async fn start_demo(&self) -> Result<DemoDoc, String> {
+        let mut demo = self.shared.demo.lock().await;
+        if demo.is_none() {
+            let sim = SimServer::start("127.0.0.1:0", SimConfig::default())
+                .await
+                .map_err(|e| format!("cannot start the simulator: {e}"))?;
+            let spec = RouteSpec::new("demo", "127.0.0.1:0", &sim.base_url())?;
+            let route = self.add_route(spec).await.map_err(|e| e.to_string())?;
+            *demo = Some(Demo {
+                _sim: sim,
+                route,
+                traffic: None,
+            });
+        }
+        let Some(state) = demo.as_mut() else {
+            return Err("demo did not start".into());
+        };
+        let running = state.traffic.as_ref().is_some_and(|t| !t.is_finished());
+        if !running {
+            let proxy = state.route.proxy_url();
+            state.traffic = Some(tokio::spawn(super::demo::run_traffic(proxy)));
+        }
+        Ok(DemoDoc {
+            running: true,
+            route: RouteInfo::from(&state.route),
+        })
+    }
 }
 
 /// A running engine.
@@ -160,9 +355,7 @@ pub struct RunningEngine {
     pub routes: Vec<BoundRoute>,
     pub api: Option<SocketAddr>,
     stop_accepting: watch::Sender<bool>,
-    servers: JoinSet<()>,
     system: System,
-    actor_thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The actor side, as handed back from its thread.
@@ -176,21 +369,44 @@ struct Actors {
 /// The engine entry point.
 pub struct Engine;
 
+async fn bind_route(route: &RouteSpec) -> Result<TcpListener, EngineError> {
+    TcpListener::bind(route.listen)
+        .await
+        .map_err(|source| EngineError::Bind {
+            what: format!("route {}", route.name),
+            addr: route.listen,
+            source,
+        })
+}
+
+async fn spawn_route(shared: &Arc<Shared>, route: RouteSpec, listener: TcpListener) -> BoundRoute {
+    let listen = listener.local_addr().unwrap_or(route.listen);
+    let bound = BoundRoute {
+        name: route.name.clone(),
+        listen,
+        upstream: route.upstream.base_url(),
+    };
+    write(&shared.routes).push(bound.clone());
+    let proxy = Arc::new(RouteProxy::new(
+        route.name,
+        route.upstream,
+        shared.link.clone(),
+    ));
+    shared
+        .servers
+        .lock()
+        .await
+        .spawn(serve_route(listener, proxy, shared.stop.clone()));
+    bound
+}
+
 impl Engine {
     /// Binds every listener, starts the actors and serves. Must be called
     /// inside a multi-threaded tokio runtime.
     pub async fn start(options: EngineOptions) -> Result<RunningEngine, EngineError> {
         let mut route_listeners = Vec::new();
         for route in &options.routes {
-            let listener =
-                TcpListener::bind(route.listen)
-                    .await
-                    .map_err(|source| EngineError::Bind {
-                        what: format!("route {}", route.name),
-                        addr: route.listen,
-                        source,
-                    })?;
-            route_listeners.push((route.clone(), listener));
+            route_listeners.push((route.clone(), bind_route(route).await?));
         }
         let api_listener = match options.api {
             Some(addr) => {
@@ -223,33 +439,41 @@ impl Engine {
             seq: AtomicU64::new(0),
             calibration,
             estimator: options.estimator,
-            slow_ttft: options.slow_ttft,
+            slow_ttft_ms: AtomicU64::new(options.slow_ttft.as_millis() as u64),
+        });
+        let (stop_accepting, stop_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            link,
+            routes: RwLock::new(Vec::new()),
+            settings: RwLock::new(LiveSettings {
+                routes: options.routes.clone(),
+                notifications: options.notifications,
+                notify_settled: options.notify_settled,
+            }),
+            config_path: options
+                .config_path
+                .unwrap_or_else(config::default_config_path),
+            stop: stop_rx.clone(),
+            servers: tokio::sync::Mutex::new(JoinSet::new()),
+            demo: tokio::sync::Mutex::new(None),
         });
         let handle = EngineHandle {
             supervisor: actors.supervisor,
             notifier: actors.notifier,
             metrics,
+            shared: shared.clone(),
         };
 
-        let (stop_accepting, stop_rx) = watch::channel(false);
-        let mut servers = JoinSet::new();
         let mut routes = Vec::new();
         for (route, listener) in route_listeners {
-            let listen = listener.local_addr().unwrap_or(route.listen);
-            routes.push(BoundRoute {
-                name: route.name.clone(),
-                listen,
-                upstream: route.upstream.base_url(),
-            });
-            let proxy = Arc::new(RouteProxy::new(route.name, route.upstream, link.clone()));
-            servers.spawn(serve_route(listener, proxy, stop_rx.clone()));
+            routes.push(spawn_route(&shared, route, listener).await);
         }
         let api = match api_listener {
             Some(listener) => {
                 let addr = listener.local_addr().ok();
                 let mut stop = stop_rx.clone();
                 let engine = handle.clone();
-                servers.spawn(async move {
+                shared.servers.lock().await.spawn(async move {
                     let shutdown = async move {
                         let _ = stop.wait_for(|s| *s).await;
                     };
@@ -267,9 +491,7 @@ impl Engine {
             routes,
             api,
             stop_accepting,
-            servers,
             system: actors.system,
-            actor_thread: None,
         })
     }
 }
@@ -277,21 +499,43 @@ impl Engine {
 impl RunningEngine {
     /// Stops accepting, lets in-flight calls finish for up to `grace`,
     /// then stops the actors (settling any call still open as abandoned).
-    pub async fn shutdown(mut self, grace: Duration) {
+    pub async fn shutdown(self, grace: Duration) {
         let _ = self.stop_accepting.send(true);
+        if let Some(demo) = self.handle.shared.demo.lock().await.take() {
+            if let Some(t) = demo.traffic {
+                t.abort();
+            }
+        }
+        let mut servers = std::mem::take(&mut *self.handle.shared.servers.lock().await);
         let drained = tokio::time::timeout(grace, async {
-            while self.servers.join_next().await.is_some() {}
+            while servers.join_next().await.is_some() {}
         })
         .await;
         if drained.is_err() {
-            self.servers.abort_all();
+            servers.abort_all();
+            while servers.join_next().await.is_some() {}
         }
-        // Give the actors a moment to settle the calls the drain ended.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The connections the drain ended dropped their taps, which queued
+        // the calls' final reports. Wait (briefly) until the supervisor has
+        // settled them, so subscribers see every call end before the
+        // actors stop.
+        let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            let in_flight = self
+                .handle
+                .calls(CallsQuery {
+                    limit: usize::MAX,
+                    route: None,
+                })
+                .await
+                .iter()
+                .any(|c| !c.status.is_settled());
+            if !in_flight {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         self.system.stop();
-        if let Some(t) = self.actor_thread.take() {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
-        }
     }
 }
 

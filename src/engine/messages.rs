@@ -127,6 +127,11 @@ pub struct GetCall(pub String);
 #[rtype(result = "Stats")]
 pub struct GetStats;
 
+/// The global tok/s readings of the last hour, for the chart.
+#[derive(Message)]
+#[rtype(result = "crate::engine::control::HistoryDoc")]
+pub struct GetHistory;
+
 /// A copy of the calibration table (for persistence and inspection).
 #[derive(Message)]
 #[rtype(result = "CalibrationTable")]

@@ -9,6 +9,8 @@
 //! alarms. [`host`] builds and runs all of it.
 
 pub mod call_actor;
+pub mod control;
+pub mod demo;
 pub mod host;
 pub mod messages;
 pub mod metrics;

@@ -6,6 +6,7 @@ use std::future::Future;
 
 use tokio::sync::mpsc;
 
+use super::control::{DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
 use super::model::{Call, EngineEvent};
 use crate::meter::global::Stats;
 
@@ -41,4 +42,36 @@ pub trait EngineQueries: Clone + Send + Sync + 'static {
     fn subscribe(&self) -> impl Future<Output = mpsc::Receiver<EngineEvent>> + Send;
     /// The Prometheus text exposition of the engine's metrics.
     fn metrics_text(&self) -> String;
+
+    // The UI's extensions (see `engine::control`). The defaults describe an
+    // engine without them, so test fakes only implement what they need.
+
+    /// The routes bound now.
+    fn routes(&self) -> impl Future<Output = RoutesDoc> + Send {
+        async { RoutesDoc::default() }
+    }
+    /// Global tok/s readings of the last hour.
+    fn stats_history(&self) -> impl Future<Output = HistoryDoc> + Send {
+        async { HistoryDoc::default() }
+    }
+    /// Local model servers found now.
+    fn discover(&self) -> impl Future<Output = DiscoveredDoc> + Send {
+        async { DiscoveredDoc::default() }
+    }
+    /// The editable settings.
+    fn get_settings(&self) -> impl Future<Output = Result<SettingsDoc, String>> + Send {
+        async { Err("settings are not available here".to_owned()) }
+    }
+    /// Validates and saves settings.
+    fn save_settings(
+        &self,
+        doc: SettingsDoc,
+    ) -> impl Future<Output = Result<SaveOutcome, String>> + Send {
+        let _ = doc;
+        async { Err("settings are not available here".to_owned()) }
+    }
+    /// Starts demo traffic.
+    fn start_demo(&self) -> impl Future<Output = Result<DemoDoc, String>> + Send {
+        async { Err("the demo is not available here".to_owned()) }
+    }
 }

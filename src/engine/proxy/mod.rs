@@ -57,7 +57,8 @@ pub struct EngineLink {
     pub seq: AtomicU64,
     pub calibration: Arc<RwLock<CalibrationTable>>,
     pub estimator: Arc<dyn TokenEstimator>,
-    pub slow_ttft: Duration,
+    /// The slow-first-token threshold in ms; settings may change it live.
+    pub slow_ttft_ms: AtomicU64,
 }
 
 impl EngineLink {
@@ -139,7 +140,7 @@ impl RouteProxy {
                 method: parts.method.as_str().to_owned(),
                 path: parts.uri.path().to_owned(),
                 dispatched_at,
-                slow_ttft: self.link.slow_ttft,
+                slow_ttft: Duration::from_millis(self.link.slow_ttft_ms.load(Ordering::Relaxed)),
                 estimator: self.link.estimator.clone(),
                 calibration: self.link.calibration.clone(),
                 supervisor: self.link.supervisor.clone(),
