@@ -1,0 +1,99 @@
+//! The UI's engine controls through the real engine: bound routes, settings
+//! saved to the config file, demo traffic that really flows and is metered.
+
+mod proxy_support;
+
+use std::time::Duration;
+
+use proxy_support::settled_calls;
+use speedtap::config::{load_config, RouteSpec};
+use speedtap::engine::control::{RouteDoc, SettingsDoc};
+use speedtap::engine::{CallStatus, Engine, EngineOptions, EngineQueries};
+
+fn temp_config(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("speedtap-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("speedtap.toml")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_are_validated_saved_and_applied() {
+    let path = temp_config("settings");
+    let route = RouteSpec::new("ollama", "127.0.0.1:0", "http://127.0.0.1:9").unwrap();
+    let mut options = EngineOptions::new(vec![route]);
+    options.config_path = Some(path.clone());
+    let engine = Engine::start(options).await.unwrap();
+    let h = &engine.handle;
+
+    let routes = h.routes().await.routes;
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes[0].name, "ollama");
+    assert_eq!(
+        routes[0].proxy_url,
+        format!("http://{}", engine.routes[0].listen)
+    );
+
+    let mut doc = h.get_settings().await.unwrap();
+    assert_eq!(doc.slow_ttft_ms, 5000);
+    assert_eq!(doc.config_path.as_deref(), Some(path.to_str().unwrap()));
+
+    // A bad upstream is refused and names the route; nothing is written.
+    let mut bad = doc.clone();
+    bad.routes[0].upstream = "ftp://nope".into();
+    let err = h.save_settings(bad).await.unwrap_err();
+    assert!(err.contains("routes[0]") && err.contains("ollama"), "{err}");
+    assert!(!path.exists());
+
+    doc.slow_ttft_ms = 1234;
+    doc.notify_settled = true;
+    doc.routes.push(RouteDoc {
+        name: "llama".into(),
+        listen: "127.0.0.1:8081".into(),
+        upstream: "http://127.0.0.1:8080".into(),
+    });
+    let saved = h.save_settings(doc).await.unwrap();
+    assert!(saved.saved);
+    assert!(saved.restart_required, "a new route needs a restart");
+    let file = load_config(&path).unwrap();
+    assert_eq!(file.slow_ttft_ms, Some(1234));
+    assert_eq!(file.notify_settled, Some(true));
+    assert_eq!(file.routes.len(), 2);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    // Applied at once.
+    let now: SettingsDoc = h.get_settings().await.unwrap();
+    assert_eq!(now.slow_ttft_ms, 1234);
+    assert!(now.notify_settled);
+    engine.shutdown(Duration::from_secs(1)).await;
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_traffic_flows_through_a_demo_route_and_is_metered() {
+    let engine = Engine::start(EngineOptions::new(Vec::new())).await.unwrap();
+    let h = &engine.handle;
+    let demo = h.start_demo().await.unwrap();
+    assert!(demo.running);
+    assert_eq!(demo.route.name, "demo");
+    // Idempotent: the same route while it runs.
+    assert_eq!(h.start_demo().await.unwrap().route, demo.route);
+    assert_eq!(h.routes().await.routes, vec![demo.route.clone()]);
+    // The first demo calls settle with real numbers.
+    let calls = settled_calls(&engine, 2).await;
+    let ok: Vec<_> = calls
+        .iter()
+        .filter(|c| c.status == CallStatus::Ok)
+        .collect();
+    assert!(ok.len() >= 2, "{calls:#?}");
+    for call in ok {
+        assert_eq!(call.identity.route, "demo");
+        let speed = call.speed.as_ref().unwrap();
+        assert!(speed.output_tokens >= 90, "{speed:?}");
+        assert!(speed.time_to_first_token_ms.is_some());
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+}
