@@ -10,13 +10,13 @@
 //! - [`simulate`] is a scripted local model server for demos, tests and
 //!   benchmarks.
 
-pub mod decode;
-pub mod engine;
-pub mod meter;
-pub mod metering;
-pub mod tokens;
-pub mod simulate;
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod decode;
 pub mod discover;
+pub mod engine;
+pub mod meter;
+pub mod metering;
+pub mod simulate;
+pub mod tokens;

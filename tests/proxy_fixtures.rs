@@ -13,9 +13,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use proxy_support::*;
 use serde_json::Value;
+use speedtap::config::RouteSpec;
 use speedtap::decode::detect::detect_request;
 use speedtap::decode::ApiKind;
-use speedtap::config::RouteSpec;
 use speedtap::engine::{Call, CallStatus, Engine, EngineOptions};
 use speedtap::meter::TokenSource;
 use speedtap::tokens::O200kEstimator;
@@ -134,7 +134,9 @@ fn check(cap: &Capture, call: &Call) -> Result<(), String> {
         // 200 with an empty stream (llama-cpp-python's context overflow):
         // no terminal marker, so the call can't be settled as ok.
         if call.status != CallStatus::Abandoned || speed.output_tokens != 0 {
-            return Err(format!("{ctx}: empty stream should be abandoned, got {call:?}"));
+            return Err(format!(
+                "{ctx}: empty stream should be abandoned, got {call:?}"
+            ));
         }
         return Ok(());
     }
@@ -144,14 +146,20 @@ fn check(cap: &Capture, call: &Call) -> Result<(), String> {
     let exact = exact_tokens(&row["usage"]);
     if let Some(exact) = exact {
         if speed.output_tokens != exact {
-            return Err(format!("{ctx}: tokens {} != usage {exact}", speed.output_tokens));
+            return Err(format!(
+                "{ctx}: tokens {} != usage {exact}",
+                speed.output_tokens
+            ));
         }
     } else if row["stream"] == true {
         // No receipt: an o200k estimate of another model's tokenizer.
         let events = row["content_events"].as_u64().unwrap() as f64;
         let ratio = speed.output_tokens as f64 / events;
         if !(0.5..=1.6).contains(&ratio) {
-            return Err(format!("{ctx}: estimate {} vs {events} events", speed.output_tokens));
+            return Err(format!(
+                "{ctx}: estimate {} vs {events} events",
+                speed.output_tokens
+            ));
         }
     }
     let timings = &row["timings"];
@@ -163,10 +171,10 @@ fn check(cap: &Capture, call: &Call) -> Result<(), String> {
         {
             return Err(format!("{ctx}: server rate {want} expected, got {speed:?}"));
         }
-    } else if row["stream"] == false {
-        if speed.output_tokens_per_second.is_some() {
-            return Err(format!("{ctx}: a non-streamed call without server timings has no rate"));
-        }
+    } else if row["stream"] == false && speed.output_tokens_per_second.is_some() {
+        return Err(format!(
+            "{ctx}: a non-streamed call without server timings has no rate"
+        ));
     }
     // TTFT: the proxy times arrival from the upstream, which replays at the
     // capture's offsets; allow scheduling slack on a loaded machine.
@@ -238,5 +246,10 @@ async fn every_capture_replays_byte_exact_and_settles_like_the_server_said() {
         }
     }
     engine.shutdown(Duration::from_secs(1)).await;
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -124,7 +124,11 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(p).unwrap(), p.as_str());
         }
-        for s in [TokenSource::Estimated, TokenSource::Provider, TokenSource::Server] {
+        for s in [
+            TokenSource::Estimated,
+            TokenSource::Provider,
+            TokenSource::Server,
+        ] {
             assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
         }
     }
