@@ -191,10 +191,11 @@ async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json
     }
 }
 
+/// The terminal's width: asked of the terminal, else `COLUMNS`, else 100.
 fn terminal_width() -> usize {
-    std::env::var("COLUMNS")
-        .ok()
-        .and_then(|c| c.parse().ok())
+    terminal_size::terminal_size()
+        .map(|(w, _)| w.0 as usize)
+        .or_else(|| std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()))
         .unwrap_or(100)
 }
 
