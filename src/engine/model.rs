@@ -180,3 +180,49 @@ mod tests {
         );
     }
 }
+
+/// Where a call's time to first token went, from what the server reported
+/// (Ollama `load_duration` / `prompt_eval_*`, llama.cpp `prompt_n` /
+/// `prompt_ms` / `cache_n`). Absent parts were not reported.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TtftBreakdown {
+    /// Model load before the prompt (Ollama `load_duration`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_ms: Option<f64>,
+    /// Prompt processing (prefill) time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_ms: Option<f64>,
+    /// Prompt tokens actually processed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_tokens: Option<u64>,
+    /// Prompt tokens reused from the server's cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+    /// Prefill speed: prefill tokens / prefill time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_tokens_per_second: Option<f64>,
+    /// The rest of the TTFT: network, queueing, HTTP, first decode step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_ms: Option<f64>,
+}
+
+/// What speedtap knows about a call beyond the contract's `Call`: kept in
+/// the store and shown in call details.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CallDetails {
+    /// The app that made the call, from its User-Agent (`openai-python`,
+    /// `ollama-python`, `curl`...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_breakdown: Option<TtftBreakdown>,
+    /// The output arrived in one burst (no honest rate).
+    #[serde(default)]
+    pub one_burst: bool,
+    /// The server billed reasoning it never streamed.
+    #[serde(default)]
+    pub unstreamed_reasoning: bool,
+    /// Wall-clock settle time, RFC 3339 UTC with milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_at: Option<String>,
+}
