@@ -19,4 +19,5 @@ pub mod engine;
 pub mod meter;
 pub mod metering;
 pub mod simulate;
+pub mod store;
 pub mod tokens;
