@@ -1,0 +1,2 @@
+//! Store write throughput and size (being written).
+fn main() {}

@@ -1,0 +1,389 @@
+//! `speedtap export`: the stored calls as CSV or JSON Lines, and the reader
+//! for both (round-trip tests, and anyone re-importing an export).
+//!
+//! Exports run oldest first (a time series reads top to bottom); a filter's
+//! `limit` keeps the first calls in that order. They stream: one row is in
+//! memory at a time.
+
+use std::io::{BufRead, Write};
+
+use super::query::{for_each_call, Order};
+use super::{HistoryFilter, Store, StoreError, StoredCall};
+use crate::engine::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
+use crate::meter::{Phase, Snapshot};
+
+/// The two export formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// RFC 4180: a header row, comma-separated, CRLF line ends, fields with
+    /// a comma, quote or line break quoted. Absent values are empty fields.
+    Csv,
+    /// One [`StoredCall`] JSON object per line (its `Call` and details
+    /// fields side by side), exactly as the history API returns them.
+    Jsonl,
+}
+
+impl std::str::FromStr for ExportFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "csv" => Ok(ExportFormat::Csv),
+            "jsonl" | "ndjson" => Ok(ExportFormat::Jsonl),
+            other => Err(format!(
+                "unknown export format {other:?}: expected csv or jsonl"
+            )),
+        }
+    }
+}
+
+/// The CSV columns, in order.
+///
+/// The final snapshot's `phase` and `is_final` are not columns: every stored
+/// call is settled, and a settled call's snapshot is always `complete` and
+/// final (metering-semantics section 1), so the reader restores them. A call
+/// has a snapshot exactly when `token_source` is set (unmetered calls have
+/// none), and a TTFT breakdown when any of its six columns is set.
+pub const CSV_COLUMNS: [&str; 23] = [
+    "id",
+    "route",
+    "api",
+    "model",
+    "client",
+    "status",
+    "http_status",
+    "started_at",
+    "settled_at",
+    "elapsed_ms",
+    "ttft_ms",
+    "output_tokens",
+    "output_tokens_per_second",
+    "token_source",
+    "input_tokens",
+    "load_ms",
+    "prefill_ms",
+    "prefill_tokens",
+    "cached_tokens",
+    "prefill_tokens_per_second",
+    "other_ms",
+    "one_burst",
+    "unstreamed_reasoning",
+];
+
+/// Writes the calls `filter` selects to `out`; returns how many.
+pub fn export(
+    store: &Store,
+    filter: &HistoryFilter,
+    format: ExportFormat,
+    out: &mut dyn Write,
+) -> Result<u64, StoreError> {
+    let mut line = String::new();
+    if format == ExportFormat::Csv {
+        write_csv_record(&mut line, CSV_COLUMNS.iter().map(|c| c.to_string()));
+        out.write_all(line.as_bytes())
+            .map_err(StoreError::ExportWrite)?;
+    }
+    let n = for_each_call(store, filter, Order::OldestFirst, |call| {
+        line.clear();
+        match format {
+            ExportFormat::Csv => write_csv_record(&mut line, csv_fields(&call)),
+            ExportFormat::Jsonl => {
+                // Serialising our own plain data can't fail.
+                line.push_str(&serde_json::to_string(&call).unwrap_or_default());
+                line.push('\n');
+            }
+        }
+        out.write_all(line.as_bytes())
+            .map_err(StoreError::ExportWrite)
+    })?;
+    out.flush().map_err(StoreError::ExportWrite)?;
+    Ok(n)
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(String::new, |v| v.to_string())
+}
+
+/// One call's fields in [`CSV_COLUMNS`] order. Floats use Rust's shortest
+/// round-trip form, so reading them back gives the same value.
+fn csv_fields(stored: &StoredCall) -> impl Iterator<Item = String> {
+    let c = &stored.call;
+    let d = &stored.details;
+    let s = c.speed.as_ref();
+    let b = d.ttft_breakdown.as_ref();
+    [
+        c.identity.id.clone(),
+        c.identity.route.clone(),
+        c.identity.api.as_str().to_owned(),
+        opt(c.identity.model.as_deref()),
+        opt(d.client.as_deref()),
+        c.status.as_str().to_owned(),
+        opt(c.http_status),
+        c.identity.started_at.clone(),
+        opt(d.settled_at.as_deref()),
+        opt(s.map(|s| s.elapsed_ms)),
+        opt(s.and_then(|s| s.time_to_first_token_ms)),
+        opt(s.map(|s| s.output_tokens)),
+        opt(s.and_then(|s| s.output_tokens_per_second)),
+        opt(s.map(|s| s.token_source.as_str())),
+        opt(c.input_tokens),
+        opt(b.and_then(|b| b.load_ms)),
+        opt(b.and_then(|b| b.prefill_ms)),
+        opt(b.and_then(|b| b.prefill_tokens)),
+        opt(b.and_then(|b| b.cached_tokens)),
+        opt(b.and_then(|b| b.prefill_tokens_per_second)),
+        opt(b.and_then(|b| b.other_ms)),
+        d.one_burst.to_string(),
+        d.unstreamed_reasoning.to_string(),
+    ]
+    .into_iter()
+}
+
+/// Appends one CSV record and its CRLF.
+fn write_csv_record(out: &mut String, fields: impl Iterator<Item = String>) {
+    for (i, field) in fields.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        if field.contains([',', '"', '\n', '\r']) {
+            out.push('"');
+            out.push_str(&field.replace('"', "\"\""));
+            out.push('"');
+        } else {
+            out.push_str(&field);
+        }
+    }
+    out.push_str("\r\n");
+}
+
+/// Reads an export back into calls, in file order.
+pub fn parse_export(
+    format: ExportFormat,
+    reader: &mut dyn BufRead,
+) -> Result<Vec<StoredCall>, StoreError> {
+    let mut text = String::new();
+    reader
+        .read_to_string(&mut text)
+        .map_err(|e| StoreError::ExportParse {
+            line: 0,
+            message: e.to_string(),
+        })?;
+    match format {
+        ExportFormat::Jsonl => parse_jsonl(&text),
+        ExportFormat::Csv => parse_csv(&text),
+    }
+}
+
+fn parse_jsonl(text: &str) -> Result<Vec<StoredCall>, StoreError> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| StoreError::ExportParse {
+                line: i as u64 + 1,
+                message: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Splits RFC 4180 text into records of fields, with the line each record
+/// starts on. Accepts LF as well as CRLF.
+fn csv_records(text: &str) -> Result<Vec<(u64, Vec<String>)>, StoreError> {
+    let mut records = Vec::new();
+    let mut fields = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut line = 1u64;
+    let mut start_line = 1u64;
+    let mut chars = text.chars().peekable();
+    let mut at_field_start = true;
+    while let Some(ch) = chars.next() {
+        if quoted {
+            match ch {
+                '"' if chars.peek() == Some(&'"') => {
+                    chars.next();
+                    field.push('"');
+                }
+                '"' => quoted = false,
+                '\n' => {
+                    line += 1;
+                    field.push(ch);
+                }
+                _ => field.push(ch),
+            }
+            continue;
+        }
+        match ch {
+            '"' if at_field_start => {
+                quoted = true;
+                at_field_start = false;
+            }
+            ',' => {
+                fields.push(std::mem::take(&mut field));
+                at_field_start = true;
+            }
+            '\r' if chars.peek() == Some(&'\n') => {}
+            '\n' => {
+                fields.push(std::mem::take(&mut field));
+                records.push((start_line, std::mem::take(&mut fields)));
+                line += 1;
+                start_line = line;
+                at_field_start = true;
+            }
+            _ => {
+                field.push(ch);
+                at_field_start = false;
+            }
+        }
+    }
+    if quoted {
+        return Err(StoreError::ExportParse {
+            line: start_line,
+            message: "unterminated quoted field".into(),
+        });
+    }
+    if !field.is_empty() || !fields.is_empty() {
+        fields.push(field);
+        records.push((start_line, fields));
+    }
+    Ok(records)
+}
+
+fn parse_csv(text: &str) -> Result<Vec<StoredCall>, StoreError> {
+    let mut records = csv_records(text)?.into_iter();
+    let Some((_, header)) = records.next() else {
+        return Ok(Vec::new());
+    };
+    if header != CSV_COLUMNS {
+        return Err(StoreError::ExportParse {
+            line: 1,
+            message: format!("unexpected header; expected {}", CSV_COLUMNS.join(",")),
+        });
+    }
+    records
+        .filter(|(_, f)| !(f.len() == 1 && f[0].is_empty()))
+        .map(|(line, fields)| {
+            csv_call(&fields).map_err(|message| StoreError::ExportParse { line, message })
+        })
+        .collect()
+}
+
+/// The reverse of [`csv_fields`].
+fn csv_call(f: &[String]) -> Result<StoredCall, String> {
+    if f.len() != CSV_COLUMNS.len() {
+        return Err(format!(
+            "{} fields, expected {}",
+            f.len(),
+            CSV_COLUMNS.len()
+        ));
+    }
+    let text = |i: usize| (!f[i].is_empty()).then(|| f[i].clone());
+    fn num<T: std::str::FromStr>(f: &[String], i: usize) -> Result<Option<T>, String> {
+        if f[i].is_empty() {
+            return Ok(None);
+        }
+        f[i].parse()
+            .map(Some)
+            .map_err(|_| format!("{}: not a number: {:?}", CSV_COLUMNS[i], f[i]))
+    }
+    let spelled = |i: usize| -> Result<serde_json::Value, String> {
+        Ok(serde_json::Value::String(f[i].clone()))
+    };
+    fn named<T: serde::de::DeserializeOwned>(
+        v: serde_json::Value,
+        column: &str,
+    ) -> Result<T, String> {
+        serde_json::from_value(v).map_err(|e| format!("{column}: {e}"))
+    }
+    let boolean = |i: usize| match f[i].as_str() {
+        "true" => Ok(true),
+        "false" | "" => Ok(false),
+        other => Err(format!("{}: not true or false: {other:?}", CSV_COLUMNS[i])),
+    };
+    let speed = match text(13) {
+        None => None,
+        Some(_) => Some(Snapshot {
+            phase: Phase::Complete,
+            is_final: true,
+            elapsed_ms: num(f, 9)?.ok_or("elapsed_ms: missing")?,
+            time_to_first_token_ms: num(f, 10)?,
+            output_tokens: num(f, 11)?.ok_or("output_tokens: missing")?,
+            output_tokens_per_second: num(f, 12)?,
+            token_source: named(spelled(13)?, "token_source")?,
+        }),
+    };
+    let breakdown = TtftBreakdown {
+        load_ms: num(f, 15)?,
+        prefill_ms: num(f, 16)?,
+        prefill_tokens: num(f, 17)?,
+        cached_tokens: num(f, 18)?,
+        prefill_tokens_per_second: num(f, 19)?,
+        other_ms: num(f, 20)?,
+    };
+    Ok(StoredCall {
+        call: Call {
+            identity: CallIdentity {
+                id: f[0].clone(),
+                route: f[1].clone(),
+                api: named(spelled(2)?, "api")?,
+                model: text(3),
+                started_at: f[7].clone(),
+            },
+            status: named(spelled(5)?, "status")?,
+            http_status: num(f, 6)?,
+            speed,
+            input_tokens: num(f, 14)?,
+        },
+        details: CallDetails {
+            client: text(4),
+            ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
+            one_burst: boolean(21)?,
+            unstreamed_reasoning: boolean(22)?,
+            settled_at: text(8),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_quotes_only_what_needs_it_and_reads_it_back() {
+        let fields = ["plain", "a,b", "say \"hi\"", "two\r\nlines", ""];
+        let mut out = String::new();
+        write_csv_record(&mut out, fields.iter().map(|s| s.to_string()));
+        assert_eq!(
+            out,
+            "plain,\"a,b\",\"say \"\"hi\"\"\",\"two\r\nlines\",\r\n"
+        );
+        let records = csv_records(&out).unwrap();
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].1, fields);
+    }
+
+    #[test]
+    fn csv_reader_numbers_lines_and_rejects_broken_input() {
+        let records = csv_records("a,b\n\"x\ny\",z\nlast,row").unwrap();
+        assert_eq!(
+            records.iter().map(|r| r.0).collect::<Vec<_>>(),
+            vec![1, 2, 4]
+        );
+        assert_eq!(records[1].1, ["x\ny", "z"]);
+        let err = csv_records("a,\"open\n").unwrap_err().to_string();
+        assert!(
+            err.contains("line 1") && err.contains("unterminated"),
+            "{err}"
+        );
+        let err = parse_csv("id,route\n").unwrap_err().to_string();
+        assert!(err.contains("unexpected header"), "{err}");
+    }
+
+    #[test]
+    fn format_names_parse() {
+        assert_eq!("CSV".parse::<ExportFormat>(), Ok(ExportFormat::Csv));
+        assert_eq!("jsonl".parse::<ExportFormat>(), Ok(ExportFormat::Jsonl));
+        assert!("xml".parse::<ExportFormat>().is_err());
+    }
+}

@@ -1,0 +1,271 @@
+//! Reading calls back: history, per-model aggregates, and the streaming scan
+//! exports use.
+
+use rusqlite::types::Value;
+use rusqlite::{params_from_iter, Connection};
+
+use super::record::{self, COLUMNS};
+use super::{HistoryFilter, ModelSummary, Store, StoreError, StoredCall};
+use crate::engine::model::CallStatus;
+use crate::meter::snapshot::round_rate;
+
+/// Row order of a scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Order {
+    NewestFirst,
+    OldestFirst,
+}
+
+/// The WHERE clause (with a leading ` WHERE `, or empty) and its parameters.
+fn where_clause(filter: &HistoryFilter) -> (String, Vec<Value>) {
+    let mut conds: Vec<&str> = Vec::new();
+    let mut args: Vec<Value> = Vec::new();
+    let mut text = |column_eq: &'static str, column_null: &'static str, v: &Option<String>| match v
+    {
+        None => {}
+        Some(s) if s.is_empty() => conds.push(column_null),
+        Some(s) => {
+            conds.push(column_eq);
+            args.push(Value::Text(s.clone()));
+        }
+    };
+    text("model = ?", "model IS NULL", &filter.model);
+    text("client = ?", "client IS NULL", &filter.client);
+    if let Some(route) = &filter.route {
+        conds.push("route = ?");
+        args.push(Value::Text(route.clone()));
+    }
+    if let Some(status) = filter.status {
+        conds.push("status = ?");
+        args.push(Value::Text(status.as_str().to_owned()));
+    }
+    if let Some(since) = filter.since_ms {
+        conds.push("started_at_ms >= ?");
+        args.push(Value::Integer(clamp_i64(since)));
+    }
+    if let Some(until) = filter.until_ms {
+        conds.push("started_at_ms < ?");
+        args.push(Value::Integer(clamp_i64(until)));
+    }
+    if conds.is_empty() {
+        (String::new(), args)
+    } else {
+        (format!(" WHERE {}", conds.join(" AND ")), args)
+    }
+}
+
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Calls the filter selects, in `order` (ties broken by insertion order),
+/// at most `filter.limit` of them, one at a time: exports stream through
+/// this without holding the history in memory.
+pub(crate) fn for_each_call(
+    store: &Store,
+    filter: &HistoryFilter,
+    order: Order,
+    mut each: impl FnMut(StoredCall) -> Result<(), StoreError>,
+) -> Result<u64, StoreError> {
+    let (where_sql, mut args) = where_clause(filter);
+    let dir = match order {
+        Order::NewestFirst => "DESC",
+        Order::OldestFirst => "ASC",
+    };
+    let limit = filter
+        .limit
+        .map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+    args.push(Value::Integer(limit));
+    let sql = format!(
+        "SELECT {COLUMNS} FROM calls{where_sql} ORDER BY started_at_ms {dir}, pk {dir} LIMIT ?"
+    );
+    let err = |source| store.db.err("cannot read the history", source);
+    let mut stmt = store.conn.prepare(&sql).map_err(err)?;
+    let mut rows = stmt.query(params_from_iter(args)).map_err(err)?;
+    let mut n = 0;
+    while let Some(row) = rows.next().map_err(err)? {
+        let call = record::from_row(row).map_err(|e| StoreError::Corrupt {
+            db: store.db.clone(),
+            message: e.to_string(),
+        })?;
+        each(call)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+impl Store {
+    /// The calls `filter` selects, newest first (by `started_at`; calls
+    /// started in the same millisecond, most recently stored first).
+    pub fn history(&self, filter: &HistoryFilter) -> Result<Vec<StoredCall>, StoreError> {
+        let mut out = Vec::new();
+        for_each_call(self, filter, Order::NewestFirst, |c| {
+            out.push(c);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Per (model, route) figures over the calls `filter` selects (its
+    /// `limit` is ignored), sorted by model, then route. Calls that named no
+    /// model form the group with model `""`.
+    ///
+    /// - `calls`: every selected call, whatever its status;
+    /// - the figures are computed over the calls that ended `ok` only (an
+    ///   abandoned or failed call's numbers describe the failure, not the
+    ///   model): `ttft_ms_*` over those with a TTFT (a non-streamed response
+    ///   counts, with TTFT = time to the response, as metering-semantics
+    ///   defines it), `tps_*` over those with a settled decode rate (one-burst
+    ///   outputs have none), `prefill_tps_p50` over those whose server
+    ///   reported a prefill rate;
+    /// - percentiles use linear interpolation between closest ranks (the
+    ///   "R-7" method: numpy's and Excel `PERCENTILE.INC`'s default): sort the
+    ///   n values x₀ ≤ … ≤ xₙ₋₁, let h = (n − 1)·p; the percentile is
+    ///   x⌊h⌋ + (h − ⌊h⌋)·(x⌊h⌋₊₁ − x⌊h⌋). So p50 is the usual median (the
+    ///   mean of the two middle values when n is even), one value is its
+    ///   own p50 and p90, and no figure is ever outside the observed range;
+    /// - every figure is rounded to one decimal, like the contract's rates;
+    /// - `last_seen`: the newest selected call's `started_at`.
+    pub fn models(&self, filter: &HistoryFilter) -> Result<Vec<ModelSummary>, StoreError> {
+        models(&self.conn, filter).map_err(|source| self.db.err("cannot summarise models", source))
+    }
+}
+
+/// The samples of one (model, route) group while scanning.
+#[derive(Default)]
+struct Group {
+    model: String,
+    route: String,
+    calls: u64,
+    ok_calls: u64,
+    ttft: Vec<f64>,
+    tps: Vec<f64>,
+    prefill_tps: Vec<f64>,
+    last_seen_ms: i64,
+    last_seen: String,
+}
+
+impl Group {
+    fn finish(mut self) -> ModelSummary {
+        let pct = |v: &mut Vec<f64>, p: f64| percentile(v, p).map(round_rate);
+        ModelSummary {
+            ttft_ms_p50: pct(&mut self.ttft, 0.5),
+            ttft_ms_p90: pct(&mut self.ttft, 0.9),
+            tps_p50: pct(&mut self.tps, 0.5),
+            tps_p90: pct(&mut self.tps, 0.9),
+            prefill_tps_p50: pct(&mut self.prefill_tps, 0.5),
+            model: self.model,
+            route: self.route,
+            calls: self.calls,
+            ok_calls: self.ok_calls,
+            last_seen: self.last_seen,
+        }
+    }
+}
+
+fn models(conn: &Connection, filter: &HistoryFilter) -> rusqlite::Result<Vec<ModelSummary>> {
+    let (where_sql, args) = where_clause(filter);
+    // `coalesce(model, '')` groups model-less calls; the index on
+    // (model, started_at_ms) serves the ORDER BY when no other filter does.
+    let sql = format!(
+        "SELECT coalesce(model, ''), route, status, ttft_ms, output_tokens_per_second,
+                prefill_tokens_per_second, started_at_ms, started_at
+         FROM calls{where_sql} ORDER BY coalesce(model, ''), route"
+    );
+    let mut stmt = conn.prepare(&sql)?;
+    let mut rows = stmt.query(params_from_iter(args))?;
+    let ok = CallStatus::Ok.as_str();
+    let mut out = Vec::new();
+    let mut group: Option<Group> = None;
+    while let Some(row) = rows.next()? {
+        let model: String = row.get(0)?;
+        let route: String = row.get(1)?;
+        let same = group
+            .as_ref()
+            .is_some_and(|g| g.model == model && g.route == route);
+        if !same {
+            out.extend(group.take().map(Group::finish));
+            group = Some(Group {
+                model,
+                route,
+                last_seen_ms: i64::MIN,
+                ..Group::default()
+            });
+        }
+        let Some(g) = group.as_mut() else { continue };
+        g.calls += 1;
+        let started_ms: i64 = row.get(6)?;
+        if started_ms > g.last_seen_ms {
+            g.last_seen_ms = started_ms;
+            g.last_seen = row.get(7)?;
+        }
+        if row.get_ref(2)?.as_str()? != ok {
+            continue;
+        }
+        g.ok_calls += 1;
+        if let Some(ttft) = row.get::<_, Option<i64>>(3)? {
+            g.ttft.push(ttft as f64);
+        }
+        g.tps
+            .extend(row.get::<_, Option<f64>>(4)?.filter(|v| v.is_finite()));
+        g.prefill_tps
+            .extend(row.get::<_, Option<f64>>(5)?.filter(|v| v.is_finite()));
+    }
+    out.extend(group.map(Group::finish));
+    Ok(out)
+}
+
+/// The `p` quantile (0 ≤ p ≤ 1) of `values` by linear interpolation between
+/// closest ranks (R-7, see [`Store::models`]); `None` when empty. Sorts
+/// `values` in place.
+pub fn percentile(values: &mut [f64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let h = (values.len() - 1) as f64 * p.clamp(0.0, 1.0);
+    let lo = h.floor() as usize;
+    let hi = (lo + 1).min(values.len() - 1);
+    Some(values[lo] + (h - lo as f64) * (values[hi] - values[lo]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_interpolates_between_closest_ranks() {
+        assert_eq!(percentile(&mut [], 0.5), None);
+        assert_eq!(percentile(&mut [7.0], 0.5), Some(7.0));
+        assert_eq!(percentile(&mut [7.0], 0.9), Some(7.0));
+        // Even count: the mean of the middle two.
+        assert_eq!(percentile(&mut [4.0, 1.0, 3.0, 2.0], 0.5), Some(2.5));
+        // n = 5: h = 4 × 0.9 = 3.6 → 40 + 0.6 × (50 − 40) = 46.
+        assert_eq!(
+            percentile(&mut [50.0, 10.0, 30.0, 20.0, 40.0], 0.9),
+            Some(46.0)
+        );
+        // n = 11 (0..=10): h = 9 exactly → 9.
+        let mut v: Vec<f64> = (0..=10).map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 0.9), Some(9.0));
+        assert_eq!(percentile(&mut v, 0.0), Some(0.0));
+        assert_eq!(percentile(&mut v, 1.0), Some(10.0));
+    }
+
+    #[test]
+    fn where_clause_treats_empty_names_as_absent_ones() {
+        let f = HistoryFilter {
+            model: Some(String::new()),
+            client: Some("curl".into()),
+            since_ms: Some(5),
+            ..HistoryFilter::default()
+        };
+        let (sql, args) = where_clause(&f);
+        assert_eq!(
+            sql,
+            " WHERE model IS NULL AND client = ? AND started_at_ms >= ?"
+        );
+        assert_eq!(args, vec![Value::Text("curl".into()), Value::Integer(5)]);
+        assert_eq!(where_clause(&HistoryFilter::default()).0, "");
+    }
+}

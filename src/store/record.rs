@@ -1,0 +1,195 @@
+//! One `calls` row ↔ one [`StoredCall`], and the time conversions.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, Row, Transaction};
+use serde::de::DeserializeOwned;
+
+use super::{StoreError, StoredCall};
+use crate::engine::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
+use crate::meter::Snapshot;
+
+/// The stored columns, in the order [`from_row`] reads them.
+pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, model, client, \
+    status, http_status, settled_at, settled_at_ms, phase, is_final, elapsed_ms, ttft_ms, \
+    output_tokens, output_tokens_per_second, token_source, input_tokens, load_ms, prefill_ms, \
+    prefill_tokens, cached_tokens, prefill_tokens_per_second, other_ms, one_burst, \
+    unstreamed_reasoning";
+
+/// Inserts `calls`, skipping any already stored (same id and started_at).
+pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[StoredCall]) -> rusqlite::Result<()> {
+    let mut stmt = tx.prepare_cached(&format!(
+        "INSERT INTO calls ({COLUMNS}) VALUES \
+         (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
+          ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27) \
+         ON CONFLICT (id, started_at) DO NOTHING"
+    ))?;
+    for stored in calls {
+        let c = &stored.call;
+        let d = &stored.details;
+        let s = c.speed.as_ref();
+        let b = d
+            .ttft_breakdown
+            .as_ref()
+            .filter(|b| **b != TtftBreakdown::default());
+        let started_at_ms = rfc3339_to_ms(&c.identity.started_at).unwrap_or_else(|| {
+            // The engine always writes a valid time; if one ever isn't, keep
+            // the call (sorted as the oldest, so retention drops it first)
+            // rather than fail the whole batch.
+            tracing::warn!(
+                id = %c.identity.id,
+                "stored call has an unreadable started_at {:?}; stored as 1970",
+                c.identity.started_at
+            );
+            0
+        });
+        let settled_at_ms = d.settled_at.as_deref().and_then(rfc3339_to_ms);
+        stmt.execute(params![
+            c.identity.id,
+            c.identity.started_at,
+            started_at_ms,
+            c.identity.route,
+            c.identity.api.as_str(),
+            non_empty(c.identity.model.as_deref()),
+            non_empty(d.client.as_deref()),
+            c.status.as_str(),
+            c.http_status,
+            d.settled_at,
+            settled_at_ms,
+            s.map(|s| s.phase.as_str()),
+            s.map(|s| s.is_final),
+            s.map(|s| s.elapsed_ms),
+            s.and_then(|s| s.time_to_first_token_ms),
+            s.map(|s| s.output_tokens),
+            s.and_then(|s| s.output_tokens_per_second),
+            s.map(|s| s.token_source.as_str()),
+            c.input_tokens,
+            b.and_then(|b| b.load_ms),
+            b.and_then(|b| b.prefill_ms),
+            b.and_then(|b| b.prefill_tokens),
+            b.and_then(|b| b.cached_tokens),
+            b.and_then(|b| b.prefill_tokens_per_second),
+            b.and_then(|b| b.other_ms),
+            d.one_burst,
+            d.unstreamed_reasoning,
+        ])?;
+    }
+    Ok(())
+}
+
+fn non_empty(s: Option<&str>) -> Option<&str> {
+    s.filter(|s| !s.is_empty())
+}
+
+/// Reads a row selected with [`COLUMNS`].
+pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<StoredCall> {
+    let phase: Option<String> = row.get(11)?;
+    let speed = match phase {
+        None => None,
+        Some(phase) => Some(Snapshot {
+            phase: enum_from(phase, 11)?,
+            is_final: row.get(12)?,
+            elapsed_ms: row.get(13)?,
+            time_to_first_token_ms: row.get(14)?,
+            output_tokens: row.get(15)?,
+            output_tokens_per_second: row.get(16)?,
+            token_source: enum_from(row.get::<_, String>(17)?, 17)?,
+        }),
+    };
+    let breakdown = TtftBreakdown {
+        load_ms: row.get(19)?,
+        prefill_ms: row.get(20)?,
+        prefill_tokens: row.get(21)?,
+        cached_tokens: row.get(22)?,
+        prefill_tokens_per_second: row.get(23)?,
+        other_ms: row.get(24)?,
+    };
+    Ok(StoredCall {
+        call: Call {
+            identity: CallIdentity {
+                id: row.get(0)?,
+                started_at: row.get(1)?,
+                route: row.get(3)?,
+                api: enum_from(row.get::<_, String>(4)?, 4)?,
+                model: row.get(5)?,
+            },
+            status: enum_from(row.get::<_, String>(7)?, 7)?,
+            http_status: row.get(8)?,
+            speed,
+            input_tokens: row.get(18)?,
+        },
+        details: CallDetails {
+            client: row.get(6)?,
+            ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
+            one_burst: row.get(25)?,
+            unstreamed_reasoning: row.get(26)?,
+            settled_at: row.get(9)?,
+        },
+    })
+}
+
+/// Parses a stored contract spelling (`ok`, `openai_chat`...) with the
+/// type's own serde names, so the store can't drift from the contract.
+pub(crate) fn enum_from<T: DeserializeOwned>(text: String, column: usize) -> rusqlite::Result<T> {
+    serde_json::from_value(serde_json::Value::String(text)).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+/// Unix milliseconds of an RFC 3339 UTC time (`2026-11-30T10:42:07.123Z`;
+/// also without the `Z` or with a space for the `T`, read as UTC). `None`
+/// for anything else, including times before 1970.
+pub fn rfc3339_to_ms(text: &str) -> Option<u64> {
+    let t = humantime::parse_rfc3339_weak(text.trim()).ok()?;
+    let since = t.duration_since(UNIX_EPOCH).ok()?;
+    u64::try_from(since.as_millis()).ok()
+}
+
+/// The RFC 3339 UTC string with milliseconds for unix ms, the engine's
+/// format (`2026-11-30T10:42:07.123Z`).
+pub fn ms_to_rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// A time filter as users type it (`since=`, `until=`, `--since`): unix
+/// milliseconds (all digits) or an RFC 3339 UTC time.
+pub fn parse_time(text: &str) -> Result<u64, StoreError> {
+    let t = text.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return t
+            .parse()
+            .map_err(|_| StoreError::InvalidTime(text.to_owned()));
+    }
+    rfc3339_to_ms(t).ok_or_else(|| StoreError::InvalidTime(text.to_owned()))
+}
+
+/// Unix ms now (for `updated_at` columns; never used in a metric).
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_round_trips_through_unix_ms() {
+        assert_eq!(rfc3339_to_ms("1970-01-01T00:00:01.500Z"), Some(1500));
+        let ms = rfc3339_to_ms("2026-11-30T10:42:07.123Z").unwrap();
+        assert_eq!(ms_to_rfc3339(ms), "2026-11-30T10:42:07.123Z");
+        assert_eq!(rfc3339_to_ms("2026-11-30 10:42:07"), Some(ms - 123));
+        assert_eq!(rfc3339_to_ms("yesterday"), None);
+        assert_eq!(rfc3339_to_ms(""), None);
+    }
+
+    #[test]
+    fn time_filters_accept_unix_ms_and_rfc3339() {
+        assert_eq!(parse_time("1500").unwrap(), 1500);
+        assert_eq!(parse_time("1970-01-01T00:00:02Z").unwrap(), 2000);
+        let err = parse_time("last week").unwrap_err().to_string();
+        assert!(err.contains("\"last week\""), "{err}");
+        assert!(parse_time("").is_err());
+        assert!(parse_time("99999999999999999999999").is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! The database schema and its migrations.
+//!
+//! The schema version lives in SQLite's own `PRAGMA user_version` (0 for a
+//! file speedtap never touched). [`MIGRATIONS`]`[i]` takes a database from
+//! version `i` to `i + 1`; each runs in its own transaction together with the
+//! `user_version` bump, so a crash mid-migration leaves the file at the old
+//! version, never half-migrated.
+//!
+//! Rules for adding a migration:
+//! - never edit a migration that has shipped: append a new one (an
+//!   `ALTER TABLE`, a new index, a table rebuild...);
+//! - the frozen copy of every shipped schema lives in `tests/fixtures/`, and
+//!   `tests/store.rs` checks that upgrading it gives exactly the schema a
+//!   fresh file gets.
+//!
+//! What is never stored, by design: prompt or completion text and request
+//! or response headers. The only request-derived strings are the model name
+//! and the client name (derived from the User-Agent by the engine).
+
+use rusqlite::Connection;
+
+/// Migration 1: the first schema.
+///
+/// `calls` holds one row per settled call. Times are kept twice: unix ms
+/// (`*_ms`, for filters, ordering and retention) and the RFC 3339 string the
+/// engine published (returned unchanged). The final snapshot is flattened into
+/// columns (all NULL when the call had none, i.e. unmetered), and so is the
+/// TTFT breakdown, so aggregates and exports need no JSON. `UNIQUE (id,
+/// started_at)` makes inserts idempotent: ids restart at `c-000001` with
+/// every engine run, the start time tells runs apart.
+///
+/// `auto_vacuum = INCREMENTAL` must be set before the first table exists; it
+/// lets pruning give freed pages back to the file system without a full
+/// `VACUUM` (see `Store::prune`).
+pub const MIGRATION_1: &str = "
+PRAGMA auto_vacuum = INCREMENTAL;
+
+CREATE TABLE calls (
+    pk                        INTEGER PRIMARY KEY,
+    id                        TEXT    NOT NULL,
+    started_at                TEXT    NOT NULL,
+    started_at_ms             INTEGER NOT NULL,
+    route                     TEXT    NOT NULL,
+    api                       TEXT    NOT NULL,
+    model                     TEXT,
+    client                    TEXT,
+    status                    TEXT    NOT NULL,
+    http_status               INTEGER,
+    settled_at                TEXT,
+    settled_at_ms             INTEGER,
+    phase                     TEXT,
+    is_final                  INTEGER,
+    elapsed_ms                INTEGER,
+    ttft_ms                   INTEGER,
+    output_tokens             INTEGER,
+    output_tokens_per_second  REAL,
+    token_source              TEXT,
+    input_tokens              INTEGER,
+    load_ms                   REAL,
+    prefill_ms                REAL,
+    prefill_tokens            INTEGER,
+    cached_tokens             INTEGER,
+    prefill_tokens_per_second REAL,
+    other_ms                  REAL,
+    one_burst                 INTEGER NOT NULL DEFAULT 0,
+    unstreamed_reasoning      INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (id, started_at)
+);
+CREATE INDEX calls_started ON calls (started_at_ms);
+CREATE INDEX calls_model   ON calls (model, started_at_ms);
+CREATE INDEX calls_route   ON calls (route, started_at_ms);
+CREATE INDEX calls_client  ON calls (client, started_at_ms);
+CREATE INDEX calls_status  ON calls (status, started_at_ms);
+
+CREATE TABLE calibration (
+    route         TEXT    NOT NULL,
+    model         TEXT    NOT NULL,
+    factor        REAL    NOT NULL,
+    observations  INTEGER NOT NULL,
+    updated_at    TEXT    NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (route, model)
+) WITHOUT ROWID;
+";
+
+/// Every migration, in order: `MIGRATIONS[i]` upgrades version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[MIGRATION_1];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// What [`migrate`] found wrong.
+#[derive(Debug)]
+pub enum MigrateError {
+    /// The file was written by a newer speedtap.
+    TooNew { found: i64 },
+    /// SQLite refused a step.
+    Sqlite {
+        step: String,
+        source: rusqlite::Error,
+    },
+}
+
+/// Brings the database up to [`SCHEMA_VERSION`]; returns the version found.
+///
+/// A file at a newer version is refused rather than opened: an older
+/// speedtap writing rows a newer one doesn't expect could corrupt its data.
+pub fn migrate(conn: &mut Connection) -> Result<i64, MigrateError> {
+    let found = user_version(conn).map_err(|source| MigrateError::Sqlite {
+        step: "reading the schema version".into(),
+        source,
+    })?;
+    if found > SCHEMA_VERSION {
+        return Err(MigrateError::TooNew { found });
+    }
+    for (from, sql) in MIGRATIONS.iter().enumerate().skip(found.max(0) as usize) {
+        let to = from as i64 + 1;
+        let step = || format!("migrating the schema from version {from} to {to}");
+        // auto_vacuum is a no-op inside a transaction once tables exist, and
+        // must precede the first CREATE TABLE; running it (and the rest) in
+        // one transaction is fine on an empty file.
+        let tx = conn.transaction().map_err(|source| MigrateError::Sqlite {
+            step: step(),
+            source,
+        })?;
+        tx.execute_batch(sql)
+            .and_then(|()| tx.pragma_update(None, "user_version", to))
+            .and_then(|()| tx.commit())
+            .map_err(|source| MigrateError::Sqlite {
+                step: step(),
+                source,
+            })?;
+    }
+    Ok(found)
+}
+
+/// `PRAGMA user_version`.
+pub fn user_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.pragma_query_value(None, "user_version", |row| row.get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_database_gets_every_migration_and_incremental_vacuum() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        assert_eq!(migrate(&mut conn).unwrap(), 0);
+        assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
+        let auto_vacuum: i64 = conn
+            .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+            .unwrap();
+        assert_eq!(auto_vacuum, 2, "2 = INCREMENTAL");
+        // Running it again is a no-op.
+        assert_eq!(migrate(&mut conn).unwrap(), SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        assert!(matches!(
+            migrate(&mut conn),
+            Err(MigrateError::TooNew { found }) if found == SCHEMA_VERSION + 1
+        ));
+    }
+}
