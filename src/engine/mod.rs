@@ -11,6 +11,7 @@
 pub mod call_actor;
 pub mod control;
 pub mod demo;
+pub mod details;
 pub mod host;
 pub mod messages;
 pub mod metrics;
