@@ -1,96 +1,167 @@
-// The plain speedtap dashboard: fetch /api/v1/calls once, then follow
-// /api/v1/events. Rows are keyed by call id: `speed` upserts a row's live
-// numbers, `settled` replaces it with the final record. Absent numbers
-// (not measured) show as "–", never 0.
-"use strict";
+// The dashboard's entry point: picks the data source (Tauri events and
+// commands in the tray window; same-origin HTTP and `/api/v1/events` in a
+// browser, see lib/datasource.js), keeps the one state
+// (lib/reducer.js), and hands it to the views. Views only render; the rules
+// (formatting, ordering, what is hidden) live in lib/ and are unit-tested.
 
-const MAX_ROWS = 200;
-const DASH = "\u2013";
-const calls = new Map(); // id -> Call (identity fields flattened, as the API sends them)
-const tbody = document.getElementById("calls");
+import { createDataSource } from "./lib/datasource.js";
+import { initialState, reduce } from "./lib/reducer.js";
+import { mountCalls } from "./views/calls.js";
+import { mountChart } from "./views/chart.js";
+import { mountGlobal } from "./views/global.js";
+import { mountSettings } from "./views/settings.js";
+import { mountStart } from "./views/start.js";
 
-function num(value, digits, unit) {
-  if (value === undefined || value === null) return DASH;
-  return value.toFixed(digits) + (unit || "");
-}
+const LIST_LIMIT = 200;
+const VIEWS = ["live", "start", "settings"];
+const HIDE_UNMETERED_KEY = "speedtap.hideUnmetered";
 
-function ttft(speed) {
-  if (!speed || speed.time_to_first_token_ms === undefined) return DASH;
-  const ms = speed.time_to_first_token_ms;
-  return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(2) + " s";
-}
+const $ = (id) => document.getElementById(id);
+const source = createDataSource(window);
+document.documentElement.dataset.source = source.kind;
 
-function cell(row, text, cls) {
-  const td = row.insertCell();
-  td.textContent = text;
-  if (cls) td.className = cls;
+let state = initialState({ maxRows: LIST_LIMIT });
+let frame = 0;
+/** The view was chosen by the app (no calls yet), not by the user. */
+let autoStart = false;
+
+const calls = mountCalls({ tbody: $("calls"), empty: $("calls-empty"), count: $("calls-count") });
+const global = mountGlobal();
+const chart = mountChart({ container: $("chart"), empty: $("chart-empty"), note: $("chart-note") });
+const settings = mountSettings(source);
+const start = mountStart(source, {
+  onDemoStarted: () => show("live"),
+  onAddRoute: async (route) => {
+    show("settings");
+    await settings.addRoute(route);
+  },
+});
+
+const hideUnmetered = $("hide-unmetered");
+hideUnmetered.checked = localStorage.getItem(HIDE_UNMETERED_KEY) === "1";
+hideUnmetered.addEventListener("change", () => {
+  localStorage.setItem(HIDE_UNMETERED_KEY, hideUnmetered.checked ? "1" : "0");
+  render();
+});
+
+function dispatch(event) {
+  const next = reduce(state, event, Date.now());
+  if (next === state) return;
+  state = next;
+  // The first call to show up leaves the first-run view the app picked by
+  // itself (never one the user picked).
+  if (autoStart && Object.keys(state.calls).length > 0) {
+    autoStart = false;
+    show("live");
+  }
+  if (!frame) frame = requestAnimationFrame(render);
 }
 
 function render() {
-  const rows = [...calls.values()].sort((a, b) =>
-    a.started_at < b.started_at ? 1 : a.started_at > b.started_at ? -1 : b.id.localeCompare(a.id));
-  for (const old of rows.slice(MAX_ROWS)) calls.delete(old.id);
-  tbody.textContent = "";
-  for (const c of rows.slice(0, MAX_ROWS)) {
-    const s = c.speed;
-    const row = tbody.insertRow();
-    row.className = c.status;
-    cell(row, c.route);
-    cell(row, c.model || DASH);
-    cell(row, c.api);
-    cell(row, s ? s.phase.replace(/_/g, " ") : DASH);
-    cell(row, ttft(s), "num");
-    cell(row, s ? num(s.output_tokens_per_second, 1) : DASH, "num");
-    cell(row, s ? String(s.output_tokens) : DASH, "num");
-    cell(row, s ? s.token_source : DASH);
-    cell(row, c.status.replace(/_/g, " "), c.status);
+  frame = 0;
+  calls.render(state, { hideUnmetered: hideUnmetered.checked });
+  global.render(state.stats);
+  chart.render(state.history, Date.now());
+}
+
+// ---- views ---------------------------------------------------------------
+
+function show(view, { auto = false } = {}) {
+  if (!VIEWS.includes(view)) view = "live";
+  autoStart = auto;
+  for (const section of document.querySelectorAll("main > .view")) {
+    section.hidden = section.dataset.view !== view;
   }
-  document.getElementById("empty").hidden = rows.length > 0;
+  for (const tab of document.querySelectorAll(".tabs [data-view]")) {
+    const on = tab.dataset.view === view;
+    tab.setAttribute("aria-selected", String(on));
+    tab.classList.toggle("active", on);
+  }
+  document.body.dataset.view = view;
+  if (location.hash !== `#${view}`) history.replaceState(null, "", `#${view}`);
+  if (view === "start") start.load();
+  if (view === "settings") settings.load();
+  if (view === "live") render();
 }
 
-function renderStats(st) {
-  const parts = [
-    "Now " + (st.tps_available ? num(st.tps, 1, " tok/s") + (st.estimated ? " (est.)" : "") : DASH),
-    "high " + num(st.high, 1),
-    "low " + num(st.low, 1),
-    "total " + num(st.aggregate_tps, 1, " tok/s"),
-    st.active + " active",
-  ];
-  document.getElementById("stats").textContent = parts.join(" · ");
+window.addEventListener("hashchange", () => show(location.hash.slice(1)));
+
+// ---- data ----------------------------------------------------------------
+
+const conn = $("conn");
+function setConn(kind, text) {
+  conn.dataset.state = kind;
+  conn.textContent = text;
 }
 
-function upsertSpeed(ev) {
-  const old = calls.get(ev.call.id);
-  if (old && old.status !== "in_flight") return; // a late snapshot never undoes "settled"
-  calls.set(ev.call.id, Object.assign({ status: "in_flight" }, old, ev.call, { speed: ev.speed }));
-  render();
-}
+let historyLoaded = false;
+let reloading = null;
 
-// Subscribe first, then load the list: anything that happens while the list
-// is loading arrives as an event, and events (newer) win over listed rows.
-async function start() {
-  const conn = document.getElementById("conn");
-  const events = new EventSource("/api/v1/events");
-  events.onopen = () => { conn.textContent = "live"; };
-  events.onerror = () => { conn.textContent = "disconnected, retrying…"; };
-  events.addEventListener("speed", (e) => upsertSpeed(JSON.parse(e.data)));
-  events.addEventListener("settled", (e) => {
-    const c = JSON.parse(e.data);
-    calls.set(c.id, c);
-    render();
-  });
-  events.addEventListener("stats", (e) => renderStats(JSON.parse(e.data)));
-  try {
-    const [list, stats] = await Promise.all([
-      fetch("/api/v1/calls").then((r) => r.json()),
-      fetch("/api/v1/stats").then((r) => r.json()),
+/**
+ * Loads the list, the stats and (once) the hour's history. Runs after the
+ * event subscription is open, so nothing that happens in between is lost,
+ * and again after a reconnect, to pick up calls settled meanwhile.
+ */
+function reload() {
+  reloading ??= (async () => {
+    const [list, stats, hist] = await Promise.allSettled([
+      source.calls({ limit: LIST_LIMIT }),
+      source.stats(),
+      historyLoaded ? Promise.resolve(null) : source.statsHistory(),
     ]);
-    for (const c of list.calls) if (!calls.has(c.id)) calls.set(c.id, c);
-    render();
-    renderStats(stats);
-  } catch (e) {
-    conn.textContent = "could not load calls: " + e;
-  }
+    if (list.status === "fulfilled") dispatch({ type: "calls", calls: list.value.calls ?? [] });
+    else setConn("error", `could not load calls: ${list.reason?.message ?? list.reason}`);
+    if (stats.status === "fulfilled") dispatch({ type: "stats", stats: stats.value });
+    if (hist.status === "fulfilled" && hist.value) {
+      historyLoaded = true;
+      dispatch({ type: "history", points: hist.value.points ?? [] });
+      chart.setNote("");
+    } else if (hist.status === "rejected") {
+      chart.setNote(
+        hist.reason?.unavailable
+          ? "History not available from this engine: plotting readings since this page opened."
+          : `History failed to load (${hist.reason?.message}): plotting readings since this page opened.`,
+      );
+    }
+    return list.status === "fulfilled" ? list.value.calls ?? [] : null;
+  })().finally(() => {
+    reloading = null;
+  });
+  return reloading;
 }
 
-start();
+let opened = false;
+let everOpened = false;
+const firstLoad = new Promise((resolve) => {
+  source.subscribe({
+    speed: (p) => dispatch({ type: "speed", call: p.call, speed: p.speed }),
+    settled: (call) => dispatch({ type: "settled", call }),
+    stats: (stats) => dispatch({ type: "stats", stats }),
+    slow_first_token: (p) => dispatch({ type: "slow_first_token", ...p }),
+    open: () => {
+      opened = true;
+      everOpened = true;
+      setConn("live", "live");
+      reload().then(resolve);
+    },
+    error: () => {
+      if (opened || !everOpened) setConn("down", "disconnected, retrying…");
+      opened = false;
+      // Show what can be loaded even if the event stream never opens.
+      if (!everOpened) reload().then(resolve);
+    },
+  });
+});
+
+// Initial view: the one in the URL, else "Get started" while there are no
+// calls yet, else the live table.
+const wanted = location.hash.slice(1);
+if (VIEWS.includes(wanted)) show(wanted);
+else {
+  show("live");
+  firstLoad.then((list) => {
+    if (Array.isArray(list) && list.length === 0 && Object.keys(state.calls).length === 0 && !location.hash.slice(1).match(/^(start|settings)$/)) {
+      show("start", { auto: true });
+    }
+  });
+}

@@ -1,0 +1,93 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { baseUrl, clientHints, hostPort, isOllama, routeLooksLikeOllama } from "../lib/clients.js";
+import { errorField, savedMessage, settingsPayload } from "../lib/settings.js";
+
+test("client hints: the exact setting for OpenAI clients", () => {
+  assert.deepEqual(clientHints("http://127.0.0.1:8081"), [
+    { label: "OpenAI SDK", value: "base_url=http://127.0.0.1:8081/v1" },
+    { label: "Environment (OpenAI clients)", value: "OPENAI_BASE_URL=http://127.0.0.1:8081/v1" },
+  ]);
+  assert.equal(clientHints("http://127.0.0.1:8081/")[0].value, "base_url=http://127.0.0.1:8081/v1", "no double slash");
+});
+
+test("client hints: Ollama also gets OLLAMA_HOST as host:port", () => {
+  const hints = clientHints("http://127.0.0.1:11435", { ollama: true });
+  assert.deepEqual(hints[0], { label: "Ollama CLI and libraries", value: "OLLAMA_HOST=127.0.0.1:11435" });
+  assert.ok(hints.some((h) => h.value === "base_url=http://127.0.0.1:11435/v1"));
+});
+
+test("host:port and base URL helpers", () => {
+  assert.equal(hostPort("http://127.0.0.1:11435"), "127.0.0.1:11435");
+  assert.equal(hostPort("http://[::1]:11435/"), "[::1]:11435");
+  assert.equal(hostPort("not a url"), null);
+  assert.equal(hostPort("ftp://x:1"), null);
+  assert.equal(baseUrl("http://a:1///"), "http://a:1");
+});
+
+test("which servers and routes are Ollama", () => {
+  assert.equal(isOllama("ollama"), true);
+  assert.equal(isOllama("Ollama"), true);
+  assert.equal(isOllama("llama_cpp"), false);
+  assert.equal(routeLooksLikeOllama({ name: "ollama", upstream: "http://127.0.0.1:9" }), true);
+  assert.equal(routeLooksLikeOllama({ name: "local", upstream: "http://127.0.0.1:11434" }), true);
+  assert.equal(routeLooksLikeOllama({ name: "llamacpp", upstream: "http://127.0.0.1:8080" }), false);
+  assert.equal(routeLooksLikeOllama({ name: "x", upstream: "garbage" }), false);
+});
+
+const form = (extra = {}) => ({
+  routes: [{ name: " ollama ", listen: "127.0.0.1:11435", upstream: "http://127.0.0.1:11434 " }],
+  slow_ttft_ms: "5000",
+  notifications: true,
+  notify_settled: false,
+  ...extra,
+});
+
+test("settings payload: trimmed, typed, in the contract's shape", () => {
+  const { settings, errors } = settingsPayload(form());
+  assert.deepEqual(errors, []);
+  assert.deepEqual(settings, {
+    routes: [{ name: "ollama", listen: "127.0.0.1:11435", upstream: "http://127.0.0.1:11434" }],
+    slow_ttft_ms: 5000,
+    notifications: true,
+    notify_settled: false,
+  });
+});
+
+test("settings payload: blank route rows are dropped, half-filled ones named", () => {
+  const { settings, errors } = settingsPayload(
+    form({ routes: [{ name: "", listen: " ", upstream: "" }, { name: "a", listen: "", upstream: "http://x" }] }),
+  );
+  assert.equal(settings.routes.length, 1);
+  assert.deepEqual(errors.map((e) => e.field), ["routes.1.listen"]);
+  assert.match(errors[0].message, /Route 2/);
+});
+
+test("settings payload: duplicate names and a bad threshold are errors", () => {
+  const dup = settingsPayload(form({ routes: [{ name: "a", listen: "1:1", upstream: "u" }, { name: "a", listen: "1:2", upstream: "u" }] }));
+  assert.deepEqual(dup.errors.map((e) => e.field), ["routes.1.name"]);
+  for (const bad of ["", "soon", "-5", "1.5", "5e3", "0", "99999999999999999999"]) {
+    const r = settingsPayload(form({ slow_ttft_ms: bad }));
+    assert.deepEqual(r.errors.map((e) => e.field), ["slow_ttft_ms"], JSON.stringify(bad));
+  }
+  assert.equal(settingsPayload(form({ slow_ttft_ms: 1 })).settings.slow_ttft_ms, 1);
+  assert.equal(settingsPayload(form({ notifications: "yes" })).settings.notifications, false, "only true is true");
+});
+
+test("saved message says when a restart is needed", () => {
+  assert.equal(savedMessage({ saved: true, restart_required: false, config_path: "/c.toml" }), "Saved to /c.toml.");
+  assert.equal(
+    savedMessage({ saved: true, restart_required: true, config_path: "/c.toml" }),
+    "Saved to /c.toml — restart to apply route changes.",
+  );
+  assert.equal(savedMessage({ saved: true, restart_required: true }), "Saved — restart to apply route changes.");
+});
+
+test("engine errors are tied to the field they name", () => {
+  assert.equal(errorField('routes[1] (extra): upstream "not a url" is not an http:// URL'), "routes.1.upstream");
+  assert.equal(errorField("routes[0]: listen \"x\" is not host:port"), "routes.0.listen");
+  assert.equal(errorField('routes[2]: the name "a" is used twice'), "routes.2.name");
+  assert.equal(errorField("slow_ttft_ms: must be at least 1"), "slow_ttft_ms");
+  assert.equal(errorField("could not write /etc/speedtap.toml: permission denied"), "");
+  assert.equal(errorField(undefined), "");
+});

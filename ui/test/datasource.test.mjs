@@ -1,0 +1,200 @@
+// Both data sources against fakes of their globals: the same interface
+// must produce the contract's HTTP requests in a browser and the contract's
+// commands and events in the Tauri window.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { EVENTS, SourceError, browserSource, createDataSource, tauriSource } from "../lib/datasource.js";
+
+function fakeFetch(answers) {
+  const requests = [];
+  const fetch = async (url, init) => {
+    requests.push({ url, method: init.method, headers: init.headers, body: init.body });
+    const a = answers[`${init.method} ${url}`] ?? { status: 404, body: { error: "not found" } };
+    if (a.throws) throw new TypeError(a.throws);
+    return {
+      ok: a.status >= 200 && a.status < 300,
+      status: a.status,
+      json: async () => (typeof a.body === "string" ? JSON.parse(a.body) : a.body),
+    };
+  };
+  return { fetch, requests };
+}
+
+class FakeEventSource {
+  static last = null;
+  constructor(url) {
+    this.url = url;
+    this.listeners = {};
+    this.closed = false;
+    FakeEventSource.last = this;
+  }
+  addEventListener(name, fn) {
+    this.listeners[name] = fn;
+  }
+  emit(name, data) {
+    this.listeners[name]?.({ data });
+  }
+  close() {
+    this.closed = true;
+  }
+}
+
+test("createDataSource picks Tauri when window.__TAURI__ exists, else the browser", () => {
+  const tauri = { core: { invoke: async () => null }, event: { listen: async () => () => {} } };
+  assert.equal(createDataSource({ __TAURI__: tauri }).kind, "tauri");
+  assert.equal(createDataSource({ fetch() {}, EventSource: FakeEventSource }).kind, "browser");
+});
+
+test("browser: every request is the contract's method, path and body", async () => {
+  const ok = (body) => ({ status: 200, body });
+  const { fetch, requests } = fakeFetch({
+    "GET /api/v1/calls?limit=200&route=a+b": ok({ calls: [] }),
+    "GET /api/v1/stats": ok({ tps_available: false, active: 0 }),
+    "GET /api/v1/stats/history": ok({ points: [] }),
+    "GET /api/v1/routes": ok({ routes: [] }),
+    "GET /api/v1/discover": ok({ servers: [] }),
+    "GET /api/v1/settings": ok({ routes: [] }),
+    "PUT /api/v1/settings": ok({ saved: true, restart_required: false }),
+    "POST /api/v1/demo": ok({ running: true }),
+  });
+  const s = browserSource({ fetch, EventSource: FakeEventSource });
+  assert.deepEqual(await s.calls({ limit: 200, route: "a b" }), { calls: [] });
+  await s.stats();
+  await s.statsHistory();
+  await s.routes();
+  await s.discover();
+  await s.getSettings();
+  const settings = { routes: [], slow_ttft_ms: 5000, notifications: true, notify_settled: false };
+  assert.deepEqual(await s.saveSettings(settings), { saved: true, restart_required: false });
+  assert.deepEqual(await s.startDemo(), { running: true });
+  const put = requests.find((r) => r.method === "PUT");
+  assert.equal(put.headers["Content-Type"], "application/json");
+  assert.deepEqual(JSON.parse(put.body), settings);
+  const post = requests.find((r) => r.method === "POST");
+  assert.equal(post.headers["Content-Type"], "application/json", "writes need the JSON content type");
+  assert.equal(post.body, "{}");
+  for (const r of requests.filter((r) => r.method === "GET")) assert.equal(r.body, undefined);
+});
+
+test("browser: errors carry the engine's message; 404 and 405 mean unavailable", async () => {
+  const { fetch } = fakeFetch({
+    "PUT /api/v1/settings": { status: 400, body: { error: "routes[0].listen: not host:port" } },
+    "GET /api/v1/stats": { status: 500, body: "not json at all" },
+    "POST /api/v1/demo": { status: 405, body: { error: "method not allowed" } },
+    "GET /api/v1/routes": { throws: "connection refused" },
+  });
+  const s = browserSource({ fetch, EventSource: FakeEventSource });
+  await assert.rejects(s.saveSettings({}), (e) => e instanceof SourceError && e.status === 400 && !e.unavailable && e.message === "routes[0].listen: not host:port");
+  await assert.rejects(s.statsHistory(), (e) => e.status === 404 && e.unavailable === true && e.message === "not found");
+  await assert.rejects(s.startDemo(), (e) => e.unavailable === true);
+  await assert.rejects(s.routes(), (e) => e instanceof SourceError && /not reachable/.test(e.message) && !e.unavailable);
+});
+
+test("browser: events come from /api/v1/events, parsed; broken frames are dropped", () => {
+  const s = browserSource({ fetch() {}, EventSource: FakeEventSource });
+  const got = [];
+  let opened = 0;
+  const close = s.subscribe({
+    speed: (d) => got.push(["speed", d]),
+    stats: (d) => got.push(["stats", d]),
+    settled: (d) => got.push(["settled", d]),
+    slow_first_token: (d) => got.push(["slow", d]),
+    open: () => opened++,
+  });
+  const es = FakeEventSource.last;
+  assert.equal(es.url, "/api/v1/events");
+  assert.deepEqual(Object.keys(es.listeners).sort(), [...EVENTS].sort());
+  es.onopen();
+  es.emit("speed", '{"call":{"id":"c-1"},"speed":{"phase":"responding"}}');
+  es.emit("stats", "{not json");
+  es.emit("slow_first_token", '{"waited_ms":5000}');
+  assert.equal(opened, 1);
+  assert.deepEqual(got, [
+    ["speed", { call: { id: "c-1" }, speed: { phase: "responding" } }],
+    ["slow", { waited_ms: 5000 }],
+  ]);
+  close();
+  assert.equal(es.closed, true);
+});
+
+function fakeTauri(results) {
+  const invoked = [];
+  const listeners = {};
+  const unlistened = [];
+  return {
+    invoked,
+    listeners,
+    unlistened,
+    core: {
+      invoke: async (cmd, args) => {
+        invoked.push([cmd, args]);
+        if (!(cmd in results)) throw `command ${cmd} not found`;
+        const r = results[cmd];
+        if (r instanceof Error) throw r.message;
+        return r;
+      },
+    },
+    event: {
+      listen: async (name, fn) => {
+        listeners[name] = fn;
+        return () => unlistened.push(name);
+      },
+    },
+  };
+}
+
+test("Tauri: the same interface invokes the contract's commands with its args", async () => {
+  const tauri = fakeTauri({
+    calls: { calls: [] }, stats: {}, stats_history: { points: [] }, routes: { routes: [] },
+    discover: { servers: [] }, get_settings: {}, save_settings: { saved: true }, start_demo: { running: true },
+  });
+  const s = tauriSource(tauri);
+  await s.calls({ limit: 50, route: "ollama" });
+  await s.calls();
+  await s.stats();
+  await s.statsHistory();
+  await s.routes();
+  await s.discover();
+  await s.getSettings();
+  await s.saveSettings({ slow_ttft_ms: 1 });
+  await s.startDemo();
+  assert.deepEqual(tauri.invoked, [
+    ["calls", { limit: 50, route: "ollama" }],
+    ["calls", {}],
+    ["stats", undefined],
+    ["stats_history", undefined],
+    ["routes", undefined],
+    ["discover", undefined],
+    ["get_settings", undefined],
+    ["save_settings", { settings: { slow_ttft_ms: 1 } }],
+    ["start_demo", undefined],
+  ]);
+});
+
+test("Tauri: a rejected command is a SourceError; an unknown command means unavailable", async () => {
+  const s = tauriSource(fakeTauri({ save_settings: new Error("slow_ttft_ms: must be at most 600000") }));
+  await assert.rejects(s.saveSettings({}), (e) => e instanceof SourceError && !e.unavailable && e.message === "slow_ttft_ms: must be at most 600000");
+  await assert.rejects(s.discover(), (e) => e.unavailable === true && /discover/.test(e.message));
+});
+
+test("Tauri: listens to the four events, payloads unwrapped, 'open' once all are registered", async () => {
+  const tauri = fakeTauri({});
+  const s = tauriSource(tauri);
+  const got = [];
+  const opened = new Promise((resolve) => {
+    var close = s.subscribe({
+      speed: (p) => got.push(["speed", p]),
+      settled: (p) => got.push(["settled", p]),
+      open: () => resolve(close),
+    });
+  });
+  const close = await opened;
+  assert.deepEqual(Object.keys(tauri.listeners).sort(), [...EVENTS].sort());
+  tauri.listeners.speed({ event: "speed", payload: { call: { id: "c-1" } } });
+  tauri.listeners.settled({ event: "settled", payload: { id: "c-1", status: "ok" } });
+  tauri.listeners.stats({ event: "stats", payload: {} }); // no handler: ignored
+  assert.deepEqual(got, [["speed", { call: { id: "c-1" } }], ["settled", { id: "c-1", status: "ok" }]]);
+  close();
+  assert.deepEqual(tauri.unlistened.sort(), [...EVENTS].sort());
+});

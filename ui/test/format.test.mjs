@@ -1,0 +1,102 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  DASH,
+  apiLabel,
+  formatCount,
+  formatMs,
+  formatRate,
+  isShowable,
+  phaseLabel,
+  sourceBadge,
+  statusLabel,
+} from "../lib/format.js";
+
+test("durations: ms below a second, one decimal in seconds, whole seconds from 100 s", () => {
+  assert.equal(formatMs(0), "0 ms");
+  assert.equal(formatMs(312), "312 ms");
+  assert.equal(formatMs(312.4), "312 ms");
+  assert.equal(formatMs(999), "999 ms");
+  assert.equal(formatMs(999.6), "1.0 s", "rounding to 1000 ms switches unit");
+  assert.equal(formatMs(1000), "1.0 s");
+  assert.equal(formatMs(1234), "1.2 s");
+  assert.equal(formatMs(1250), "1.3 s");
+  assert.equal(formatMs(59_940), "59.9 s");
+  assert.equal(formatMs(99_949), "99.9 s");
+  assert.equal(formatMs(99_960), "100 s");
+  assert.equal(formatMs(125_400), "125 s");
+});
+
+test("rates have one decimal and are never padded with a unit", () => {
+  assert.equal(formatRate(41.7), "41.7");
+  assert.equal(formatRate(40), "40.0");
+  assert.equal(formatRate(0.04), "0.0");
+  assert.equal(formatRate(1234.56), "1234.6");
+});
+
+test("counts are whole numbers with thousands separators", () => {
+  assert.equal(formatCount(0), "0");
+  assert.equal(formatCount(201), "201");
+  assert.equal(formatCount(12345), "12,345");
+});
+
+test("absent or impossible numbers show a dash, never 0", () => {
+  for (const absent of [undefined, null, NaN, Infinity, -Infinity, -1, "41.7", "", {}, []]) {
+    assert.equal(formatMs(absent), DASH, `formatMs(${String(absent)})`);
+    assert.equal(formatRate(absent), DASH, `formatRate(${String(absent)})`);
+    assert.equal(formatCount(absent), DASH, `formatCount(${String(absent)})`);
+    assert.equal(isShowable(absent), false);
+  }
+  assert.equal(isShowable(0), true, "a real zero is a number");
+});
+
+test("phase labels: 'waiting' for the first token, words for the rest", () => {
+  assert.equal(phaseLabel("awaiting_first_token"), "waiting");
+  assert.equal(phaseLabel("reasoning"), "reasoning");
+  assert.equal(phaseLabel("responding"), "responding");
+  assert.equal(phaseLabel("calling_tool"), "calling tool");
+  assert.equal(phaseLabel("complete"), "complete");
+  assert.equal(phaseLabel("loading_model"), "loading model", "a newer engine's phase is shown, not hidden");
+  assert.equal(phaseLabel(undefined), DASH);
+});
+
+test("status labels; an upstream error names its HTTP status when known", () => {
+  assert.equal(statusLabel("in_flight"), "in flight");
+  assert.equal(statusLabel("ok", 200), "ok");
+  assert.equal(statusLabel("abandoned"), "abandoned");
+  assert.equal(statusLabel("upstream_error"), "upstream error");
+  assert.equal(statusLabel("upstream_error", 502), "upstream error 502");
+  assert.equal(statusLabel("unmetered", 200), "unmetered");
+  assert.equal(statusLabel(undefined), DASH);
+});
+
+test("source badge tells estimated, provider and server apart, each with a tooltip", () => {
+  const est = sourceBadge("estimated");
+  const exact = sourceBadge("provider");
+  const server = sourceBadge("server");
+  assert.deepEqual([est.text, exact.text, server.text], ["est.", "exact", "server"]);
+  assert.deepEqual([est.kind, exact.kind, server.kind], ["estimated", "provider", "server"]);
+  const titles = new Set([est.title, exact.title, server.title]);
+  assert.equal(titles.size, 3, "three different explanations");
+  assert.match(est.title, /^Estimated/);
+  assert.match(exact.title, /usage receipt/);
+  assert.match(server.title, /server's own/);
+  assert.equal(sourceBadge(undefined), null, "no snapshot, no badge");
+  assert.equal(sourceBadge(""), null);
+  assert.deepEqual(
+    { text: sourceBadge("tokenizer_v2").text, kind: sourceBadge("tokenizer_v2").kind },
+    { text: "tokenizer_v2", kind: "unknown" },
+  );
+});
+
+test("API labels are readable and cover the contract's kinds", () => {
+  const kinds = [
+    "openai_chat", "openai_completions", "openai_responses", "anthropic_messages",
+    "ollama_chat", "ollama_generate", "llamacpp_completion", "tgi_generate", "unknown",
+  ];
+  const labels = kinds.map(apiLabel);
+  assert.equal(new Set(labels).size, kinds.length);
+  for (const l of labels) assert.doesNotMatch(l, /_/);
+  assert.equal(apiLabel("openai_chat"), "OpenAI chat");
+  assert.equal(apiLabel("future_api"), "future api");
+});

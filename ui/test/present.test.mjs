@@ -1,0 +1,98 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { DASH } from "../lib/format.js";
+import { callRow, globalPanel } from "../lib/present.js";
+
+const settled = {
+  id: "c-000042",
+  route: "ollama",
+  api: "openai_chat",
+  model: "qwen3:8b",
+  started_at: "2026-11-30T10:42:07.123Z",
+  status: "ok",
+  http_status: 200,
+  speed: {
+    phase: "complete", is_final: true, elapsed_ms: 5120, time_to_first_token_ms: 312,
+    output_tokens: 201, output_tokens_per_second: 41.7, token_source: "server",
+  },
+  input_tokens: 37,
+};
+
+test("a settled call shows all its numbers", () => {
+  const r = callRow(settled);
+  assert.equal(r.route, "ollama");
+  assert.equal(r.model, "qwen3:8b");
+  assert.equal(r.api, "OpenAI chat");
+  assert.deepEqual(r.phase, { text: "complete", kind: "complete" });
+  assert.equal(r.ttft, "312 ms");
+  assert.equal(r.rate, "41.7");
+  assert.equal(r.tokens, "201");
+  assert.equal(r.source.text, "server");
+  assert.deepEqual(r.status, { text: "ok", kind: "ok" });
+  assert.equal(r.inFlight, false);
+  assert.equal(r.unmetered, false);
+});
+
+test("a call waiting for its first token hides TTFT and rate, not the count", () => {
+  const r = callRow({
+    id: "c-1", route: "sim", api: "openai_chat", started_at: "t", status: "in_flight",
+    speed: { phase: "awaiting_first_token", is_final: false, elapsed_ms: 0, output_tokens: 0, token_source: "estimated" },
+  });
+  assert.equal(r.phase.text, "waiting");
+  assert.equal(r.ttft, DASH);
+  assert.equal(r.rate, DASH);
+  assert.equal(r.tokens, "0", "zero tokens so far is a real count");
+  assert.equal(r.model, DASH, "model not known yet");
+  assert.equal(r.inFlight, true);
+});
+
+test("an absent rate is a dash even when everything else is there", () => {
+  const speed = { ...settled.speed };
+  delete speed.output_tokens_per_second;
+  const r = callRow({ ...settled, speed });
+  assert.equal(r.rate, DASH);
+  assert.equal(r.ttft, "312 ms");
+});
+
+test("an unmetered call (no snapshot) shows dashes and is marked", () => {
+  const r = callRow({ id: "c-2", route: "sim", api: "unknown", started_at: "t", status: "unmetered", http_status: 200 });
+  assert.equal(r.phase, null);
+  assert.equal(r.ttft, DASH);
+  assert.equal(r.rate, DASH);
+  assert.equal(r.tokens, DASH);
+  assert.equal(r.source, null);
+  assert.equal(r.status.text, "unmetered");
+  assert.equal(r.unmetered, true);
+});
+
+test("the slow marker shows only while the call is still waiting", () => {
+  const waiting = {
+    id: "c-3", route: "sim", api: "ollama_chat", started_at: "t", status: "in_flight",
+    speed: { phase: "awaiting_first_token", is_final: false, elapsed_ms: 0, output_tokens: 0, token_source: "estimated" },
+  };
+  const slow = { waited_ms: 5000, threshold_ms: 5000 };
+  assert.equal(callRow(waiting, { slow }).slow, "No first token after 5.0 s (threshold 5.0 s)");
+  const responding = { ...waiting, speed: { ...waiting.speed, phase: "responding", time_to_first_token_ms: 6100 } };
+  assert.equal(callRow(responding, { slow }).slow, null);
+  assert.equal(callRow(waiting).slow, null);
+});
+
+test("global panel: the contract example shows every number", () => {
+  const v = globalPanel({ tps: 47.3, tps_available: true, estimated: false, high: 52.1, low: 31.4, active: 1, aggregate_tps: 47.3 });
+  assert.deepEqual(v, { now: "47.3", estimated: false, aggregate: "47.3", active: "1", high: "52.1", low: "31.4" });
+});
+
+test("global panel: nothing available shows dashes, never 0", () => {
+  const v = globalPanel({ tps_available: false, estimated: false, active: 0 });
+  assert.deepEqual(v, { now: DASH, estimated: false, aggregate: DASH, active: "0", high: DASH, low: DASH });
+  assert.deepEqual(globalPanel(null), { now: DASH, estimated: false, aggregate: DASH, active: DASH, high: DASH, low: DASH });
+});
+
+test("global panel: tps needs both the flag and a number", () => {
+  assert.equal(globalPanel({ tps: 12.5, tps_available: false, active: 1 }).now, DASH);
+  assert.equal(globalPanel({ tps_available: true, estimated: true, active: 1 }).now, DASH);
+  assert.equal(globalPanel({ tps_available: true, estimated: true, active: 1 }).estimated, false, "no est. marker on a dash");
+  const est = globalPanel({ tps: 12.5, tps_available: true, estimated: true, active: 1 });
+  assert.equal(est.now, "12.5");
+  assert.equal(est.estimated, true);
+});

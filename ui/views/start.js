@@ -1,0 +1,153 @@
+// The first-run view: the proxy URLs to point clients at, the local servers
+// discovery finds (with the exact setting per client), and a button that
+// starts demo traffic so a new user sees speedtap work at once.
+
+import { clientHints, isOllama, routeLooksLikeOllama } from "../lib/clients.js";
+import { copyable, h } from "./dom.js";
+
+export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document) {
+  const el = (id) => doc.getElementById(id);
+  const routesBox = el("routes");
+  const serversBox = el("servers");
+  const demo = el("demo-start");
+  const demoStatus = el("demo-status");
+  const rescan = el("rescan");
+  let boundUrls = new Set();
+  let scanning = null;
+
+  /** The proxy URL and the exact setting per client, one aligned list. */
+  function hints(proxyUrl, list) {
+    return h(
+      "dl",
+      { class: "hints" },
+      [{ label: "Proxy URL", value: proxyUrl }, ...list].map((hint) => [h("dt", {}, hint.label), h("dd", {}, copyable(hint.value))]),
+    );
+  }
+
+  function message(box, text, cls = "muted") {
+    box.replaceChildren(h("p", { class: cls }, text));
+  }
+
+  async function loadRoutes() {
+    try {
+      const { routes = [] } = await source.routes();
+      boundUrls = new Set(routes.map((r) => r.proxy_url));
+      if (routes.length === 0) {
+        message(routesBox, "No routes are bound. Add one in Settings, or start demo traffic.");
+        return;
+      }
+      routesBox.replaceChildren(
+        ...routes.map((r) =>
+          h(
+            "div",
+            { class: "item", "data-route": r.name },
+            h(
+              "div",
+              { class: "item-head" },
+              h("span", { class: "item-title" }, r.name),
+              h("span", { class: "muted small" }, `forwards to ${r.upstream}`),
+            ),
+            hints(r.proxy_url, clientHints(r.proxy_url, { ollama: routeLooksLikeOllama(r) })),
+          ),
+        ),
+      );
+    } catch (err) {
+      message(
+        routesBox,
+        err.unavailable
+          ? "This engine version can't list its routes here; the start-up message of speedtap names them."
+          : `Could not load routes: ${err.message}`,
+        "notice",
+      );
+    }
+  }
+
+  async function loadServers() {
+    if (scanning) return scanning;
+    rescan.disabled = true;
+    message(serversBox, "Looking for local model servers…");
+    scanning = (async () => {
+      try {
+        const { servers = [] } = await source.discover();
+        if (servers.length === 0) {
+          message(
+            serversBox,
+            "No model server found on the usual ports (Ollama 11434, llama.cpp 8080, LM Studio 1234, vLLM 8000, KoboldCpp 5001, Jan 1337). Start one and scan again.",
+          );
+          return;
+        }
+        serversBox.replaceChildren(...servers.map(serverItem));
+      } catch (err) {
+        message(
+          serversBox,
+          err.unavailable ? "Server discovery isn't available in this engine version." : `Discovery failed: ${err.message}`,
+          "notice",
+        );
+      } finally {
+        rescan.disabled = false;
+        scanning = null;
+      }
+    })();
+    return scanning;
+  }
+
+  function serverItem(s) {
+    const routed = boundUrls.has(s.proxy_url);
+    const ollama = isOllama(s.kind) || isOllama(s.label);
+    return h(
+      "div",
+      { class: "item", "data-server": s.upstream },
+      h(
+        "div",
+        { class: "item-head" },
+        h("span", { class: "item-title" }, s.label || s.kind),
+        s.detail ? h("span", { class: "muted small" }, s.detail) : null,
+        h("span", { class: "muted small" }, `at ${s.upstream}`),
+        routed
+          ? h("span", { class: "chip chip-ok" }, "routed")
+          : h(
+              "button",
+              {
+                type: "button",
+                class: "small",
+                title: "Add the suggested route in Settings",
+                onclick: () => onAddRoute(s.suggested_route),
+              },
+              `Add route "${s.suggested_route?.name ?? ""}"`,
+            ),
+      ),
+      routed
+        ? null
+        : h("p", { class: "small muted" }, "Not routed yet: once the route is added and speedtap restarted, point clients at:"),
+      hints(s.proxy_url, clientHints(s.proxy_url, { ollama })),
+    );
+  }
+
+  demo.addEventListener("click", async () => {
+    demo.disabled = true;
+    demoStatus.textContent = "Starting…";
+    try {
+      const answer = await source.startDemo();
+      demoStatus.textContent = `Demo traffic running on route "${answer.route?.name ?? "demo"}" (${answer.route?.proxy_url ?? ""}) for about a minute.`;
+      loadRoutes();
+      onDemoStarted(answer);
+    } catch (err) {
+      demoStatus.textContent = err.unavailable
+        ? "Demo traffic isn't available in this engine version: run `speedtap simulate` and point a route at it."
+        : `Could not start the demo: ${err.message}`;
+    } finally {
+      demo.disabled = false;
+    }
+  });
+  rescan.addEventListener("click", () => loadServers());
+
+  let loaded = false;
+  return {
+    async load() {
+      if (loaded) return;
+      loaded = true;
+      await loadRoutes();
+      await loadServers();
+    },
+  };
+}
