@@ -113,19 +113,24 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             .clone()
             .unwrap_or_else(config::default_config_path),
     );
+    // Listen for the stop signals before anything is announced: a script
+    // or service manager may stop speedtap as soon as it prints its start
+    // lines, and a signal without a handler kills the process undrained.
+    let stop = stop_signal();
     let engine = Engine::start(options)
         .await
         .map_err(|e| RunError::Runtime(e.to_string()))?;
+    // Subscribe before announcing too, so a call made as soon as the start
+    // lines appear still gets every one of its lines.
+    let json = settings.json || !std::io::stdout().is_terminal();
+    let events = engine.handle.subscribe().await;
+    let printer = tokio::spawn(print_events(events, json));
     announce(&engine);
     // Build the tokenizer tables now, off the proxy's threads, so the first
     // call doesn't pay for them.
     std::thread::spawn(crate::tokens::O200kEstimator::warm_up);
 
-    let json = settings.json || !std::io::stdout().is_terminal();
-    let events = engine.handle.subscribe().await;
-    let printer = tokio::spawn(print_events(events, json));
-
-    wait_for_signal().await;
+    stop.await;
     eprintln!("speedtap: stopping (in-flight calls get up to 5 s to finish)...");
     engine.shutdown(SHUTDOWN_GRACE).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), printer).await;
@@ -199,24 +204,39 @@ fn terminal_width() -> usize {
         .unwrap_or(100)
 }
 
-async fn wait_for_signal() {
+/// Resolves on the first SIGINT or SIGTERM (ctrl-c elsewhere).
+///
+/// On Unix the handlers are installed when this is *called*, not when the
+/// future is first polled (which is how `tokio::signal::ctrl_c` behaves), so
+/// calling it before the start lines are printed closes the window in which
+/// a stop signal would still get the default action.
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let interrupt = signal(SignalKind::interrupt());
+        let terminate = signal(SignalKind::terminate());
+        async move {
+            // A listener that failed to install never fires; the other one
+            // still does.
+            let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+            };
+            tokio::select! {
+                _ = wait(interrupt) => {}
+                _ = wait(terminate) => {}
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
