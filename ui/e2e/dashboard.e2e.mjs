@@ -215,6 +215,8 @@ before(async () => {
     "run", "--no-db", "--json",
     "--route", `sim=127.0.0.1:${env.proxy}=http://127.0.0.1:${env.sim}`,
     "--api", `127.0.0.1:${env.api}`,
+    // Low, so the slow call below raises slow_first_token while it waits.
+    "--slow-ttft-ms", "800",
   ]);
   await waitFor("the control API to answer", async () => {
     if (run.exited) throw new Error(`speedtap run exited\n${diagnostics()}`);
@@ -314,7 +316,7 @@ test("live table: rows appear, phases move to complete, numbers match /api/v1/ca
   // A call with a slow first token and a long stream: it must show "waiting",
   // then stay on top (in flight) while newer, faster calls complete below it.
   const known = new Set((await getJson("/api/v1/calls")).calls.map((c) => c.id));
-  const slow = stream("/v1/chat/completions", chat("e2e-slow"), { "x-sim-ttft-ms": "1500", "x-sim-tokens": "160" });
+  const slow = stream("/v1/chat/completions", chat("e2e-slow"), { "x-sim-ttft-ms": "2500", "x-sim-tokens": "160" });
   const slowId = await waitFor("the slow call in /api/v1/calls", async () =>
     (await getJson("/api/v1/calls")).calls.find((c) => !known.has(c.id) && c.status === "in_flight")?.id,
   );
@@ -325,6 +327,14 @@ test("live table: rows appear, phases move to complete, numbers match /api/v1/ca
   assert.equal(waiting.ttft, DASH, "no TTFT while waiting");
   assert.equal(waiting.rate, DASH, "no rate while waiting");
   assert.equal(waiting.status, "in_flight");
+  // Past the 800 ms threshold with no token: the row says it is slow.
+  const flagged = await waitFor("the slow marker on the waiting row", () =>
+    page.evaluate((id) => {
+      const badge = document.querySelector(`#calls tr[data-id="${id}"] .badge.slow`);
+      return badge && !badge.hidden && badge.title;
+    }, slowId),
+  );
+  assert.match(flagged, /^No first token after \d/);
 
   const fast = Promise.all([
     // OpenAI chat with a usage receipt: an exact ("provider") count.
@@ -485,6 +495,32 @@ test("demo button: starts demo traffic and its calls appear live", async (t) => 
   await page.emulateMedia({ colorScheme: "dark" });
   await page.screenshot({ path: join(OUT, "demo-dark.png"), fullPage: true });
   await page.emulateMedia({ colorScheme: "light" });
+});
+
+test("an engine without the newer endpoints: each feature says so, the live table still works", async () => {
+  // Playwright answers 404 for them, as an engine from before the tray app
+  // does; everything else goes to the real engine.
+  const older = await browser.newPage();
+  older.on("pageerror", (e) => pageErrors.push(String(e?.stack ?? e)));
+  const missing = /\/api\/v1\/(routes|discover|settings|demo|stats\/history)$/;
+  await older.route(
+    (url) => missing.test(url.pathname),
+    (route) => route.fulfill({ status: 404, contentType: "application/json", body: '{"error":"not found"}' }),
+  );
+  await older.goto(api("/#start"));
+  await older.waitForFunction(() => /can't list its routes/.test(document.querySelector("#routes").textContent), null, { timeout: SOON });
+  await older.waitForFunction(() => /isn't available/.test(document.querySelector("#servers").textContent), null, { timeout: SOON });
+  await older.click("#demo-start");
+  await older.waitForFunction(() => /isn't available/.test(document.getElementById("demo-status").textContent), null, { timeout: SOON });
+
+  await older.click("#tab-settings");
+  await older.waitForSelector("#settings-unavailable:not([hidden])", { timeout: SOON });
+  assert.equal(await older.isHidden("#settings-form"), true);
+
+  await older.click("#tab-live");
+  await older.waitForFunction(() => document.querySelectorAll("#calls tr").length >= 4, null, { timeout: SOON });
+  assert.match(await older.textContent("#chart-note"), /since this page opened/);
+  await older.close();
 });
 
 test("no uncaught errors in the page", () => {
