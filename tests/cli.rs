@@ -1092,14 +1092,11 @@ fn json_lines_and_sse_events_follow_the_contract_and_sigterm_stops_cleanly() {
     assert_eq!(stdout_second, sse_second);
 }
 
-/// Ignored until the engine cuts connections at the drain's deadline: today
-/// `serve_route` (src/engine/host.rs) spawns each connection detached, so
-/// aborting the route task leaves a longer stream running, the call is never
-/// settled, and its last `--json` line is not final. Run it with
-/// `cargo test --test cli -- --ignored`.
+/// The drain's deadline cuts a stream longer than the grace period: the
+/// route's connections are dropped with it, so the call settles as
+/// abandoned and its last `--json` line is final.
 #[cfg(unix)]
 #[test]
-#[ignore = "engine bug: in-flight connections outlive the drain (src/engine/host.rs serve_route)"]
 fn sigint_drains_an_in_flight_stream_and_settles_it() {
     let dir = scratch("sigint_in_flight");
     // 100 tokens at 5 tokens/s: a 20 s stream, longer than the drain.

@@ -76,7 +76,9 @@ async fn simulate_command(args: SimulateArgs) -> Result<(), RunError> {
         server_timings: args.server_timings,
         ..SimConfig::default()
     };
-    simulate::run_forever(&args.listen, config)
+    // Handlers first, so a stop signal right after the banner still drains.
+    let stop = super::run::stop_signal();
+    simulate::run_forever(&args.listen, config, stop)
         .await
         .map_err(|e| RunError::Runtime(format!("simulate on {}: {e}", args.listen)))
 }

@@ -210,7 +210,7 @@ fn terminal_width() -> usize {
 /// future is first polled (which is how `tokio::signal::ctrl_c` behaves), so
 /// calling it before the start lines are printed closes the window in which
 /// a stop signal would still get the default action.
-fn stop_signal() -> impl std::future::Future<Output = ()> {
+pub fn stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

@@ -579,6 +579,10 @@ async fn serve_route(
 ) {
     let graceful = GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
+    // Connections live in this task's set, so aborting the route's task at
+    // the end of the drain drops them (and their taps) instead of leaving
+    // them streaming detached.
+    let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -593,13 +597,15 @@ async fn serve_route(
                     .serve_connection(TokioIo::new(stream), service)
                     .into_owned();
                 let conn = graceful.watch(conn);
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let _ = conn.await;
                 });
             }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
             _ = stop.wait_for(|s| *s) => break,
         }
     }
     drop(listener);
     graceful.shutdown().await;
+    while connections.join_next().await.is_some() {}
 }

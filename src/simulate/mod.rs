@@ -90,12 +90,17 @@ impl Default for SimConfig {
     }
 }
 
-/// Runs until ctrl-c (the CLI's `speedtap simulate --listen ADDR ...`).
-/// Prints one line saying where it listens and which paths it serves.
-pub async fn run_forever(addr: &str, config: SimConfig) -> std::io::Result<()> {
+/// Runs until `shutdown` resolves (the CLI's `speedtap simulate --listen
+/// ADDR ...` passes its SIGINT/SIGTERM future). Prints one line saying
+/// where it listens and which paths it serves.
+pub async fn run_forever(
+    addr: &str,
+    config: SimConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
     let server = SimServer::start(addr, config).await?;
     println!("{}", banner(server.local_addr()));
-    tokio::signal::ctrl_c().await?;
+    shutdown.await;
     server.shutdown().await;
     Ok(())
 }
