@@ -57,11 +57,19 @@ function dispatch(event) {
   if (!frame) frame = requestAnimationFrame(render);
 }
 
+let chartDrawn = { history: null, at: 0 };
+
 function render() {
   frame = 0;
   calls.render(state, { hideUnmetered: hideUnmetered.checked });
   global.render(state.stats);
-  chart.render(state.history, Date.now());
+  // Speed events arrive several times a second per call; the chart changes
+  // only with a new reading (about 1 Hz) or when its time axis should slide.
+  const now = Date.now();
+  if (state.history !== chartDrawn.history || now - chartDrawn.at >= 1000) {
+    chart.render(state.history, now);
+    chartDrawn = { history: state.history, at: now };
+  }
 }
 
 // ---- views ---------------------------------------------------------------
