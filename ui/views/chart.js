@@ -29,7 +29,13 @@ export function mountChart({ container, empty, note }) {
       scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(10, Math.ceil((max ?? 0) * 1.15))] } },
       axes: [
         // Hours and minutes only: the range is at most an hour, ending now.
-        { ...axis, space: 70, values: (u, splits) => splits.map((v) => TIME.format(new Date(v * 1000))) },
+        // Whole-minute ticks, so no two labels read the same.
+        {
+          ...axis,
+          space: 70,
+          incrs: [60, 120, 300, 600, 900, 1800, 3600],
+          values: (u, splits) => splits.map((v) => TIME.format(new Date(v * 1000))),
+        },
         { ...axis, size: 44, values: (u, splits) => splits.map((v) => v.toFixed(0)) },
       ],
       series: [
