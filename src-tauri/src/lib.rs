@@ -1,0 +1,348 @@
+//! speedtap-desktop: the tray app. A thin host of the engine `speedtap run`
+//! hosts, with the same config file and flags, plus a tray icon whose label
+//! is the current tokens per second, desktop notifications for slow first
+//! tokens, and the web dashboard in a window.
+//!
+//! # Data flow
+//! - [`run`] parses the flags (`speedtap run`'s, via
+//!   [`speedtap::cli::args::RunArgs`], plus [`DesktopArgs::hidden`]),
+//!   resolves the settings exactly as `speedtap run` does, starts the
+//!   engine on Tauri's tokio runtime, then hands it to [`build_app`].
+//! - One task subscribes to the engine's events and fans each one out: to
+//!   the window as a Tauri event ([`events`]), to the tray (`tray`, via
+//!   [`tray_model`]), and to the notification policy ([`notify`]) for
+//!   settled follow-ups. Slow-first-token alarms reach [`notify`] through
+//!   the engine's own hook, which throttles them per route.
+//! - The window calls [`commands`], which forward to the engine handle.
+//!
+//! No metering happens here: every number comes from the engine.
+//!
+//! # Lifecycle
+//! Closing the window hides it; the app lives on in the tray until "Quit"
+//! (or SIGINT/SIGTERM), which exits 0 after the engine's clean shutdown
+//! (in-flight calls get up to 5 s, like `speedtap run`).
+
+mod assets;
+pub mod commands;
+pub mod events;
+pub mod notify;
+mod tray;
+pub mod tray_model;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+use speedtap::cli::args::RunArgs;
+use speedtap::cli::run::{resolve_settings, RunError, SHUTDOWN_GRACE};
+use speedtap::config::Settings;
+use speedtap::engine::{
+    Engine, EngineEvent, EngineHandle, EngineOptions, EngineQueries, RunningEngine,
+};
+use tauri::{App, AppHandle, Builder, Manager, RunEvent, Runtime, WindowEvent};
+
+use notify::{DesktopSink, Notifications};
+
+/// The window's label (`tauri.conf.json`).
+pub const MAIN_WINDOW: &str = "main";
+
+/// speedtap-desktop: live TTFT and tokens per second of every local LLM
+/// call, in the tray.
+///
+/// Takes the same config file and options as `speedtap run`; the tray label
+/// shows the current speed, the window the live calls.
+#[derive(Debug, Parser)]
+#[command(name = "speedtap-desktop", version)]
+pub struct DesktopArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Start in the tray only, without opening the window.
+    #[arg(long)]
+    pub hidden: bool,
+}
+
+/// What [`build_app`] hosts.
+pub struct Host {
+    pub engine: RunningEngine,
+    pub notifications: Arc<Notifications>,
+    /// Open the window at start (`--hidden` turns it off).
+    pub show_window: bool,
+    /// `--json`: one JSON line per published call snapshot on stdout, as
+    /// `speedtap run --json` prints.
+    pub json: bool,
+}
+
+/// The running engine, taken out for the clean shutdown at exit.
+struct Running(Mutex<Option<RunningEngine>>);
+
+impl Running {
+    fn take(&self) -> Option<RunningEngine> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+}
+
+/// The whole app: flags, engine, window, tray. Exits the process.
+pub fn run() {
+    init_tracing();
+    let args = DesktopArgs::parse();
+    if let Err(message) = check_display() {
+        eprintln!("speedtap-desktop: {message}");
+        std::process::exit(1);
+    }
+    let settings = resolve_settings(&args.run).unwrap_or_else(|e| exit_with(e));
+    let notifications = Notifications::new(DesktopSink);
+    let engine =
+        tauri::async_runtime::block_on(start_engine(&args.run, settings.clone(), &notifications))
+            .unwrap_or_else(|e| exit_with(e));
+    announce(&engine);
+    // Build the tokenizer tables now, off the proxy's threads, so the first
+    // call doesn't pay for them (as `speedtap run` does).
+    std::thread::spawn(speedtap::tokens::O200kEstimator::warm_up);
+    let host = Host {
+        engine,
+        notifications,
+        show_window: !args.hidden,
+        json: settings.json,
+    };
+    let app = build_app(Builder::default(), host).unwrap_or_else(|e| {
+        eprintln!("speedtap-desktop: cannot start the window: {e}");
+        std::process::exit(1)
+    });
+    app.run(on_run_event);
+}
+
+fn exit_with(e: RunError) -> ! {
+    eprintln!("speedtap-desktop: {e}");
+    std::process::exit(e.exit_code())
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// A desktop session is needed; without one GTK would abort with a less
+/// helpful message. `speedtap run` is the headless host.
+fn check_display() -> Result<(), String> {
+    if cfg!(target_os = "linux")
+        && std::env::var_os("DISPLAY").is_none()
+        && std::env::var_os("WAYLAND_DISPLAY").is_none()
+    {
+        return Err("no display (neither DISPLAY nor WAYLAND_DISPLAY is set); \
+                    use `speedtap run` to run headless"
+            .into());
+    }
+    Ok(())
+}
+
+/// Starts the engine as `speedtap run` does, with the tray's notification
+/// hook. Unlike `speedtap run`, finding no local server is not an error:
+/// the window's first-run view lists servers as they appear and can start
+/// demo traffic.
+pub async fn start_engine(
+    args: &RunArgs,
+    mut settings: Settings,
+    notifications: &Arc<Notifications>,
+) -> Result<RunningEngine, RunError> {
+    if settings.routes.is_empty() {
+        eprintln!("speedtap-desktop: no routes configured; looking for local model servers...");
+        for found in speedtap::discover::discover().await {
+            eprintln!("speedtap-desktop: {}", found.summary());
+            settings.routes.push(found.suggested_route);
+        }
+        if settings.routes.is_empty() {
+            eprintln!(
+                "speedtap-desktop: none found; open the window to see what to run, \
+                 or start demo traffic there"
+            );
+        }
+    }
+    let mut options = EngineOptions::from_settings(&settings);
+    options.config_path = args.config.clone();
+    options.slow_first_token_hooks.push(notifications.hook());
+    let engine = Engine::start(options)
+        .await
+        .map_err(|e| RunError::Runtime(e.to_string()))?;
+    notifications.attach(engine.handle.clone());
+    Ok(engine)
+}
+
+fn announce(engine: &RunningEngine) {
+    for route in &engine.routes {
+        eprintln!(
+            "speedtap-desktop: route {}: {} -> {}",
+            route.name,
+            route.proxy_url(),
+            route.upstream
+        );
+    }
+    if let Some(api) = engine.api {
+        eprintln!("speedtap-desktop: dashboard and control API on http://{api}/");
+    }
+}
+
+/// The generated context, serving the dashboard's files (see [`assets`]).
+fn context<R: Runtime>() -> tauri::Context<R> {
+    let mut context = tauri::generate_context!();
+    context.set_assets(Box::new(assets::UiAssets));
+    context
+}
+
+/// Builds the app around a running engine: state, commands, window
+/// behaviour, tray, event loop. Generic over the runtime so the unit tests
+/// can use `tauri::test::mock_builder()`.
+pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<App<R>> {
+    let Host {
+        engine,
+        notifications,
+        show_window: show,
+        json,
+    } = host;
+    let handle = engine.handle.clone();
+    builder
+        .manage(commands::Engine(handle.clone()))
+        .manage(Running(Mutex::new(Some(engine))))
+        .manage(notifications.clone())
+        .invoke_handler(tauri::generate_handler![
+            commands::calls,
+            commands::stats,
+            commands::stats_history,
+            commands::routes,
+            commands::discover,
+            commands::get_settings,
+            commands::save_settings,
+            commands::start_demo,
+        ])
+        .on_window_event(|window, event| {
+            // Closing the window keeps the app in the tray.
+            if let WindowEvent::CloseRequested { api, .. } = event {
+                api.prevent_close();
+                let _ = window.hide();
+            }
+        })
+        .setup(move |app| {
+            #[cfg(all(desktop, not(test)))]
+            tray::create(app.handle(), &handle)?;
+            start_following_events(app.handle(), handle, notifications, json);
+            // SIGINT/SIGTERM stop the app as Quit does (clean engine
+            // shutdown, exit 0). Not in unit tests: they share a process.
+            #[cfg(not(test))]
+            {
+                let exit_on_signal = app.handle().clone();
+                tauri::async_runtime::spawn(async move {
+                    wait_for_signal().await;
+                    exit_on_signal.exit(0);
+                });
+            }
+            if show {
+                show_window(app.handle());
+            }
+            Ok(())
+        })
+        .build(context())
+}
+
+/// Shows, un-minimises and focuses the window.
+pub fn show_window<R: Runtime>(app: &AppHandle<R>) {
+    if let Some(window) = app.get_webview_window(MAIN_WINDOW) {
+        let _ = window.unminimize();
+        let _ = window.show();
+        let _ = window.set_focus();
+    }
+}
+
+/// The app's event-loop callback.
+pub fn on_run_event<R: Runtime>(app: &AppHandle<R>, event: RunEvent) {
+    match event {
+        // Keep the event loop running even if all windows are closed: the
+        // tray stays. An explicit exit (Quit, a signal) carries a code.
+        RunEvent::ExitRequested {
+            api, code: None, ..
+        } => api.prevent_exit(),
+        RunEvent::Exit => {
+            if let Some(engine) = app.state::<Running>().take() {
+                tauri::async_runtime::block_on(engine.shutdown(SHUTDOWN_GRACE));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Starts the task that fans the engine's events out to the window, the
+/// tray and the notification policy. Called from the app's setup (which
+/// Tauri runs when the event loop starts; the unit tests, which never start
+/// it, call this directly).
+pub fn start_following_events<R: Runtime>(
+    app: &AppHandle<R>,
+    engine: EngineHandle,
+    notifications: Arc<Notifications>,
+    json: bool,
+) {
+    tauri::async_runtime::spawn(follow_events(app.clone(), engine, notifications, json));
+}
+
+/// Subscribes to the engine and fans every event out (see the crate docs).
+/// The engine drops a subscriber that falls behind; then this subscribes
+/// again and re-reads the calls in flight, until the app is exiting.
+async fn follow_events<R: Runtime>(
+    app: AppHandle<R>,
+    engine: EngineHandle,
+    notifications: Arc<Notifications>,
+    json: bool,
+) {
+    loop {
+        let mut rx = engine.subscribe().await;
+        #[cfg(all(desktop, not(test)))]
+        tray::reseed(&app, &engine).await;
+        while let Some(event) = rx.recv().await {
+            events::emit(&app, &event);
+            match &event {
+                EngineEvent::Settled(call) => notifications.on_settled(call),
+                EngineEvent::Speed { call, speed } if json => {
+                    println!("{}", speedtap::cli::view::json_line(call, speed));
+                }
+                _ => {}
+            }
+            #[cfg(all(desktop, not(test)))]
+            tray::on_event(&app, &event).await;
+        }
+        if app.state::<Running>().is_stopping() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg_attr(test, allow(dead_code))]
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

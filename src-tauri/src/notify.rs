@@ -1,0 +1,365 @@
+//! Desktop notifications: a late first token, and (if the user asked for
+//! it) a follow-up when that call settles.
+//!
+//! The engine decides *when* a first token is late and throttles per route
+//! (its `Notifier` calls our hook at most once per route per minute, and
+//! not at all while "Pause notifications" is on). This module only decides
+//! whether the user still wants to hear about it (the `notifications` and
+//! `notify_settled` settings, read live so a save in the window applies at
+//! once; the pause switch, checked again here because the settled
+//! follow-up does not go through the engine's hook) and hands the message
+//! to a [`Sink`].
+//!
+//! The real sink is [`DesktopSink`]: notify-rust over D-Bus, each
+//! notification sent from its own short-lived thread. The hook runs on the
+//! engine's notifier thread, and a D-Bus call can block for seconds (no
+//! notification daemon, a daemon being activated); it must never stall the
+//! engine.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use speedtap::engine::control::SettingsDoc;
+use speedtap::engine::notifier::SlowFirstTokenHook;
+use speedtap::engine::{Call, EngineHandle, SlowFirstToken};
+
+/// The application name notifications carry (what notification centres
+/// group and label them by).
+pub const APP_NAME: &str = "speedtap";
+
+/// One notification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// The line users read: `qwen3:32b on ollama: no first token after 5.0 s`.
+    pub summary: String,
+    pub body: String,
+}
+
+/// Where notifications go.
+pub trait Sink: Send + Sync + 'static {
+    /// Shows `note`. Must return quickly (see the module docs).
+    fn show(&self, note: Note);
+}
+
+/// Desktop notifications through notify-rust (D-Bus
+/// `org.freedesktop.Notifications` on Linux).
+pub struct DesktopSink;
+
+impl Sink for DesktopSink {
+    fn show(&self, note: Note) {
+        // A thread per notification: they are rare (throttled per route by
+        // the engine) and the D-Bus round trip may block; a failure (no
+        // daemon on the bus) is logged, never fatal.
+        let spawned = std::thread::Builder::new()
+            .name("speedtap-notify".into())
+            .spawn(move || {
+                let shown = notify_rust::Notification::new()
+                    .appname(APP_NAME)
+                    .summary(&note.summary)
+                    .body(&note.body)
+                    .show();
+                if let Err(e) = shown {
+                    tracing::warn!("desktop notification not shown: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("desktop notification not shown: {e}");
+        }
+    }
+}
+
+/// Where the live settings come from: the running engine, once it runs.
+/// Before that (and in tests without an engine) the defaults apply:
+/// notifications on, no settled follow-up.
+fn live_settings(engine: &OnceLock<EngineHandle>) -> (bool, bool) {
+    match engine.get() {
+        Some(handle) => {
+            let SettingsDoc {
+                notifications,
+                notify_settled,
+                ..
+            } = handle.settings_snapshot();
+            (notifications, notify_settled)
+        }
+        None => (true, false),
+    }
+}
+
+/// The tray's notification policy. Shared (`Arc`) between the engine's
+/// hook, the event loop (settled follow-ups) and the tray menu (pause).
+pub struct Notifications {
+    sink: Box<dyn Sink>,
+    engine: OnceLock<EngineHandle>,
+    paused: AtomicBool,
+    /// Overrides for tests: (notifications, notify_settled).
+    fixed_settings: Option<(bool, bool)>,
+    /// Calls we notified about, waiting for their settled follow-up.
+    alarmed: Mutex<HashMap<String, SlowFirstToken>>,
+}
+
+impl Notifications {
+    /// A policy sending to `sink`, reading the settings from the engine
+    /// given later to [`Notifications::attach`].
+    pub fn new(sink: impl Sink) -> Arc<Self> {
+        Arc::new(Notifications {
+            sink: Box::new(sink),
+            engine: OnceLock::new(),
+            paused: AtomicBool::new(false),
+            fixed_settings: None,
+            alarmed: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A policy with fixed `notifications` / `notify_settled` settings (tests).
+    pub fn with_settings(sink: impl Sink, notifications: bool, notify_settled: bool) -> Arc<Self> {
+        Arc::new(Notifications {
+            sink: Box::new(sink),
+            engine: OnceLock::new(),
+            paused: AtomicBool::new(false),
+            fixed_settings: Some((notifications, notify_settled)),
+            alarmed: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Reads the live settings from `engine` from now on, and tells it
+    /// about the pause switch.
+    pub fn attach(&self, engine: EngineHandle) {
+        engine.set_notifications_paused(self.is_paused());
+        let _ = self.engine.set(engine);
+    }
+
+    /// The hook to register in `EngineOptions::slow_first_token_hooks`.
+    pub fn hook(self: &Arc<Self>) -> SlowFirstTokenHook {
+        let me = Arc::clone(self);
+        Arc::new(move |slow: &SlowFirstToken| me.on_slow_first_token(slow))
+    }
+
+    /// "Pause notifications": silences both kinds until resumed. The
+    /// engine is told too, so its hook stops firing at the source.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
+        if let Some(engine) = self.engine.get() {
+            engine.set_notifications_paused(paused);
+        }
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    fn settings(&self) -> (bool, bool) {
+        self.fixed_settings
+            .unwrap_or_else(|| live_settings(&self.engine))
+    }
+
+    fn alarmed(&self) -> std::sync::MutexGuard<'_, HashMap<String, SlowFirstToken>> {
+        self.alarmed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The engine's alarm: a call is still waiting past the threshold.
+    pub fn on_slow_first_token(&self, slow: &SlowFirstToken) {
+        let (notifications, _) = self.settings();
+        if self.is_paused() || !notifications {
+            return;
+        }
+        self.alarmed().insert(slow.call.id.clone(), slow.clone());
+        self.sink.show(slow_note(slow));
+    }
+
+    /// A call settled: the follow-up, if we alarmed about it and the user
+    /// wants follow-ups.
+    pub fn on_settled(&self, call: &Call) {
+        let Some(slow) = self.alarmed().remove(&call.identity.id) else {
+            return;
+        };
+        let (notifications, notify_settled) = self.settings();
+        if self.is_paused() || !notifications || !notify_settled {
+            return;
+        }
+        self.sink.show(settled_note(&slow, call));
+    }
+}
+
+/// The late-first-token notification.
+pub fn slow_note(slow: &SlowFirstToken) -> Note {
+    Note {
+        summary: slow.message(),
+        body: format!(
+            "Still waiting; the slow-first-token threshold is {:.1} s.",
+            slow.threshold_ms as f64 / 1000.0
+        ),
+    }
+}
+
+/// The settled follow-up: `qwen3:32b on ollama: first token after 7.2 s,
+/// 41.7 tok/s`. A call that ended without a first token says how it ended
+/// instead; a missing rate is left out rather than shown as 0.
+pub fn settled_note(slow: &SlowFirstToken, call: &Call) -> Note {
+    let who = format!(
+        "{} on {}",
+        call.identity
+            .model
+            .as_deref()
+            .or(slow.call.model.as_deref())
+            .unwrap_or("a model"),
+        call.identity.route
+    );
+    let speed = call.speed.as_ref();
+    let summary = match speed.and_then(|s| s.time_to_first_token_ms) {
+        Some(ttft) => {
+            let mut line = format!("{who}: first token after {:.1} s", ttft as f64 / 1000.0);
+            if let Some(tps) = speed.and_then(|s| s.output_tokens_per_second) {
+                line.push_str(&format!(", {tps:.1} tok/s"));
+            }
+            line
+        }
+        None => format!(
+            "{who}: ended without a first token ({})",
+            call.status.as_str().replace('_', " ")
+        ),
+    };
+    Note {
+        summary,
+        body: format!(
+            "Earlier: no first token after {:.1} s.",
+            slow.waited_ms as f64 / 1000.0
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use speedtap::decode::ApiKind;
+    use speedtap::engine::{CallIdentity, CallStatus};
+    use speedtap::meter::{Phase, Snapshot, TokenSource};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Collect(Arc<Mutex<Vec<Note>>>);
+
+    impl Sink for Collect {
+        fn show(&self, note: Note) {
+            self.0.lock().unwrap().push(note);
+        }
+    }
+
+    impl Collect {
+        fn summaries(&self) -> Vec<String> {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|n| n.summary.clone())
+                .collect()
+        }
+    }
+
+    fn ident(id: &str) -> CallIdentity {
+        CallIdentity {
+            id: id.into(),
+            route: "ollama".into(),
+            api: ApiKind::OllamaChat,
+            model: Some("qwen3:32b".into()),
+            started_at: String::new(),
+        }
+    }
+
+    fn slow(id: &str) -> SlowFirstToken {
+        SlowFirstToken {
+            call: ident(id),
+            waited_ms: 5000,
+            threshold_ms: 5000,
+        }
+    }
+
+    fn settled(id: &str, ttft: Option<u64>, tps: Option<f64>, status: CallStatus) -> Call {
+        Call {
+            identity: ident(id),
+            status,
+            http_status: Some(200),
+            speed: Some(Snapshot {
+                phase: Phase::Complete,
+                is_final: true,
+                elapsed_ms: 9000,
+                time_to_first_token_ms: ttft,
+                output_tokens: 100,
+                output_tokens_per_second: tps,
+                token_source: TokenSource::Server,
+            }),
+            input_tokens: None,
+        }
+    }
+
+    #[test]
+    fn a_slow_first_token_shows_the_engines_message() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, false);
+        (n.hook())(&slow("c-1"));
+        assert_eq!(
+            sink.summaries(),
+            ["qwen3:32b on ollama: no first token after 5.0 s"]
+        );
+    }
+
+    #[test]
+    fn no_settled_follow_up_unless_enabled() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, false);
+        n.on_slow_first_token(&slow("c-1"));
+        n.on_settled(&settled("c-1", Some(7200), Some(41.7), CallStatus::Ok));
+        assert_eq!(sink.summaries().len(), 1);
+    }
+
+    #[test]
+    fn settled_follow_up_names_ttft_and_rate_once() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, true);
+        n.on_slow_first_token(&slow("c-1"));
+        let call = settled("c-1", Some(7200), Some(41.7), CallStatus::Ok);
+        n.on_settled(&call);
+        n.on_settled(&call);
+        // A call we never alarmed about gets no follow-up.
+        n.on_settled(&settled("c-2", Some(100), Some(40.0), CallStatus::Ok));
+        assert_eq!(
+            sink.summaries()[1..],
+            ["qwen3:32b on ollama: first token after 7.2 s, 41.7 tok/s"]
+        );
+    }
+
+    #[test]
+    fn follow_up_without_first_token_says_how_it_ended_and_no_rate() {
+        let s = slow("c-1");
+        let note = settled_note(&s, &settled("c-1", None, None, CallStatus::Abandoned));
+        assert_eq!(
+            note.summary,
+            "qwen3:32b on ollama: ended without a first token (abandoned)"
+        );
+        let note = settled_note(&s, &settled("c-1", Some(6000), None, CallStatus::Ok));
+        assert_eq!(note.summary, "qwen3:32b on ollama: first token after 6.0 s");
+    }
+
+    #[test]
+    fn paused_silences_alarms_and_follow_ups() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, true);
+        n.on_slow_first_token(&slow("c-1"));
+        n.set_paused(true);
+        n.on_slow_first_token(&slow("c-2"));
+        n.on_settled(&settled("c-1", Some(7000), Some(10.0), CallStatus::Ok));
+        assert_eq!(sink.summaries().len(), 1);
+        n.set_paused(false);
+        n.on_slow_first_token(&slow("c-3"));
+        assert_eq!(sink.summaries().len(), 2);
+    }
+
+    #[test]
+    fn notifications_off_in_settings_silences_everything() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), false, true);
+        n.on_slow_first_token(&slow("c-1"));
+        n.on_settled(&settled("c-1", Some(7000), Some(10.0), CallStatus::Ok));
+        assert!(sink.summaries().is_empty());
+    }
+}

@@ -1,0 +1,284 @@
+//! The tray icon: draws the [`TrayView`] that [`crate::tray_model`]
+//! computes, and reacts to the menu.
+//!
+//! Data flow: the event loop in `lib.rs` hands every engine event to
+//! [`on_event`], which updates the model (cheap, under a short lock) and,
+//! on each global reading (`Stats`, the engine's publishing cadence: 1 s
+//! while tokens flow, 10 s when idle) or a slow-first-token alarm, redraws.
+//! A redraw changes only what differs from what is on screen: the label,
+//! the icon, menu texts in place; the menu is rebuilt only when its entries
+//! change (a call starts or ends, a route is added).
+//!
+//! Threading: tray and menu calls hop to the main (GTK) thread and wait for
+//! it. So the main thread must never wait for us: menu clicks only flip
+//! flags and *spawn* a redraw; only redraw tasks take the [`Drawn`] lock.
+//!
+//! On Linux the tray is a StatusNotifierItem (libayatana-appindicator): the
+//! label is its `XAyatanaLabel`, the menu is exported over
+//! `com.canonical.dbusmenu`. That is what the D-Bus tests read.
+#![cfg(all(desktop, not(test)))]
+
+use std::sync::{Arc, Mutex};
+
+use speedtap::engine::{CallsQuery, EngineHandle, EngineQueries};
+use tauri::image::Image;
+use tauri::menu::{CheckMenuItem, Menu, MenuEvent, MenuItem, MenuItemKind, PredefinedMenuItem};
+use tauri::tray::{MouseButton, MouseButtonState, TrayIcon, TrayIconBuilder, TrayIconEvent};
+use tauri::{AppHandle, Manager, Runtime};
+use tokio::time::Instant;
+
+use crate::commands::Engine;
+use crate::notify::Notifications;
+use crate::tray_model::{
+    EntryKind, MenuEntry, TrayModel, TrayState, TrayView, ViewInputs, ID_COPY_PREFIX, ID_OPEN,
+    ID_PAUSE, ID_QUIT,
+};
+
+/// The tray icon's id. On Linux the StatusNotifierItem's object path ends
+/// with it (`/org/ayatana/NotificationItem/tray_icon_tray_app_speedtap`).
+pub const TRAY_ID: &str = "speedtap";
+
+/// The icon for each state. Colour and shape both differ (see
+/// `icons/gen_icons.py`), for trays that draw no label.
+fn icon(state: TrayState) -> Image<'static> {
+    match state {
+        TrayState::Idle => tauri::include_image!("icons/tray-idle.png"),
+        TrayState::Waiting => tauri::include_image!("icons/tray-waiting.png"),
+        TrayState::Streaming => tauri::include_image!("icons/tray-streaming.png"),
+        TrayState::Slow => tauri::include_image!("icons/tray-slow.png"),
+    }
+}
+
+/// What is on screen now, with the menu items to update in place.
+struct Drawn<R: Runtime> {
+    view: TrayView,
+    items: Vec<MenuItemKind<R>>,
+}
+
+/// The tray's state (managed).
+struct Tray<R: Runtime> {
+    icon: TrayIcon<R>,
+    model: Mutex<TrayModel>,
+    /// Taken only by redraws (never by the main thread; see module docs).
+    drawn: tokio::sync::Mutex<Drawn<R>>,
+    /// Kept alive: on X11 the copied text is served by the clipboard owner,
+    /// so dropping it right after copying would lose the text.
+    clipboard: Mutex<Option<arboard::Clipboard>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Creates the tray icon, idle, with its menu.
+pub fn create<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) -> tauri::Result<()> {
+    let model = TrayModel::new();
+    let notifications = app.state::<Arc<Notifications>>();
+    let routes: Vec<_> = engine
+        .bound_routes()
+        .iter()
+        .map(speedtap::engine::control::RouteInfo::from)
+        .collect();
+    let view = model.view(
+        Instant::now(),
+        &ViewInputs {
+            paused: notifications.is_paused(),
+            routes: &routes,
+            slow_ttft_ms: engine.settings_snapshot().slow_ttft_ms,
+        },
+    );
+    let (menu, items) = build_menu(app, &view.menu)?;
+    let icon = TrayIconBuilder::with_id(TRAY_ID)
+        .icon(icon(view.state))
+        .title(&view.title)
+        .tooltip("speedtap")
+        .menu(&menu)
+        .show_menu_on_left_click(false)
+        .on_menu_event(on_menu_event)
+        .on_tray_icon_event(|tray, event| {
+            // Where the platform reports clicks (not Linux appindicator,
+            // which only opens the menu), a left click opens the window.
+            if let TrayIconEvent::Click {
+                button: MouseButton::Left,
+                button_state: MouseButtonState::Up,
+                ..
+            } = event
+            {
+                crate::show_window(tray.app_handle());
+            }
+        })
+        .build(app)?;
+    app.manage(Tray {
+        icon,
+        model: Mutex::new(model),
+        drawn: tokio::sync::Mutex::new(Drawn { view, items }),
+        clipboard: Mutex::new(None),
+    });
+    Ok(())
+}
+
+fn build_menu<R: Runtime>(
+    app: &AppHandle<R>,
+    entries: &[MenuEntry],
+) -> tauri::Result<(Menu<R>, Vec<MenuItemKind<R>>)> {
+    let menu = Menu::new(app)?;
+    let mut items = Vec::with_capacity(entries.len());
+    for e in entries {
+        let item = match e.kind {
+            EntryKind::Info => MenuItemKind::MenuItem(MenuItem::with_id(
+                app,
+                e.id.as_str(),
+                &e.text,
+                false,
+                None::<&str>,
+            )?),
+            EntryKind::Action => MenuItemKind::MenuItem(MenuItem::with_id(
+                app,
+                e.id.as_str(),
+                &e.text,
+                true,
+                None::<&str>,
+            )?),
+            EntryKind::Check(checked) => MenuItemKind::Check(CheckMenuItem::with_id(
+                app,
+                e.id.as_str(),
+                &e.text,
+                true,
+                checked,
+                None::<&str>,
+            )?),
+            EntryKind::Separator => MenuItemKind::Predefined(PredefinedMenuItem::separator(app)?),
+        };
+        menu.append(&item)?;
+        items.push(item);
+    }
+    Ok((menu, items))
+}
+
+/// Starts over from the engine's list of calls (after (re)subscribing).
+pub async fn reseed<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) {
+    let calls = engine.calls(CallsQuery::default()).await;
+    if let Some(tray) = app.try_state::<Tray<R>>() {
+        lock(&tray.model).reseed(&calls, Instant::now());
+    }
+}
+
+/// Takes one engine event; redraws at the global cadence.
+pub async fn on_event<R: Runtime>(app: &AppHandle<R>, event: &speedtap::engine::EngineEvent) {
+    let redraw = match app.try_state::<Tray<R>>() {
+        Some(tray) => lock(&tray.model).apply(event, Instant::now()),
+        None => false,
+    };
+    if redraw {
+        refresh(app).await;
+    }
+}
+
+/// Redraws whatever changed.
+pub async fn refresh<R: Runtime>(app: &AppHandle<R>) {
+    let Some(tray) = app.try_state::<Tray<R>>() else {
+        return;
+    };
+    let engine = app.state::<Engine>();
+    let paused = app.state::<Arc<Notifications>>().is_paused();
+    let routes = engine.0.routes().await.routes;
+    let slow_ttft_ms = engine.0.settings_snapshot().slow_ttft_ms;
+    let view = lock(&tray.model).view(
+        Instant::now(),
+        &ViewInputs {
+            paused,
+            routes: &routes,
+            slow_ttft_ms,
+        },
+    );
+    let mut drawn = tray.drawn.lock().await;
+    if let Err(e) = draw(app, &tray.icon, &mut drawn, view) {
+        tracing::warn!("tray not updated: {e}");
+    }
+}
+
+fn draw<R: Runtime>(
+    app: &AppHandle<R>,
+    icon_handle: &TrayIcon<R>,
+    drawn: &mut Drawn<R>,
+    view: TrayView,
+) -> tauri::Result<()> {
+    if view.title != drawn.view.title {
+        icon_handle.set_title(Some(&view.title))?;
+    }
+    if view.state != drawn.view.state {
+        icon_handle.set_icon(Some(icon(view.state)))?;
+    }
+    if view.menu != drawn.view.menu {
+        if view.same_menu_shape(&drawn.view) {
+            for ((new, old), item) in view.menu.iter().zip(&drawn.view.menu).zip(&drawn.items) {
+                if new == old {
+                    continue;
+                }
+                match (&new.kind, item) {
+                    (EntryKind::Check(checked), MenuItemKind::Check(i)) => {
+                        i.set_text(&new.text)?;
+                        i.set_checked(*checked)?;
+                    }
+                    (_, MenuItemKind::MenuItem(i)) => i.set_text(&new.text)?,
+                    _ => {}
+                }
+            }
+        } else {
+            let (menu, items) = build_menu(app, &view.menu)?;
+            icon_handle.set_menu(Some(menu))?;
+            drawn.items = items;
+        }
+    }
+    drawn.view = view;
+    Ok(())
+}
+
+/// Runs on the main thread: never waits for a redraw (see module docs).
+fn on_menu_event<R: Runtime>(app: &AppHandle<R>, event: MenuEvent) {
+    match event.id.as_ref() {
+        ID_OPEN => crate::show_window(app),
+        ID_PAUSE => {
+            let notifications = app.state::<Arc<Notifications>>();
+            notifications.set_paused(!notifications.is_paused());
+            let app = app.clone();
+            tauri::async_runtime::spawn(async move { refresh(&app).await });
+        }
+        ID_QUIT => app.exit(0),
+        id => {
+            if let Some(route) = id.strip_prefix(ID_COPY_PREFIX) {
+                copy_proxy_url(app, route);
+            }
+        }
+    }
+}
+
+fn copy_proxy_url<R: Runtime>(app: &AppHandle<R>, route: &str) {
+    let engine = app.state::<Engine>();
+    let Some(bound) = engine
+        .0
+        .bound_routes()
+        .into_iter()
+        .find(|r| r.name == route)
+    else {
+        return;
+    };
+    let Some(tray) = app.try_state::<Tray<R>>() else {
+        return;
+    };
+    let mut clipboard = lock(&tray.clipboard);
+    if clipboard.is_none() {
+        match arboard::Clipboard::new() {
+            Ok(c) => *clipboard = Some(c),
+            Err(e) => {
+                tracing::warn!("no clipboard: {e}");
+                return;
+            }
+        }
+    }
+    if let Some(c) = clipboard.as_mut() {
+        if let Err(e) = c.set_text(bound.proxy_url()) {
+            tracing::warn!("proxy URL not copied: {e}");
+        }
+    }
+}

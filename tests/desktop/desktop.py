@@ -1,0 +1,275 @@
+"""Helpers for the tray app's end-to-end tests (stdlib only).
+
+The tests run inside `xvfb-run -a dbus-run-session`, as scripts/test-desktop
+starts them: an X display and a private session bus, nothing else. They
+drive the real binaries:
+- `speedtap simulate` is the model server (scripted timings);
+- `speedtap-desktop` proxies to it; the tests stream chat completions
+  through the app's route with http.client;
+- the tray is read and clicked over D-Bus (`busctl --user --json=short`):
+  on Linux it is a StatusNotifierItem exported by libayatana-appindicator,
+  its label in `XAyatanaLabel`, its menu under `<item>/Menu` as
+  com.canonical.dbusmenu.
+
+Every app gets its own ports, config file and XDG directories, so runs do
+not touch the user's settings and can share a machine.
+"""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TARGET = os.environ.get("SPEEDTAP_TARGET_DIR", os.path.join(ROOT, "target", "debug"))
+SPEEDTAP = os.path.join(TARGET, "speedtap")
+DESKTOP = os.path.join(TARGET, "speedtap-desktop")
+
+# The label while tokens flow, e.g. `41.7 tok/s`.
+RATE_LABEL = re.compile(r"^\d+(\.\d)? tok/s$")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what, fn, timeout=20.0, interval=0.1):
+    """Polls `fn` until it returns something truthy; fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as e:  # not ready yet: keep the reason for the failure message
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+class Workdir:
+    """A temp dir holding logs, configs and the XDG dirs of one test."""
+
+    def __init__(self, name):
+        self.path = tempfile.mkdtemp(prefix=f"speedtap-desktop-{name}-")
+        self.procs = []
+
+    def file(self, name, text=None):
+        p = os.path.join(self.path, name)
+        if text is not None:
+            with open(p, "w") as f:
+                f.write(text)
+        return p
+
+    def env(self):
+        env = dict(os.environ)
+        for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+            d = os.path.join(self.path, var.lower())
+            os.makedirs(d, exist_ok=True)
+            env[var] = d
+        env.setdefault("NO_AT_BRIDGE", "1")
+        return env
+
+    def spawn(self, name, argv, **kw):
+        path = os.path.join(self.path, f"{name}.log")
+        with open(path, "wb") as log:  # the child keeps its own copy of the fd
+            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=kw.pop("env", self.env()), **kw)
+        p.log_path = path
+        self.procs.append(p)
+        return p
+
+    def log(self, name):
+        with open(os.path.join(self.path, f"{name}.log"), "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def close(self, keep=bool(os.environ.get("SPEEDTAP_KEEP_TEST_DIRS"))):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        if not keep:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def stop_app_with_arg(arg, timeout=10):
+    """Stops the speedtap-desktop processes whose command line has `arg`
+    (a unique port): the ones tauri-driver started for a test."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"speedtap-desktop" and arg.encode() in argv:
+            os.kill(int(pid), 15)
+            deadline = time.monotonic() + timeout
+            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+def start_simulator(work, **flags):
+    """`speedtap simulate` on a free port; returns its base URL once it answers."""
+    port = free_port()
+    argv = [SPEEDTAP, "simulate", "--listen", f"127.0.0.1:{port}"]
+    for k, v in flags.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    work.spawn("simulate", argv)
+    base = f"http://127.0.0.1:{port}"
+    wait_until("the simulator", lambda: urllib.request.urlopen(base + "/health", timeout=1).status == 200)
+    return base
+
+
+def start_app(work, routes, extra=(), config_text="", name="app"):
+    """The tray app with `routes` ({name: upstream}) on free ports, a temp
+    config file and a free API port. Returns (process, {route: proxy_url}, api_url, config_path)."""
+    config = work.file(f"{name}-config.toml", config_text)
+    api = f"127.0.0.1:{free_port()}"
+    proxies = {}
+    argv = [DESKTOP, "--config", config, "--api", api]
+    for route, upstream in routes.items():
+        listen = f"127.0.0.1:{free_port()}"
+        proxies[route] = f"http://{listen}"
+        argv += ["--route", f"{route}={listen}={upstream}"]
+    argv += list(extra)
+    p = work.spawn(name, argv)
+    api_url = f"http://{api}"
+
+    def up():
+        if p.poll() is not None:
+            raise AssertionError(f"the app exited with {p.returncode}:\n{work.log(name)}")
+        return urllib.request.urlopen(api_url + "/api/v1/stats", timeout=1).status == 200
+
+    wait_until("the app's engine", up, timeout=30)
+    return p, proxies, api_url, config
+
+
+def stream_chat(proxy_url, model="qwen3:8b", headers=None, timeout=60):
+    """One streamed OpenAI chat completion through `proxy_url`; returns the body."""
+    host = proxy_url.removeprefix("http://")
+    conn = http.client.HTTPConnection(host, timeout=timeout)
+    body = json.dumps({"model": model, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    conn.request("POST", "/v1/chat/completions", body=body,
+                 headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    data = resp.read().decode("utf-8", "replace")
+    conn.close()
+    if resp.status != 200:
+        raise AssertionError(f"HTTP {resp.status}: {data[:300]}")
+    return data
+
+
+def stream_in_background(proxy_url, count=1, **kw):
+    """Starts `count` streams in threads; returns the threads (join them)."""
+    threads = [threading.Thread(target=stream_chat, args=(proxy_url,), kwargs=kw, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def api_get(api_url, path):
+    with urllib.request.urlopen(api_url + path, timeout=5) as r:
+        return json.loads(r.read())
+
+
+# ---- D-Bus: the StatusNotifierItem and its dbusmenu ------------------------
+
+def busctl(*args):
+    out = subprocess.run(["busctl", "--user", "--json=short", "--", *args], capture_output=True, text=True, timeout=10)
+    if out.returncode != 0:
+        raise RuntimeError(f"busctl {' '.join(args)}: {out.stderr.strip()}")
+    return json.loads(out.stdout) if out.stdout.strip() else None
+
+
+def find_tray_item(pid, timeout=20):
+    """(bus name, object path) of the StatusNotifierItem the process `pid` exports."""
+
+    def look():
+        names = busctl("call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                       "org.freedesktop.DBus", "ListNames")["data"][0]
+        for name in names:
+            if not name.startswith(":"):
+                continue
+            try:
+                owner = busctl("call", "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                               "GetConnectionUnixProcessID", "s", name)["data"][0]
+            except RuntimeError:
+                continue
+            if owner != pid:
+                continue
+            tree = subprocess.run(["busctl", "--user", "--list", "tree", name],
+                                  capture_output=True, text=True, timeout=10).stdout.split()
+            for path in tree:
+                if path.startswith("/org/ayatana/NotificationItem/") and not path.endswith("/Menu"):
+                    return name, path
+        return None
+
+    return wait_until(f"the tray item of pid {pid} on the session bus", look, timeout=timeout, interval=0.3)
+
+
+def tray_label(item):
+    name, path = item
+    return busctl("get-property", name, path, "org.kde.StatusNotifierItem", "XAyatanaLabel")["data"]
+
+
+def tray_property(item, prop):
+    name, path = item
+    return busctl("get-property", name, path, "org.kde.StatusNotifierItem", prop)["data"]
+
+
+def _entries(node):
+    """Flattens a dbusmenu layout node (id, props, children) into dicts."""
+    ident, props, children = node
+    flat = {k: v["data"] for k, v in props.items()}
+    flat["id"] = ident
+    out = [flat]
+    for child in children:
+        out += _entries(child["data"])
+    return out
+
+
+def menu_entries(item):
+    """The menu's entries below the root: dicts with id, label, enabled, toggle-state, type."""
+    name, path = item
+    reply = busctl("call", name, path + "/Menu", "com.canonical.dbusmenu", "GetLayout", "iias", "0", "-1", "0")
+    entries = _entries(reply["data"][1])[1:]
+    for e in entries:
+        e.setdefault("enabled", True)
+        e.setdefault("visible", True)
+        e["label"] = e.get("label", "").replace("_", "") if e.get("type") != "separator" else ""
+    return [e for e in entries if e["visible"]]
+
+
+def menu_labels(item):
+    return [e["label"] for e in menu_entries(item) if e.get("type") != "separator"]
+
+
+def menu_entry(item, label_prefix):
+    for e in menu_entries(item):
+        if e["label"].startswith(label_prefix):
+            return e
+    raise AssertionError(f"no menu entry starting with {label_prefix!r} in {menu_labels(item)}")
+
+
+def click(item, label_prefix):
+    """Clicks a menu entry as a tray host would (dbusmenu Event "clicked")."""
+    name, path = item
+    entry = menu_entry(item, label_prefix)
+    busctl("call", name, path + "/Menu", "com.canonical.dbusmenu", "Event", "isvu",
+           str(entry["id"]), "clicked", "s", "", "0")
+    return entry

@@ -1,0 +1,91 @@
+"""The tray over D-Bus (StatusNotifierItem + dbusmenu), with real traffic:
+the label shows a rate while tokens flow, the menu has its entries (a line
+per call in flight, the hour's high/low, Open, Pause, one Copy per route,
+Quit), Copy puts the proxy URL on the clipboard, and Quit exits 0."""
+
+import shutil
+import subprocess
+import time
+import unittest
+
+from desktop import (RATE_LABEL, Workdir, click, find_tray_item, menu_entries, menu_labels,
+                     start_app, start_simulator, stream_in_background, tray_label, tray_property,
+                     wait_until)
+
+
+class TrayTest(unittest.TestCase):
+    def setUp(self):
+        self.work = Workdir("tray")
+        self.addCleanup(self.work.close)
+        # 20 tok/s for 120 tokens: each call streams for 6 s.
+        self.sim = start_simulator(self.work, tps=20, tokens=120, ttft_ms=300)
+
+    def test_label_menu_copy_and_quit(self):
+        app, proxies, _, _ = start_app(self.work, {"sim": self.sim, "other": self.sim})
+        item = find_tray_item(app.pid)
+
+        # Idle: no number, the idle icon, the fixed entries.
+        self.assertEqual(tray_label(item), "idle")
+        self.assertTrue(tray_property(item, "Title").startswith("speedtap"))
+        labels = menu_labels(item)
+        self.assertEqual(labels, [
+            "No calls in flight",
+            "Last hour: no readings yet",
+            "Open speedtap",
+            "Pause notifications",
+            "Copy proxy URL (sim)",
+            "Copy proxy URL (other)",
+            "Quit",
+        ])
+        pause = [e for e in menu_entries(item) if e["label"] == "Pause notifications"][0]
+        self.assertEqual(pause.get("toggle-type"), "checkmark")
+        self.assertEqual(pause.get("toggle-state"), 0)
+        idle_icon = tray_property(item, "IconName")
+
+        # Traffic through the app's proxy: the label becomes a rate.
+        threads = stream_in_background(proxies["sim"], count=2)
+        label = wait_until("a tok/s label", lambda: (lambda l: l if RATE_LABEL.match(l) else None)(tray_label(item)))
+        print(f"\n  label during traffic: {label!r}")
+        rate = float(label.split()[0])
+        self.assertGreater(rate, 5.0, label)
+        self.assertLess(rate, 40.0, label)
+        self.assertNotEqual(tray_property(item, "IconName"), idle_icon, "the icon shows streaming")
+
+        # The menu lists the calls with model, phase and rate.
+        def call_lines():
+            lines = [l for l in menu_labels(item) if l.startswith("qwen3:8b on sim")]
+            return lines if len(lines) == 2 and all("tok/s" in l for l in lines) else None
+
+        lines = wait_until("two call lines with a rate", call_lines)
+        print(f"  call lines: {lines}")
+        self.assertRegex(lines[0], r"^qwen3:8b on sim · responding · \d+\.\d tok/s$")
+
+        # The label changes no more often than the 1 s publishing cadence.
+        changes, last, t_end = 0, tray_label(item), time.monotonic() + 3.0
+        while time.monotonic() < t_end:
+            now = tray_label(item)
+            if now != last:
+                changes, last = changes + 1, now
+            time.sleep(0.05)
+        self.assertLessEqual(changes, 4, "label updates at the global cadence, not per snapshot")
+
+        for t in threads:
+            t.join(30)
+        wait_until("the hour's high/low in the menu",
+                   lambda: any(l.startswith("Last hour: high ") for l in menu_labels(item)))
+        wait_until("no calls in flight", lambda: "No calls in flight" in menu_labels(item), timeout=15)
+
+        # Copy proxy URL puts the route's URL on the clipboard.
+        if shutil.which("xclip"):
+            click(item, "Copy proxy URL (other)")
+            got = wait_until("the clipboard", lambda: subprocess.run(
+                ["xclip", "-o", "-selection", "clipboard"], capture_output=True, text=True, timeout=5).stdout)
+            self.assertEqual(got, proxies["other"])
+
+        # Quit exits 0.
+        click(item, "Quit")
+        self.assertEqual(app.wait(15), 0, self.work.log("app"))
+
+
+if __name__ == "__main__":
+    unittest.main()
