@@ -287,14 +287,10 @@ fn csv_call(f: &[String]) -> Result<StoredCall, String> {
             .map(Some)
             .map_err(|_| format!("{}: not a number: {:?}", CSV_COLUMNS[i], f[i]))
     }
-    let spelled = |i: usize| -> Result<serde_json::Value, String> {
-        Ok(serde_json::Value::String(f[i].clone()))
-    };
-    fn named<T: serde::de::DeserializeOwned>(
-        v: serde_json::Value,
-        column: &str,
-    ) -> Result<T, String> {
-        serde_json::from_value(v).map_err(|e| format!("{column}: {e}"))
+    /// A contract spelling (`ok`, `openai_chat`...), read with serde.
+    fn named<T: serde::de::DeserializeOwned>(f: &[String], i: usize) -> Result<T, String> {
+        serde_json::from_value(serde_json::Value::String(f[i].clone()))
+            .map_err(|e| format!("{}: {e}", CSV_COLUMNS[i]))
     }
     let boolean = |i: usize| match f[i].as_str() {
         "true" => Ok(true),
@@ -310,7 +306,7 @@ fn csv_call(f: &[String]) -> Result<StoredCall, String> {
             time_to_first_token_ms: num(f, 10)?,
             output_tokens: num(f, 11)?.ok_or("output_tokens: missing")?,
             output_tokens_per_second: num(f, 12)?,
-            token_source: named(spelled(13)?, "token_source")?,
+            token_source: named(f, 13)?,
         }),
     };
     let breakdown = TtftBreakdown {
@@ -326,11 +322,11 @@ fn csv_call(f: &[String]) -> Result<StoredCall, String> {
             identity: CallIdentity {
                 id: f[0].clone(),
                 route: f[1].clone(),
-                api: named(spelled(2)?, "api")?,
+                api: named(f, 2)?,
                 model: text(3),
                 started_at: f[7].clone(),
             },
-            status: named(spelled(5)?, "status")?,
+            status: named(f, 5)?,
             http_status: num(f, 6)?,
             speed,
             input_tokens: num(f, 14)?,

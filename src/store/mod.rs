@@ -144,6 +144,8 @@ pub enum StoreError {
         found: i64,
         supported: i64,
     },
+    #[error("history database {db}: {message}")]
+    Unsupported { db: DbName, message: String },
     #[error("history database {db}: a stored call is unreadable: {message}")]
     Corrupt { db: DbName, message: String },
     #[error("cannot write the export: {0}")]
@@ -237,16 +239,34 @@ impl Store {
         };
         conn.busy_timeout(BUSY_TIMEOUT)
             .map_err(sqlite("cannot set the busy timeout"))?;
+        // Refuse a newer file before any pragma below could write to it.
+        let found =
+            schema::user_version(&conn).map_err(sqlite("cannot read the schema version"))?;
+        if found > schema::SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                db,
+                found,
+                supported: schema::SCHEMA_VERSION,
+            });
+        }
+        // Lets pruning give freed pages back to the file system without a
+        // full VACUUM (see `Store::prune`). It only takes on a database that
+        // has no table yet, and only before the switch to WAL writes the
+        // header: on an existing file this is a no-op.
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+            .map_err(sqlite("cannot set auto_vacuum"))?;
         // Returns the mode now in force: `memory` for an in-memory database,
         // which has no file to journal to.
         let mode: String = conn
             .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
             .map_err(sqlite("cannot switch to WAL"))?;
         if path.is_some() && !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Sqlite {
+            return Err(StoreError::Unsupported {
                 db,
-                what: format!("journal mode is {mode}, expected wal"),
-                source: rusqlite::Error::InvalidQuery,
+                message: format!(
+                    "SQLite can't use WAL here (journal mode is {mode}); is the file on a \
+                     network file system?"
+                ),
             });
         }
         conn.execute_batch(&format!(

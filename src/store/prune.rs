@@ -10,6 +10,9 @@ use super::{Store, StoreError};
 /// current size doesn't take one round trip per call.
 pub const PRUNE_CHUNK_MIN: u64 = 256;
 
+/// `PRAGMA auto_vacuum` value for INCREMENTAL.
+const INCREMENTAL: i64 = 2;
+
 /// What [`Store::prune`] removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PruneReport {
@@ -20,6 +23,8 @@ pub struct PruneReport {
     /// The database's size (pages × page size) before and after.
     pub bytes_before: u64,
     pub bytes_after: u64,
+    /// A full `VACUUM` ran (only on a file without incremental auto-vacuum).
+    pub full_vacuum: bool,
 }
 
 impl PruneReport {
@@ -84,11 +89,15 @@ impl Store {
     ///    the main file; the WAL beside it stays under
     ///    [`JOURNAL_SIZE_LIMIT`](super::JOURNAL_SIZE_LIMIT) after a checkpoint.
     /// 3. When anything was deleted, `PRAGMA incremental_vacuum` returns the
-    ///    freed pages to the file system (the schema sets
-    ///    `auto_vacuum = INCREMENTAL`, so this replaces a full `VACUUM`: no
-    ///    second copy of the file, no long exclusive lock), then a
-    ///    `wal_checkpoint(TRUNCATE)` writes it all into the main file and
-    ///    empties the WAL (skipped silently while a reader holds it).
+    ///    freed pages to the file system: [`Store::open`] creates every
+    ///    database with `auto_vacuum = INCREMENTAL`, so this replaces a full
+    ///    `VACUUM` (no second copy of the file, no long exclusive lock). A
+    ///    file created some other way gets one full `VACUUM` (which also
+    ///    switches it to incremental) once at least a quarter of its pages
+    ///    are free.
+    /// 4. A `wal_checkpoint(TRUNCATE)` writes it all into the main file and
+    ///    empties the WAL (partial while a reader holds it; the next one
+    ///    finishes).
     ///
     /// Each delete is its own transaction, so a crash midway leaves a
     /// consistent, partly pruned file.
@@ -134,13 +143,34 @@ impl Store {
         }
 
         if report.removed() > 0 {
-            self.conn
-                .execute_batch("PRAGMA incremental_vacuum;")
-                .map_err(|source| self.db.err("cannot free deleted pages", source))?;
+            let auto_vacuum: i64 = self
+                .conn
+                .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+                .map_err(|source| self.db.err("cannot read auto_vacuum", source))?;
+            let pages = self.pages()?;
+            let freed = if auto_vacuum == INCREMENTAL {
+                self.incremental_vacuum()
+            } else if pages.free * 4 >= pages.count {
+                report.full_vacuum = true;
+                self.conn
+                    .execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+            } else {
+                Ok(())
+            };
+            freed.map_err(|source| self.db.err("cannot free deleted pages", source))?;
         }
         self.checkpoint()?;
         report.bytes_after = self.pages()?.file_bytes();
         Ok(report)
+    }
+
+    /// `PRAGMA incremental_vacuum` frees one page per step: it must be
+    /// stepped to the end (`execute_batch` steps once).
+    fn incremental_vacuum(&self) -> rusqlite::Result<()> {
+        let mut stmt = self.conn.prepare("PRAGMA incremental_vacuum")?;
+        let mut rows = stmt.query([])?;
+        while rows.next()?.is_some() {}
+        Ok(())
     }
 
     /// Writes the WAL into the main file and truncates it. Returns whether

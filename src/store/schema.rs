@@ -28,13 +28,7 @@ use rusqlite::Connection;
 /// TTFT breakdown, so aggregates and exports need no JSON. `UNIQUE (id,
 /// started_at)` makes inserts idempotent: ids restart at `c-000001` with
 /// every engine run, the start time tells runs apart.
-///
-/// `auto_vacuum = INCREMENTAL` must be set before the first table exists; it
-/// lets pruning give freed pages back to the file system without a full
-/// `VACUUM` (see `Store::prune`).
 pub const MIGRATION_1: &str = "
-PRAGMA auto_vacuum = INCREMENTAL;
-
 CREATE TABLE calls (
     pk                        INTEGER PRIMARY KEY,
     id                        TEXT    NOT NULL,
@@ -116,9 +110,6 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, MigrateError> {
     for (from, sql) in MIGRATIONS.iter().enumerate().skip(found.max(0) as usize) {
         let to = from as i64 + 1;
         let step = || format!("migrating the schema from version {from} to {to}");
-        // auto_vacuum is a no-op inside a transaction once tables exist, and
-        // must precede the first CREATE TABLE; running it (and the rest) in
-        // one transaction is fine on an empty file.
         let tx = conn.transaction().map_err(|source| MigrateError::Sqlite {
             step: step(),
             source,
@@ -144,14 +135,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fresh_database_gets_every_migration_and_incremental_vacuum() {
+    fn fresh_database_gets_every_migration() {
         let mut conn = Connection::open_in_memory().unwrap();
         assert_eq!(migrate(&mut conn).unwrap(), 0);
         assert_eq!(user_version(&conn).unwrap(), SCHEMA_VERSION);
-        let auto_vacuum: i64 = conn
-            .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
-            .unwrap();
-        assert_eq!(auto_vacuum, 2, "2 = INCREMENTAL");
         // Running it again is a no-op.
         assert_eq!(migrate(&mut conn).unwrap(), SCHEMA_VERSION);
     }

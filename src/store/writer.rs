@@ -2,9 +2,10 @@
 //! waits on the disk, batches settled calls into few transactions, and tells
 //! the engine when each call is durable.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -72,6 +73,9 @@ impl Counters {
 
 type StoreJob = Box<dyn FnOnce(&mut Store) + Send>;
 
+/// Nearly every message is a `Call`, so boxing it (clippy's advice for the
+/// size gap) would only add an allocation per call.
+#[allow(clippy::large_enum_variant)]
 enum Msg {
     Call(StoredCall),
     Calibration(CalibrationTable),
@@ -87,6 +91,9 @@ pub struct StoreWriter {
     thread: Option<JoinHandle<()>>,
     counters: Arc<Counters>,
     db: DbName,
+    /// Shared with the thread, so a call sent after the thread is gone is
+    /// still reported (unpersisted) exactly once.
+    report: Reporter,
 }
 
 impl std::fmt::Debug for StoreWriter {
@@ -103,9 +110,10 @@ impl StoreWriter {
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let db = store.name().clone();
+        let report = Reporter(Arc::new(Mutex::new(on_persisted)));
         let worker = Worker {
             store,
-            on_persisted,
+            report: report.clone(),
             counters: Arc::clone(&counters),
             pending: Vec::new(),
             held: Vec::new(),
@@ -124,18 +132,19 @@ impl StoreWriter {
             thread,
             counters,
             db,
+            report,
         }
     }
 
     /// Queues a settled call. Never blocks (the channel is unbounded). If
-    /// the thread is gone, the call is reported nowhere: the engine learns
-    /// it from [`flush`](Self::flush) returning early and from the log.
+    /// the thread is gone (it could not start), the call is reported
+    /// unpersisted right away, so the engine still settles it.
     pub fn record(&self, call: StoredCall) {
-        if self.tx.send(Msg::Call(call)).is_err() {
-            tracing::warn!(
-                "history database {}: writer thread gone; a call was not stored",
-                self.db
-            );
+        if let Err(mpsc::SendError(Msg::Call(call))) = self.tx.send(Msg::Call(call)) {
+            self.counters
+                .calls_reported_unpersisted
+                .fetch_add(1, Ordering::Relaxed);
+            self.report.call(vec![call.call.identity.id], false);
         }
     }
 
@@ -206,10 +215,26 @@ impl Drop for StoreWriter {
     }
 }
 
+/// The engine's callback, callable from the thread and from
+/// [`StoreWriter::record`].
+#[derive(Clone)]
+struct Reporter(Arc<Mutex<OnPersisted>>);
+
+impl Reporter {
+    /// Runs the callback; a panic in it is logged, not allowed to stop the
+    /// writer thread (which would strand every later call).
+    fn call(&self, ids: Vec<String>, persisted: bool) {
+        let callback = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if catch_unwind(AssertUnwindSafe(|| callback(ids, persisted))).is_err() {
+            tracing::error!("history database: the on_persisted callback panicked");
+        }
+    }
+}
+
 /// The thread's state.
 struct Worker {
     store: Store,
-    on_persisted: OnPersisted,
+    report: Reporter,
     counters: Arc<Counters>,
     /// Calls received and not yet tried.
     pending: Vec<StoredCall>,
@@ -257,7 +282,10 @@ impl Worker {
                 }
                 Ok(Msg::WithStore(job)) => {
                     self.commit();
-                    job(&mut self.store);
+                    let store = &mut self.store;
+                    if catch_unwind(AssertUnwindSafe(|| job(store))).is_err() {
+                        tracing::error!("history database {}: a store job panicked", self.db());
+                    }
                 }
                 Err(RecvTimeoutError::Timeout) => self.commit(),
                 Ok(Msg::Shutdown) | Err(RecvTimeoutError::Disconnected) => {
@@ -308,7 +336,7 @@ impl Worker {
                 self.pending.clear();
                 self.calibration = None;
                 if !ids.is_empty() {
-                    (self.on_persisted)(ids, true);
+                    self.report.call(ids, true);
                 }
             }
             Err(err) => {
@@ -337,10 +365,14 @@ impl Worker {
                     self.counters
                         .calls_reported_unpersisted
                         .fetch_add(ids.len() as u64, Ordering::Relaxed);
-                    (self.on_persisted)(ids, false);
+                    self.report.call(ids, false);
                 }
             }
         }
+    }
+
+    fn db(&self) -> &DbName {
+        self.store.name()
     }
 
     fn write(&mut self) -> Result<(), StoreError> {
@@ -362,5 +394,72 @@ impl Worker {
                 .map_err(err("cannot save the calibration table"))?;
         }
         tx.commit().map_err(err("cannot commit"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::ApiKind;
+    use crate::engine::model::{Call, CallDetails, CallIdentity, CallStatus};
+
+    fn call(id: &str) -> StoredCall {
+        StoredCall {
+            call: Call {
+                identity: CallIdentity {
+                    id: id.into(),
+                    route: "r".into(),
+                    api: ApiKind::OpenaiChat,
+                    model: None,
+                    started_at: "2026-11-30T10:42:07.123Z".into(),
+                },
+                status: CallStatus::Ok,
+                http_status: Some(200),
+                speed: None,
+                input_tokens: None,
+            },
+            details: CallDetails::default(),
+        }
+    }
+
+    #[test]
+    fn the_handle_can_be_shared_between_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<StoreWriter>();
+    }
+
+    #[test]
+    fn a_panicking_callback_does_not_stop_the_writer() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        let writer = StoreWriter::spawn(
+            Store::open_in_memory().unwrap(),
+            Box::new(move |ids, persisted| {
+                let first = ids[0] == "a";
+                sink.lock()
+                    .unwrap()
+                    .extend(ids.into_iter().map(|id| (id, persisted)));
+                assert!(!first, "the engine's callback blew up");
+            }),
+        );
+        writer.record(call("a"));
+        writer.flush();
+        writer.record(call("b"));
+        writer.flush();
+        let count = writer.with_store(|s| s.count_calls().unwrap()).unwrap();
+        assert_eq!(count, 2);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![("a".to_owned(), true), ("b".to_owned(), true)]
+        );
+    }
+
+    #[test]
+    fn a_panicking_job_does_not_stop_the_writer() {
+        let writer = StoreWriter::spawn(Store::open_in_memory().unwrap(), Box::new(|_, _| {}));
+        let failed = writer.with_store(|_| -> u64 { panic!("job blew up") });
+        assert!(matches!(failed, Err(StoreError::WriterStopped { .. })));
+        writer.record(call("a"));
+        assert_eq!(writer.with_store(|s| s.count_calls().unwrap()).unwrap(), 1);
     }
 }
