@@ -17,6 +17,7 @@ pub mod messages;
 pub mod metrics;
 pub mod model;
 pub mod notifier;
+pub mod otlp;
 pub mod proxy;
 pub mod queries;
 pub mod supervisor;

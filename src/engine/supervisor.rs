@@ -81,6 +81,7 @@ impl Supervisor {
         let now = Instant::now();
         self.last_stats = self.global.sample(now);
         self.metrics.set_active_calls(self.active.len());
+        self.metrics.set_stats(&self.last_stats);
         let stats = self.last_stats.clone();
         self.broadcast(EngineEvent::Stats(stats));
         self.schedule_publish(ctx, self.global.publish_interval(now));

@@ -6,7 +6,9 @@
 //!   (a reference count, no copy) with `do_send` (queued, never awaited),
 //!   and returned to hyper unchanged. The end of the body is reported once:
 //!   on the last frame, on `None`, on an error, or from `Drop` when the
-//!   client went away first (after tower-http's trace body).
+//!   client went away first (after tower-http's trace body). The time
+//!   from a frame's arrival to its hand-off is the proxy's added latency
+//!   (`speedtap_proxy_added_latency_seconds`).
 //! - [`CaptureBody`] wraps the client's request body on its way upstream
 //!   and keeps a copy of its first [`REQUEST_CAPTURE_LIMIT`] bytes, which
 //!   is where `model` and `stream` are read from.
@@ -22,6 +24,7 @@ use tokio::time::Instant;
 
 use crate::engine::call_actor::CallActor;
 use crate::engine::messages::{BodyEnded, Frame, RequestCaptured};
+use crate::engine::metrics::record_proxy_latency;
 use crate::metering::StreamEnd;
 
 /// How much of a request body is kept to read `model` and `stream`.
@@ -38,11 +41,8 @@ impl CallTap {
         CallTap { addr, ended: false }
     }
 
-    fn frame(&self, bytes: Bytes) {
-        self.addr.do_send(Frame {
-            bytes,
-            at: Instant::now(),
-        });
+    fn frame(&self, bytes: Bytes, at: Instant) {
+        self.addr.do_send(Frame { bytes, at });
     }
 
     fn end(&mut self, end: StreamEnd) {
@@ -94,13 +94,16 @@ where
         let mut this = self.project();
         match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                let arrived = Instant::now();
                 if let Some(data) = frame.data_ref() {
-                    this.tap.frame(data.clone());
+                    this.tap.frame(data.clone(), arrived);
                 }
                 if this.inner.is_end_stream() {
                     // The consumer may not poll again (exact Content-Length).
                     this.tap.end(StreamEnd::Complete);
                 }
+                // What the tap added to this frame's trip: arrival to here.
+                record_proxy_latency(arrived.elapsed());
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {

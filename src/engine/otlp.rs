@@ -1,0 +1,449 @@
+//! OTLP metrics export: the same measurements as `GET /metrics`, pushed to
+//! an OpenTelemetry collector over HTTP (protobuf), for fleets that have
+//! outgrown scraping one machine.
+//!
+//! [`start_otlp_exporter`] builds an OpenTelemetry SDK meter provider with a
+//! periodic reader (its own thread) and the OTLP/HTTP exporter, creates the
+//! instruments and attaches them to the engine's [`Metrics`]: from then on
+//! every settled call is recorded into both the Prometheus registry and the
+//! OTel instruments, from the one list of observations
+//! [`Metrics::record_settled`] computes, so the two exports can't disagree
+//! on names, units, buckets or attributes. The instruments use the
+//! conventions' dotted names (`gen_ai.server.time_to_first_token`, unit `s`,
+//! the recommended bucket boundaries) and attributes (`gen_ai.operation.name`,
+//! `gen_ai.provider.name`, `gen_ai.request.model`, `server.address`,
+//! `server.port`, `error.type`, `gen_ai.token.type`) plus speedtap's `route`.
+//!
+//! speedtap's own instruments: `speedtap.calls` and `speedtap.output_tokens`
+//! (counters), `speedtap.active_calls` and
+//! `speedtap.tokens_per_second.hour_high` / `.hour_low` (observable gauges
+//! read from the same values the scrape shows) and
+//! `speedtap.proxy.added_latency` (histogram, recorded per frame while an
+//! exporter is attached).
+//!
+//! Choices:
+//! - Cumulative temporality (the SDK default): what Prometheus-style
+//!   backends expect, and a lost export loses nothing but resolution.
+//! - The resource says `service.name = speedtap` (unless `OTEL_SERVICE_NAME`
+//!   says otherwise), `service.version`, and `host.name` and
+//!   `service.instance.id` (both the machine's name), so a fleet's hosts
+//!   stay apart. `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` add to
+//!   them or take precedence.
+//! - Only `http://` endpoints: speedtap is built without a TLS stack. Send
+//!   to a collector on the host or the private network; let it do TLS.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider, ObservableGauge};
+use opentelemetry::{Key, KeyValue};
+use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig};
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::Resource;
+
+use super::metrics::{
+    GenAiHistogram, LabelValue, Labels, Metrics, Observation, HELP_ACTIVE_CALLS, HELP_CALLS,
+    HELP_HOUR_HIGH, HELP_HOUR_LOW, HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, PROXY_LATENCY_BUCKETS,
+};
+
+/// How long one export may take before it is abandoned.
+pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running OTLP exporter. [`OtlpExporter::shutdown`] flushes; dropping it
+/// without that still shuts the SDK down (which also flushes).
+pub struct OtlpExporter {
+    provider: Option<SdkMeterProvider>,
+    metrics: Arc<Metrics>,
+    instruments: Arc<OtelInstruments>,
+    frame_sink_id: u64,
+    url: String,
+}
+
+impl std::fmt::Debug for OtlpExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OtlpExporter")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `http://collector:4318` -> `http://collector:4318/v1/metrics`. An
+/// endpoint that already ends in `/v1/metrics` is kept as it is; a base path
+/// is kept (`http://gw/otlp` -> `http://gw/otlp/v1/metrics`), as the OTLP
+/// exporter spec does for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+pub fn metrics_url(endpoint: &str) -> Result<String, String> {
+    let e = endpoint.trim();
+    let lower = e.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Err(format!(
+            "OTLP endpoint {e:?}: https is not supported (speedtap has no TLS stack); \
+             send to a local or private-network collector over http://"
+        ));
+    }
+    if !lower.starts_with("http://") {
+        return Err(format!(
+            "OTLP endpoint {e:?} is not an http:// URL (e.g. http://collector:4318)"
+        ));
+    }
+    let base = e.trim_end_matches('/');
+    let url = if base.ends_with("/v1/metrics") {
+        base.to_owned()
+    } else {
+        format!("{base}/v1/metrics")
+    };
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|err| format!("OTLP endpoint {e:?}: {err}"))?;
+    if uri.host().is_none_or(str::is_empty) || uri.query().is_some() {
+        return Err(format!(
+            "OTLP endpoint {e:?}: expected http://HOST[:PORT][/PATH]"
+        ));
+    }
+    Ok(url)
+}
+
+/// Starts exporting `metrics` to the OTLP/HTTP collector at `endpoint`
+/// (e.g. `http://collector:4318`; metrics go to `/v1/metrics`) every
+/// `interval`. Returns an error for a bad endpoint, a zero interval, or if
+/// an exporter is already attached to `metrics`. Nothing is sent until the
+/// first interval (or [`OtlpExporter::shutdown`]); an unreachable collector
+/// is logged by the SDK and retried at the next interval, never fatal.
+pub fn start_otlp_exporter(
+    endpoint: &str,
+    interval: Duration,
+    metrics: Arc<Metrics>,
+) -> Result<OtlpExporter, String> {
+    let url = metrics_url(endpoint)?;
+    if interval.is_zero() {
+        return Err("OTLP export interval must be above zero".into());
+    }
+    let exporter = MetricExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(url.clone())
+        .with_timeout(EXPORT_TIMEOUT)
+        .build()
+        .map_err(|e| format!("cannot build the OTLP exporter for {url}: {e}"))?;
+    let reader = PeriodicReader::builder(exporter)
+        .with_interval(interval)
+        .build();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(reader)
+        .with_resource(resource())
+        .build();
+    let meter = provider.meter("speedtap");
+    let instruments = Arc::new(OtelInstruments::new(&meter, &metrics));
+    if let Err(e) = metrics.attach_otel(instruments.clone()) {
+        let _ = provider.shutdown();
+        return Err(e);
+    }
+    let frame_sink_id = install_frame_sink(instruments.proxy_latency.clone());
+    Ok(OtlpExporter {
+        provider: Some(provider),
+        metrics,
+        instruments,
+        frame_sink_id,
+        url,
+    })
+}
+
+impl OtlpExporter {
+    /// Where metrics are POSTed (`.../v1/metrics`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Detaches from the metrics, exports what was recorded one last time
+    /// and stops the export thread. Blocks until that export ends (at most
+    /// [`EXPORT_TIMEOUT`]); from async code, call it in `spawn_blocking`.
+    pub fn shutdown(mut self) -> Result<(), String> {
+        self.detach();
+        match self.provider.take() {
+            Some(provider) => provider
+                .shutdown()
+                .map_err(|e| format!("OTLP export to {} at shutdown: {e}", self.url)),
+            None => Ok(()),
+        }
+    }
+
+    fn detach(&self) {
+        self.metrics.detach_otel(&self.instruments);
+        remove_frame_sink(self.frame_sink_id);
+    }
+}
+
+impl Drop for OtlpExporter {
+    fn drop(&mut self) {
+        // The provider's own Drop shuts the SDK down; stop feeding it first.
+        self.detach();
+    }
+}
+
+/// `service.name`, `service.version`, `host.name`, `service.instance.id`,
+/// each unless the environment (`OTEL_SERVICE_NAME`,
+/// `OTEL_RESOURCE_ATTRIBUTES`) already says.
+fn resource() -> Resource {
+    let detected = Resource::builder().build();
+    let has = |key: &'static str| detected.get(&Key::from_static_str(key)).is_some();
+    let mut extra = Vec::new();
+    let named = detected
+        .get(&Key::from_static_str("service.name"))
+        .is_some_and(|v| !v.as_str().starts_with("unknown_service"));
+    if !named {
+        extra.push(KeyValue::new("service.name", "speedtap"));
+    }
+    if !has("service.version") {
+        extra.push(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")));
+    }
+    if let Some(host) = host_name() {
+        // The instance id too: OTel-to-Prometheus translations turn it into
+        // the `instance` label that tells a fleet's hosts apart.
+        if !has("host.name") {
+            extra.push(KeyValue::new("host.name", host.clone()));
+        }
+        if !has("service.instance.id") {
+            extra.push(KeyValue::new("service.instance.id", host));
+        }
+    }
+    Resource::builder().with_attributes(extra).build()
+}
+
+/// The machine's name, from the kernel or the environment; `None` when
+/// neither says.
+fn host_name() -> Option<String> {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .chain(
+            ["HOSTNAME", "COMPUTERNAME"]
+                .iter()
+                .filter_map(|v| std::env::var(v).ok()),
+        )
+        .map(|s| s.trim().to_owned())
+        .find(|s| !s.is_empty())
+}
+
+/// The OTel instruments, fed by [`Metrics::record_settled`].
+pub(crate) struct OtelInstruments {
+    histograms: Vec<Histogram<f64>>,
+    calls: Counter<u64>,
+    output_tokens: Counter<u64>,
+    proxy_latency: Histogram<f64>,
+    _gauges: (
+        ObservableGauge<i64>,
+        ObservableGauge<f64>,
+        ObservableGauge<f64>,
+    ),
+}
+
+impl OtelInstruments {
+    fn new(meter: &Meter, metrics: &Metrics) -> Self {
+        let histograms = GenAiHistogram::ALL
+            .iter()
+            .map(|kind| {
+                meter
+                    .f64_histogram(kind.otel_name())
+                    .with_unit(kind.unit())
+                    .with_description(kind.description())
+                    .with_boundaries(kind.buckets().to_vec())
+                    .build()
+            })
+            .collect();
+        let gauges = metrics.gauges();
+        let active = gauges.active.clone();
+        let high = gauges.hour_high.clone();
+        let low = gauges.hour_low.clone();
+        OtelInstruments {
+            histograms,
+            calls: meter
+                .u64_counter("speedtap.calls")
+                .with_unit("{call}")
+                .with_description(HELP_CALLS)
+                .build(),
+            output_tokens: meter
+                .u64_counter("speedtap.output_tokens")
+                .with_unit("{token}")
+                .with_description(HELP_OUTPUT_TOKENS)
+                .build(),
+            proxy_latency: meter
+                .f64_histogram("speedtap.proxy.added_latency")
+                .with_unit("s")
+                .with_description(HELP_PROXY_LATENCY)
+                .with_boundaries(PROXY_LATENCY_BUCKETS.to_vec())
+                .build(),
+            _gauges: (
+                meter
+                    .i64_observable_gauge("speedtap.active_calls")
+                    .with_unit("{call}")
+                    .with_description(HELP_ACTIVE_CALLS)
+                    .with_callback(move |o| o.observe(active.get(), &[]))
+                    .build(),
+                meter
+                    .f64_observable_gauge("speedtap.tokens_per_second.hour_high")
+                    .with_unit("{token}/s")
+                    .with_description(HELP_HOUR_HIGH)
+                    .with_callback(move |o| {
+                        if let Some(v) = high.get() {
+                            o.observe(v, &[]);
+                        }
+                    })
+                    .build(),
+                meter
+                    .f64_observable_gauge("speedtap.tokens_per_second.hour_low")
+                    .with_unit("{token}/s")
+                    .with_description(HELP_HOUR_LOW)
+                    .with_callback(move |o| {
+                        if let Some(v) = low.get() {
+                            o.observe(v, &[]);
+                        }
+                    })
+                    .build(),
+            ),
+        }
+    }
+
+    /// Records one settled call's observations.
+    pub(crate) fn record(&self, observations: &[Observation]) {
+        for o in observations {
+            match o {
+                Observation::Histogram {
+                    kind,
+                    labels,
+                    value,
+                } => self.histograms[kind.index()].record(*value, &attributes(labels)),
+                Observation::Calls { route, status } => self.calls.add(
+                    1,
+                    &[
+                        KeyValue::new("route", route.clone()),
+                        KeyValue::new("status", *status),
+                    ],
+                ),
+                Observation::OutputTokens { labels, n } => {
+                    self.output_tokens.add(*n, &attributes(labels))
+                }
+            }
+        }
+    }
+}
+
+/// The labels as OTel attributes: the conventions' dotted keys, the port
+/// as an integer.
+fn attributes(labels: &Labels) -> Vec<KeyValue> {
+    labels
+        .pairs()
+        .into_iter()
+        .map(|(_, key, value)| match value {
+            LabelValue::Str(s) => KeyValue::new(key, s.to_owned()),
+            LabelValue::Int(p) => KeyValue::new(key, i64::from(p)),
+        })
+        .collect()
+}
+
+/// Where per-frame proxy latencies go while exporters are attached: every
+/// attached exporter's instrument. The taps are process-wide (see
+/// [`super::metrics::record_proxy_latency`]), so is this. The flag keeps the
+/// hot path at one relaxed load when no exporter runs; the lock is only
+/// taken when one does.
+static FRAME_SINK_ON: AtomicBool = AtomicBool::new(false);
+static FRAME_SINKS: RwLock<Vec<(u64, Histogram<f64>)>> = RwLock::new(Vec::new());
+static FRAME_SINK_IDS: AtomicU64 = AtomicU64::new(1);
+
+fn install_frame_sink(h: Histogram<f64>) -> u64 {
+    let id = FRAME_SINK_IDS.fetch_add(1, Ordering::Relaxed);
+    let mut sinks = FRAME_SINKS.write().unwrap_or_else(|p| p.into_inner());
+    sinks.push((id, h));
+    FRAME_SINK_ON.store(true, Ordering::Release);
+    id
+}
+
+fn remove_frame_sink(id: u64) {
+    let mut sinks = FRAME_SINKS.write().unwrap_or_else(|p| p.into_inner());
+    sinks.retain(|(current, _)| *current != id);
+    FRAME_SINK_ON.store(!sinks.is_empty(), Ordering::Release);
+}
+
+/// Records one frame's proxy latency into the attached exporters, if any.
+pub(crate) fn record_frame_latency(d: Duration) {
+    if !FRAME_SINK_ON.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Ok(sinks) = FRAME_SINKS.read() {
+        for (_, h) in sinks.iter() {
+            h.record(d.as_secs_f64(), &[]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_get_the_metrics_path_once() {
+        assert_eq!(
+            metrics_url("http://collector:4318").unwrap(),
+            "http://collector:4318/v1/metrics"
+        );
+        assert_eq!(
+            metrics_url(" http://collector:4318/ ").unwrap(),
+            "http://collector:4318/v1/metrics"
+        );
+        assert_eq!(
+            metrics_url("http://collector:4318/v1/metrics").unwrap(),
+            "http://collector:4318/v1/metrics"
+        );
+        assert_eq!(
+            metrics_url("http://10.0.0.5:4318/otlp").unwrap(),
+            "http://10.0.0.5:4318/otlp/v1/metrics"
+        );
+    }
+
+    #[test]
+    fn bad_endpoints_are_refused_with_a_reason() {
+        let https = metrics_url("https://collector:4318").unwrap_err();
+        assert!(https.contains("https is not supported"), "{https}");
+        let bare = metrics_url("collector:4318").unwrap_err();
+        assert!(bare.contains("not an http:// URL"), "{bare}");
+        assert!(metrics_url("http://").is_err());
+        assert!(metrics_url("http://c:4318/?x=1").is_err());
+    }
+
+    #[test]
+    fn a_zero_interval_is_refused() {
+        let err = start_otlp_exporter("http://127.0.0.1:4318", Duration::ZERO, Arc::default())
+            .unwrap_err();
+        assert!(err.contains("interval"), "{err}");
+    }
+
+    #[test]
+    fn attributes_use_the_conventions_keys_and_an_integer_port() {
+        let labels = Labels {
+            operation: "chat",
+            provider: "openai_chat",
+            request_model: Some("m".into()),
+            server: Some(super::super::metrics::ServerAddr {
+                address: Arc::from("127.0.0.1"),
+                port: 11434,
+            }),
+            route: "r".into(),
+            error_type: Some("abandoned"),
+            token_type: None,
+        };
+        let kv = attributes(&labels);
+        let keys: Vec<&str> = kv.iter().map(|k| k.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "gen_ai.operation.name",
+                "gen_ai.provider.name",
+                "gen_ai.request.model",
+                "server.address",
+                "server.port",
+                "route",
+                "error.type"
+            ]
+        );
+        assert_eq!(kv[4].value, opentelemetry::Value::I64(11434));
+    }
+}
