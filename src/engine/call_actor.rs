@@ -49,6 +49,8 @@ pub struct CallActor {
     /// Set by `UpstreamFailed`: the upstream was unreachable.
     unreachable: bool,
     reported: bool,
+    /// When a snapshot tick first found every address gone (see `started`).
+    orphaned_at: Option<Instant>,
 }
 
 impl CallActor {
@@ -62,6 +64,7 @@ impl CallActor {
             unmetered: false,
             unreachable: false,
             reported: false,
+            orphaned_at: None,
         }
     }
 
@@ -139,8 +142,26 @@ impl Actor for CallActor {
             },
         });
         // Pending text is published even when the stream pauses.
-        ctx.run_interval(SNAPSHOT_INTERVAL, |act, _| {
-            if let Some(s) = act.metering.tick(Instant::now()) {
+        //
+        // The same tick notices when every address is gone without a
+        // `BodyEnded`: actix keeps an actor alive while it has a running
+        // interval, so without this `stopping()` would never run and the
+        // call would stay in flight forever. It stops on the second tick
+        // that finds no address: once none is left no message can be added,
+        // and every poll drains the mailbox before running timers, so a
+        // message sent just before the last address dropped (the tap's own
+        // `BodyEnded`) is still handled first. The record's end time is the
+        // first tick that noticed.
+        ctx.run_interval(SNAPSHOT_INTERVAL, |act, ctx| {
+            let now = Instant::now();
+            if !ctx.connected() {
+                if act.orphaned_at.is_some() {
+                    ctx.stop();
+                    return;
+                }
+                act.orphaned_at = Some(now);
+            }
+            if let Some(s) = act.metering.tick(now) {
                 act.publish(s);
             }
         });
@@ -165,7 +186,8 @@ impl Actor for CallActor {
     fn stopping(&mut self, _ctx: &mut Self::Context) -> Running {
         // Every way out reports once: the tap dropped without an end, the
         // engine stopping, or a normal end (then this is a no-op).
-        self.report(StreamEnd::ClientGone, Instant::now());
+        let at = self.orphaned_at.unwrap_or_else(Instant::now);
+        self.report(StreamEnd::ClientGone, at);
         Running::Stop
     }
 }
@@ -174,6 +196,13 @@ impl Handler<RequestCaptured> for CallActor {
     type Result = ();
     fn handle(&mut self, msg: RequestCaptured, _: &mut Self::Context) {
         self.request_body = Some(msg.0);
+        // Name the model as soon as the request says it, so a call still
+        // waiting for its first token already shows which model is slow.
+        let had_model = self.setup.identity.model.is_some();
+        self.learn_model();
+        if !had_model && self.setup.identity.model.is_some() && !self.reported {
+            self.publish(self.metering.latest().clone());
+        }
     }
 }
 
@@ -238,5 +267,399 @@ impl Handler<UpstreamFailed> for CallActor {
         self.http_status = Some(502);
         self.report(StreamEnd::UpstreamCut, msg.at);
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::engine::metrics::Metrics;
+    use crate::engine::model::EngineEvent;
+    use crate::engine::supervisor::tests::{advance_to, flush, ms_since, run_paused};
+    use crate::meter::{Phase, Snapshot, TokenSource};
+    use crate::tokens::WordCounter;
+
+    const SLOW_TTFT: Duration = Duration::from_secs(5);
+
+    /// Stands in for the notifier: keeps every alarm with the virtual time
+    /// (ms since dispatch) it arrived at.
+    struct Alarms {
+        t0: Instant,
+        seen: Vec<(u64, SlowFirstToken)>,
+    }
+
+    impl Actor for Alarms {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<FirstTokenLate> for Alarms {
+        type Result = ();
+        fn handle(&mut self, msg: FirstTokenLate, _: &mut Self::Context) {
+            self.seen.push((ms_since(self.t0), msg.0));
+        }
+    }
+
+    #[derive(Message)]
+    #[rtype(result = "Vec<(u64, SlowFirstToken)>")]
+    struct Seen;
+
+    impl Handler<Seen> for Alarms {
+        type Result = MessageResult<Seen>;
+        fn handle(&mut self, _: Seen, _: &mut Self::Context) -> Self::Result {
+            MessageResult(self.seen.clone())
+        }
+    }
+
+    /// A real supervisor and a stand-in notifier around one call actor.
+    struct Harness {
+        /// Dispatch time of the call.
+        t0: Instant,
+        supervisor: Addr<Supervisor>,
+        events: mpsc::Receiver<EngineEvent>,
+        alarms: Addr<Alarms>,
+        calibration: Arc<RwLock<CalibrationTable>>,
+        settled: Vec<Call>,
+    }
+
+    impl Harness {
+        async fn new() -> Self {
+            let t0 = Instant::now();
+            let calibration = Arc::new(RwLock::new(CalibrationTable::new()));
+            let supervisor = Supervisor::new(calibration.clone(), Arc::new(Metrics::new())).start();
+            let events = supervisor
+                .send(Subscribe { capacity: 4_096 })
+                .await
+                .expect("supervisor");
+            let alarms = Alarms {
+                t0,
+                seen: Vec::new(),
+            }
+            .start();
+            Harness {
+                t0,
+                supervisor,
+                events,
+                alarms,
+                calibration,
+                settled: Vec::new(),
+            }
+        }
+
+        /// Starts the call actor (now), for a call dispatched at `t0`.
+        fn start_call(&self) -> Addr<CallActor> {
+            CallActor::new(CallSetup {
+                seq: 1,
+                identity: CallIdentity {
+                    id: "c-000001".into(),
+                    route: "r".into(),
+                    api: ApiKind::OpenaiChat,
+                    model: None,
+                    started_at: String::new(),
+                },
+                method: "POST".into(),
+                path: "/v1/chat/completions".into(),
+                dispatched_at: self.t0,
+                slow_ttft: SLOW_TTFT,
+                estimator: Arc::new(WordCounter),
+                calibration: self.calibration.clone(),
+                supervisor: self.supervisor.clone(),
+                notifier: self.alarms.clone().recipient(),
+            })
+            .start()
+        }
+
+        /// Every call record the supervisor broadcast so far (one per
+        /// `CallClosed` it received).
+        async fn settled(&mut self) -> &[Call] {
+            flush().await;
+            while let Ok(event) = self.events.try_recv() {
+                if let EngineEvent::Settled(call) = event {
+                    self.settled.push(call);
+                }
+            }
+            &self.settled
+        }
+
+        async fn alarms(&self) -> Vec<(u64, SlowFirstToken)> {
+            flush().await;
+            self.alarms.send(Seen).await.expect("alarms")
+        }
+
+        async fn at(&self, ms: u64) {
+            advance_to(self.t0, ms).await;
+        }
+    }
+
+    const REQUEST: &[u8] =
+        br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+    fn sse(data: serde_json::Value) -> String {
+        format!("data: {data}\n\n")
+    }
+
+    fn content(text: &str) -> String {
+        sse(serde_json::json!({
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]
+        }))
+    }
+
+    /// The chunk llama.cpp and vLLM send first: a role, no text.
+    fn role_only() -> String {
+        sse(serde_json::json!({
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]
+        }))
+    }
+
+    fn frame(actor: &Addr<CallActor>, body: impl Into<Bytes>) {
+        actor.do_send(Frame {
+            bytes: body.into(),
+            at: Instant::now(),
+        });
+    }
+
+    fn head(actor: &Addr<CallActor>) {
+        actor.do_send(ResponseStarted {
+            status: 200,
+            content_type: Some("text/event-stream".into()),
+            at: Instant::now(),
+        });
+    }
+
+    /// Dispatch at 0, head at 800 ms, a role-only chunk at 900 ms, 25
+    /// one-word chunks every 100 ms from 1000 ms to 3400 ms (one of them
+    /// split across two frames), the finish chunk (with a usage receipt of
+    /// `usage` tokens, if any) and `[DONE]` at 3450 ms, end at 3500 ms.
+    /// Returns every record the supervisor got.
+    async fn stream_one_call(h: &mut Harness, usage: Option<u64>) -> Vec<Call> {
+        let actor = h.start_call();
+        actor.do_send(RequestCaptured(Bytes::from_static(REQUEST)));
+        h.at(800).await;
+        head(&actor);
+        h.at(900).await;
+        frame(&actor, role_only());
+        for i in 0..25u64 {
+            h.at(1_000 + i * 100).await;
+            let chunk = content(&format!(" w{i}"));
+            if i == 10 {
+                let (a, b) = chunk.split_at(chunk.len() / 2);
+                frame(&actor, a.to_owned());
+                frame(&actor, b.to_owned());
+            } else {
+                frame(&actor, chunk);
+            }
+        }
+        h.at(3_450).await;
+        let mut end = sse(serde_json::json!({
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]
+        }));
+        if let Some(n) = usage {
+            end += &sse(serde_json::json!({
+                "object": "chat.completion.chunk",
+                "choices": [],
+                "usage": {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
+            }));
+        }
+        end += "data: [DONE]\n\n";
+        frame(&actor, end);
+        h.at(3_500).await;
+        actor.do_send(BodyEnded {
+            end: StreamEnd::Complete,
+            at: Instant::now(),
+        });
+        drop(actor);
+        // Long after: still one record, and no alarm (the first token
+        // came at 1 s).
+        h.at(20_000).await;
+        assert!(h.alarms().await.is_empty());
+        h.settled().await.to_vec()
+    }
+
+    fn record(status: CallStatus, speed: Snapshot, input_tokens: Option<u64>) -> Call {
+        Call {
+            identity: CallIdentity {
+                id: "c-000001".into(),
+                route: "r".into(),
+                api: ApiKind::OpenaiChat,
+                model: Some("m".into()),
+                started_at: String::new(),
+            },
+            status,
+            http_status: Some(200),
+            speed: Some(speed),
+            input_tokens,
+        }
+    }
+
+    #[test]
+    fn a_complete_stream_settles_once_with_the_receipt_and_its_decode_rate() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let settled = stream_one_call(&mut h, Some(30)).await;
+            // 30 exact tokens for 25 estimated: a plausible drift, so the
+            // rate times the exact count over the streamed span:
+            // (30 - 1) / (3.4 s - 1.0 s) = 12.08.
+            let expected = record(
+                CallStatus::Ok,
+                Snapshot {
+                    phase: Phase::Complete,
+                    is_final: true,
+                    elapsed_ms: 3_500,
+                    time_to_first_token_ms: Some(1_000),
+                    output_tokens: 30,
+                    output_tokens_per_second: Some(12.1),
+                    token_source: TokenSource::Provider,
+                },
+                Some(7),
+            );
+            assert_eq!(settled, std::slice::from_ref(&expected));
+            let listed = h.supervisor.send(GetCall("c-000001".into())).await.unwrap();
+            assert_eq!(listed, Some(expected));
+            // The ratio 30 / 25 reached the shared table for (r, m).
+            let table = h.supervisor.send(GetCalibration).await.unwrap();
+            assert_eq!(table.len(), 1);
+            assert_eq!(table.factor("r", "m"), 1.2);
+        });
+    }
+
+    #[test]
+    fn a_complete_stream_without_a_receipt_settles_on_the_estimate() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let settled = stream_one_call(&mut h, None).await;
+            // (25 - 1) / 2.4 s = 10.0, counted by the estimator.
+            let expected = record(
+                CallStatus::Ok,
+                Snapshot {
+                    phase: Phase::Complete,
+                    is_final: true,
+                    elapsed_ms: 3_500,
+                    time_to_first_token_ms: Some(1_000),
+                    output_tokens: 25,
+                    output_tokens_per_second: Some(10.0),
+                    token_source: TokenSource::Estimated,
+                },
+                None,
+            );
+            assert_eq!(settled, [expected]);
+            let table = h.supervisor.send(GetCalibration).await.unwrap();
+            assert!(table.is_empty());
+        });
+    }
+
+    #[test]
+    fn dropping_every_address_without_an_end_settles_once_as_abandoned() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            actor.do_send(RequestCaptured(Bytes::from_static(REQUEST)));
+            h.at(800).await;
+            head(&actor);
+            for (ms, text) in [(1_000, " a b"), (1_100, " c"), (1_200, " d e f")] {
+                h.at(ms).await;
+                frame(&actor, content(text));
+            }
+            drop(actor);
+            h.at(1_240).await;
+            assert!(h.settled().await.is_empty());
+            // Snapshot ticks run at 250 ms from the actor's start: the one
+            // at 1250 ms finds no address, the one at 1500 ms stops the
+            // actor, and the record ends at the first.
+            h.at(1_490).await;
+            assert!(h.settled().await.is_empty());
+            h.at(1_500).await;
+            let expected = record(
+                CallStatus::Abandoned,
+                Snapshot {
+                    phase: Phase::Complete,
+                    is_final: true,
+                    elapsed_ms: 1_250,
+                    time_to_first_token_ms: Some(1_000),
+                    output_tokens: 6,
+                    output_tokens_per_second: None,
+                    token_source: TokenSource::Estimated,
+                },
+                None,
+            );
+            assert_eq!(h.settled().await, std::slice::from_ref(&expected));
+            h.at(20_000).await;
+            assert_eq!(h.settled().await, [expected]);
+            assert!(h.alarms().await.is_empty());
+        });
+    }
+
+    #[test]
+    fn the_slow_first_token_alarm_fires_once_at_exactly_slow_ttft_after_dispatch() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            // The actor starts 1 s after dispatch: the alarm still counts
+            // from dispatch.
+            h.at(1_000).await;
+            let actor = h.start_call();
+            actor.do_send(RequestCaptured(Bytes::from_static(REQUEST)));
+            h.at(1_500).await;
+            head(&actor);
+            // A role without text is not a first token.
+            frame(&actor, role_only());
+
+            h.at(4_990).await;
+            assert!(h.alarms().await.is_empty());
+            h.at(5_000).await;
+            let expected = SlowFirstToken {
+                call: CallIdentity {
+                    id: "c-000001".into(),
+                    route: "r".into(),
+                    api: ApiKind::OpenaiChat,
+                    model: Some("m".into()),
+                    started_at: String::new(),
+                },
+                waited_ms: 5_000,
+                threshold_ms: 5_000,
+            };
+            assert_eq!(h.alarms().await, [(5_000, expected.clone())]);
+
+            // Still waiting much longer, then the first token: no repeat.
+            h.at(30_000).await;
+            frame(&actor, content(" late"));
+            h.at(40_000).await;
+            assert_eq!(h.alarms().await, [(5_000, expected)]);
+            assert!(h.settled().await.is_empty());
+        });
+    }
+
+    #[test]
+    fn no_alarm_when_the_first_token_came_before_slow_ttft() {
+        run_paused(async {
+            let h = Harness::new().await;
+            let actor = h.start_call();
+            actor.do_send(RequestCaptured(Bytes::from_static(REQUEST)));
+            h.at(4_000).await;
+            head(&actor);
+            h.at(4_990).await;
+            frame(&actor, content(" hello"));
+            h.at(30_000).await;
+            assert!(h.alarms().await.is_empty());
+        });
+    }
+
+    #[test]
+    fn no_alarm_for_a_call_that_ended_before_slow_ttft() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            h.at(2_000).await;
+            actor.do_send(UpstreamFailed { at: Instant::now() });
+            h.at(30_000).await;
+            assert!(h.alarms().await.is_empty());
+            let settled = h.settled().await;
+            assert_eq!(settled.len(), 1);
+            assert_eq!(settled[0].status, CallStatus::UpstreamError);
+            assert_eq!(settled[0].http_status, Some(502));
+            drop(actor);
+        });
     }
 }

@@ -11,12 +11,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::control::{HistoryDoc, HistoryPoint};
 use super::messages::*;
 use super::metrics::Metrics;
 use super::model::{Call, EngineEvent};
@@ -43,7 +44,13 @@ pub struct Supervisor {
     next_publish: Option<(SpawnHandle, Instant)>,
     /// Subscribers dropped for being too slow (diagnostics).
     dropped_subscribers: u64,
+    /// Published readings with a real tps, for the last-hour chart:
+    /// (unix ms, tps), oldest first, at most one per publish.
+    chart: VecDeque<HistoryPoint>,
 }
+
+/// How far back the chart's history reaches.
+pub const CHART_WINDOW: Duration = Duration::from_secs(60 * 60);
 
 impl Supervisor {
     pub fn new(calibration: Arc<RwLock<CalibrationTable>>, metrics: Arc<Metrics>) -> Self {
@@ -59,6 +66,7 @@ impl Supervisor {
             last_stats,
             next_publish: None,
             dropped_subscribers: 0,
+            chart: VecDeque::new(),
         }
     }
 
@@ -82,9 +90,23 @@ impl Supervisor {
         self.last_stats = self.global.sample(now);
         self.metrics.set_active_calls(self.active.len());
         self.metrics.set_stats(&self.last_stats);
+        self.record_chart_point();
         let stats = self.last_stats.clone();
         self.broadcast(EngineEvent::Stats(stats));
         self.schedule_publish(ctx, self.global.publish_interval(now));
+    }
+
+    /// Appends the latest reading to the chart when it has a real tps,
+    /// and forgets points older than [`CHART_WINDOW`].
+    fn record_chart_point(&mut self) {
+        let now_ms = unix_ms(SystemTime::now());
+        let horizon = now_ms.saturating_sub(CHART_WINDOW.as_millis() as u64);
+        while self.chart.front().is_some_and(|p| p.t < horizon) {
+            self.chart.pop_front();
+        }
+        if let Some(tps) = self.last_stats.tps {
+            self.chart.push_back(HistoryPoint { t: now_ms, tps });
+        }
     }
 
     fn schedule_publish(&mut self, ctx: &mut Context<Self>, after: Duration) {
@@ -114,25 +136,23 @@ impl Supervisor {
         self.broadcast(EngineEvent::Settled(call));
     }
 
+    /// Every call, in flight and recent, newest (latest dispatched, highest
+    /// sequence number) first.
+    ///
+    /// Both sets are sorted together: the recent ring is in settling order,
+    /// which is not dispatch order whenever a later, shorter call finishes
+    /// before an earlier one, so merging it as if it were sorted would list
+    /// such calls out of order. At most `RECENT_CALLS` plus the in-flight
+    /// calls, per API request: cheap.
     fn all_calls_newest_first(&self) -> impl Iterator<Item = &Call> {
-        let mut active: Vec<(&u64, &Call)> = self.active.iter().collect();
-        active.sort_by(|a, b| b.0.cmp(a.0));
-        // In-flight calls are newer than or interleaved with recent ones;
-        // merge by sequence number.
-        let mut recent = self.recent.iter().rev().peekable();
-        let mut active = active.into_iter().peekable();
-        std::iter::from_fn(move || match (active.peek(), recent.peek()) {
-            (Some((a, _)), Some((r, _))) => {
-                if **a > *r {
-                    active.next().map(|(_, c)| c)
-                } else {
-                    recent.next().map(|(_, c)| c)
-                }
-            }
-            (Some(_), None) => active.next().map(|(_, c)| c),
-            (None, Some(_)) => recent.next().map(|(_, c)| c),
-            (None, None) => None,
-        })
+        let mut all: Vec<(u64, &Call)> = self
+            .active
+            .iter()
+            .map(|(seq, call)| (*seq, call))
+            .chain(self.recent.iter().map(|(seq, call)| (*seq, call)))
+            .collect();
+        all.sort_unstable_by_key(|&(seq, _)| std::cmp::Reverse(seq));
+        all.into_iter().map(|(_, call)| call)
     }
 }
 
@@ -257,6 +277,21 @@ impl Handler<GetStats> for Supervisor {
     }
 }
 
+impl Handler<GetHistory> for Supervisor {
+    type Result = MessageResult<GetHistory>;
+    fn handle(&mut self, _: GetHistory, _: &mut Self::Context) -> Self::Result {
+        MessageResult(HistoryDoc {
+            points: self.chart.iter().copied().collect(),
+        })
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 impl Handler<GetCalibration> for Supervisor {
     type Result = MessageResult<GetCalibration>;
     fn handle(&mut self, _: GetCalibration, _: &mut Self::Context) -> Self::Result {
@@ -266,5 +301,385 @@ impl Handler<GetCalibration> for Supervisor {
                 .map(|t| t.clone())
                 .unwrap_or_default(),
         )
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! Supervisor tests under a paused clock, plus the helpers the notifier
+    //! and call actor tests share (`run_paused`, `advance`, `flush`).
+
+    use std::future::Future;
+
+    use tokio::sync::mpsc::error::TryRecvError;
+
+    use super::*;
+    use crate::decode::ApiKind;
+    use crate::engine::model::{CallIdentity, CallStatus, SlowFirstToken};
+    use crate::engine::queries::CallsQuery;
+    use crate::meter::{Phase, Snapshot};
+
+    /// The clock moves in steps this small, so a timer fires within one
+    /// step of its deadline and arrival times are known to the step.
+    pub(crate) const STEP: Duration = Duration::from_millis(10);
+
+    /// Runs `f` as an actix system on a current-thread runtime whose clock
+    /// starts paused. Starting paused (rather than `pause()` inside
+    /// `#[actix::test]`) puts the timer wheel's origin on the test's first
+    /// instant, so every instant is a whole number of milliseconds past it
+    /// and a timer fires exactly at its deadline, not up to 1 ms later.
+    pub(crate) fn run_paused<F: Future>(f: F) -> F::Output {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("test runtime");
+        System::with_tokio_rt(move || rt).block_on(f)
+    }
+
+    /// Lets every actor that is ready run, including chains of messages
+    /// (actor to actor to channel), without moving the clock.
+    pub(crate) async fn flush() {
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Moves the paused clock forward by `by` in [`STEP`]s, letting the
+    /// actors react after each step. Whatever was sent before is handled
+    /// first, at the current instant (actors started or messages sent with
+    /// `do_send` just before are not a step late).
+    pub(crate) async fn advance(by: Duration) {
+        flush().await;
+        let mut left = by;
+        while !left.is_zero() {
+            let step = left.min(STEP);
+            tokio::time::advance(step).await;
+            flush().await;
+            left -= step;
+        }
+    }
+
+    /// Moves the paused clock forward to `t0 + at_ms` (never back).
+    pub(crate) async fn advance_to(t0: Instant, at_ms: u64) {
+        let target = t0 + Duration::from_millis(at_ms);
+        advance(target.saturating_duration_since(Instant::now())).await;
+    }
+
+    /// Virtual milliseconds since `t0`.
+    pub(crate) fn ms_since(t0: Instant) -> u64 {
+        Instant::now().duration_since(t0).as_millis() as u64
+    }
+
+    pub(crate) fn identity(seq: u64, route: &str) -> CallIdentity {
+        CallIdentity {
+            id: format!("c-{seq:06}"),
+            route: route.into(),
+            api: ApiKind::OpenaiChat,
+            model: Some("m".into()),
+            started_at: String::new(),
+        }
+    }
+
+    fn speed(output_tokens: u64) -> Snapshot {
+        Snapshot {
+            phase: Phase::Responding,
+            is_final: false,
+            elapsed_ms: 0,
+            time_to_first_token_ms: Some(100),
+            output_tokens,
+            output_tokens_per_second: None,
+            token_source: TokenSource::Estimated,
+        }
+    }
+
+    fn call(seq: u64, route: &str, status: CallStatus) -> Call {
+        Call {
+            identity: identity(seq, route),
+            status,
+            http_status: Some(200),
+            speed: Some(speed(0)),
+            input_tokens: None,
+        }
+    }
+
+    fn start() -> Addr<Supervisor> {
+        Supervisor::new(Arc::default(), Arc::new(Metrics::new())).start()
+    }
+
+    async fn subscribe(sup: &Addr<Supervisor>, capacity: usize) -> mpsc::Receiver<EngineEvent> {
+        sup.send(Subscribe { capacity }).await.expect("supervisor")
+    }
+
+    /// Steps the clock until `t0 + until_ms`, returning the virtual time
+    /// (ms since `t0`) of every `Stats` that arrived, and whether it had a
+    /// `tps`. Other events are skipped.
+    async fn stats_until(
+        rx: &mut mpsc::Receiver<EngineEvent>,
+        t0: Instant,
+        until_ms: u64,
+    ) -> Vec<(u64, bool)> {
+        let mut seen = Vec::new();
+        while ms_since(t0) < until_ms {
+            advance(STEP).await;
+            while let Ok(event) = rx.try_recv() {
+                if let EngineEvent::Stats(s) = event {
+                    seen.push((ms_since(t0), s.tps_available));
+                }
+            }
+        }
+        seen
+    }
+
+    fn times(stats: &[(u64, bool)]) -> Vec<u64> {
+        stats.iter().map(|(t, _)| *t).collect()
+    }
+
+    /// A call starts streaming now: opened, then its first output. Awaited,
+    /// so the supervisor handles it at this very instant.
+    async fn open_with_output(sup: &Addr<Supervisor>, seq: u64, tokens: u64) {
+        sup.send(CallOpened {
+            seq,
+            call: call(seq, "a", CallStatus::InFlight),
+        })
+        .await
+        .expect("supervisor");
+        progress(sup, seq, tokens).await;
+    }
+
+    /// The call's output reached `tokens`, now.
+    async fn progress(sup: &Addr<Supervisor>, seq: u64, tokens: u64) {
+        sup.send(CallProgress {
+            seq,
+            identity: identity(seq, "a"),
+            speed: speed(tokens),
+            last_output_at: Some(Instant::now()),
+        })
+        .await
+        .expect("supervisor");
+    }
+
+    fn ids(calls: &[Call]) -> Vec<&str> {
+        calls.iter().map(|c| c.identity.id.as_str()).collect()
+    }
+
+    async fn calls(sup: &Addr<Supervisor>, limit: usize, route: Option<&str>) -> Vec<Call> {
+        sup.send(GetCalls(CallsQuery {
+            limit,
+            route: route.map(str::to_owned),
+        }))
+        .await
+        .expect("supervisor")
+    }
+
+    #[test]
+    fn idle_stats_every_10_s_and_traffic_brings_the_first_reading_within_1_s() {
+        run_paused(async {
+            let t0 = Instant::now();
+            let sup = start();
+            let mut rx = subscribe(&sup, 64).await;
+            // A new subscriber starts from the current reading.
+            assert!(matches!(rx.try_recv(), Ok(EngineEvent::Stats(_))));
+
+            let idle = stats_until(&mut rx, t0, 35_000).await;
+            assert_eq!(
+                idle,
+                vec![(10_000, false), (20_000, false), (30_000, false)]
+            );
+
+            // Traffic at 35 s: the idle tick was due at 40 s; the first
+            // reading comes 1 s after the first output instead.
+            open_with_output(&sup, 1, 5).await;
+            let burst = stats_until(&mut rx, t0, 38_500).await;
+            assert_eq!(times(&burst), vec![36_000, 37_000, 38_000]);
+        });
+    }
+
+    #[test]
+    fn active_stats_every_second_until_a_minute_after_the_last_token_then_10_s() {
+        run_paused(async {
+            let t0 = Instant::now();
+            let sup = start();
+            let mut rx = subscribe(&sup, 256).await;
+            let _ = rx.try_recv();
+
+            advance_to(t0, 5_000).await;
+            open_with_output(&sup, 1, 5).await;
+            // Tokens every 500 ms until 15 s, then the call ends.
+            let mut seen = Vec::new();
+            for k in 1..=20u64 {
+                seen.extend(stats_until(&mut rx, t0, 5_000 + k * 500).await);
+                progress(&sup, 1, 5 + 5 * k).await;
+            }
+            let last_token_ms = ms_since(t0);
+            assert_eq!(last_token_ms, 15_000);
+            seen.extend(stats_until(&mut rx, t0, 15_500).await);
+            let mut closed = call(1, "a", CallStatus::Ok);
+            closed.speed = Some(speed(105));
+            sup.send(CallClosed {
+                seq: 1,
+                call: closed,
+                calibration_ratio: None,
+            })
+            .await
+            .unwrap();
+            seen.extend(stats_until(&mut rx, t0, 100_500).await);
+
+            // 1 Hz from the first second of traffic while a stream is
+            // active: every reading then has a rate.
+            let active: Vec<_> = seen.iter().filter(|(t, _)| *t <= 15_000).collect();
+            assert_eq!(
+                active.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+                (6..=15).map(|s| s * 1_000).collect::<Vec<_>>()
+            );
+            assert!(active.iter().all(|(_, tps)| *tps), "{active:?}");
+            // After the call ended: still 1 Hz (without a rate) while the
+            // last token is under a minute old (up to 74 s); the reading at
+            // 75 s finds it a minute old and backs off to 10 s.
+            let mut expected: Vec<u64> = (16..=75).map(|s| s * 1_000).collect();
+            expected.extend([85_000, 95_000]);
+            let after: Vec<_> = seen.iter().filter(|(t, _)| *t > 15_000).collect();
+            assert_eq!(after.iter().map(|(t, _)| *t).collect::<Vec<_>>(), expected);
+            assert!(after.iter().all(|(_, tps)| !tps), "{after:?}");
+        });
+    }
+
+    #[test]
+    fn a_subscriber_that_is_full_is_dropped_and_the_others_keep_receiving() {
+        run_paused(async {
+            let sup = start();
+            // Capacity 1, already holding the initial reading, never read.
+            let mut slow = subscribe(&sup, 1).await;
+            let mut kept_up = subscribe(&sup, 1).await;
+            let mut roomy = subscribe(&sup, 64).await;
+            assert!(matches!(kept_up.try_recv(), Ok(EngineEvent::Stats(_))));
+            assert!(matches!(roomy.try_recv(), Ok(EngineEvent::Stats(_))));
+
+            let alarm = |route: &str| {
+                EngineEvent::SlowFirstToken(SlowFirstToken {
+                    call: identity(1, route),
+                    waited_ms: 5_000,
+                    threshold_ms: 5_000,
+                })
+            };
+            for route in ["x", "y"] {
+                sup.send(Broadcast(alarm(route))).await.unwrap();
+                assert_eq!(kept_up.try_recv(), Ok(alarm(route)));
+                assert_eq!(roomy.try_recv(), Ok(alarm(route)));
+            }
+            // The slow one kept what it had, then its channel ends: the
+            // supervisor let go of its sender.
+            assert!(matches!(slow.try_recv(), Ok(EngineEvent::Stats(_))));
+            assert_eq!(slow.try_recv(), Err(TryRecvError::Disconnected));
+            // The others are still subscribed (empty, not closed).
+            assert_eq!(kept_up.try_recv(), Err(TryRecvError::Empty));
+            assert_eq!(roomy.try_recv(), Err(TryRecvError::Empty));
+        });
+    }
+
+    #[test]
+    fn calls_come_newest_first_merging_in_flight_and_recent_with_route_and_limit() {
+        run_paused(async {
+            let sup = start();
+            for seq in 1..=6 {
+                let route = if seq % 2 == 1 { "a" } else { "b" };
+                sup.do_send(CallOpened {
+                    seq,
+                    call: call(seq, route, CallStatus::InFlight),
+                });
+            }
+            // Settled out of dispatch order, as concurrent calls do: a
+            // later, shorter call finishes before an earlier one.
+            for (seq, route) in [(2, "b"), (1, "a"), (4, "b")] {
+                sup.do_send(CallClosed {
+                    seq,
+                    call: call(seq, route, CallStatus::Ok),
+                    calibration_ratio: None,
+                });
+            }
+
+            let all = calls(&sup, 100, None).await;
+            assert_eq!(
+                ids(&all),
+                ["c-000006", "c-000005", "c-000004", "c-000003", "c-000002", "c-000001"]
+            );
+            let statuses: Vec<_> = all.iter().map(|c| c.status).collect();
+            use CallStatus::{InFlight, Ok};
+            assert_eq!(statuses, [InFlight, InFlight, Ok, InFlight, Ok, Ok]);
+
+            assert_eq!(
+                ids(&calls(&sup, 100, Some("a")).await),
+                ["c-000005", "c-000003", "c-000001"]
+            );
+            assert_eq!(ids(&calls(&sup, 2, None).await), ["c-000006", "c-000005"]);
+            assert_eq!(
+                ids(&calls(&sup, 2, Some("b")).await),
+                ["c-000006", "c-000004"]
+            );
+            assert!(calls(&sup, 100, Some("nope")).await.is_empty());
+            assert!(calls(&sup, 0, None).await.is_empty());
+
+            let one = sup.send(GetCall("c-000004".into())).await.unwrap();
+            assert_eq!(one.map(|c| c.status), Some(CallStatus::Ok));
+            let one = sup.send(GetCall("c-000003".into())).await.unwrap();
+            assert_eq!(one.map(|c| c.status), Some(CallStatus::InFlight));
+            assert_eq!(sup.send(GetCall("c-000007".into())).await.unwrap(), None);
+        });
+    }
+
+    #[test]
+    fn the_recent_ring_keeps_the_latest_recent_calls_settled() {
+        run_paused(async {
+            let sup = start();
+            let total = RECENT_CALLS as u64 + 3;
+            for seq in 1..=total {
+                sup.do_send(PassedThrough {
+                    seq,
+                    call: call(seq, "a", CallStatus::Unmetered),
+                });
+            }
+            let all = calls(&sup, usize::MAX, None).await;
+            assert_eq!(all.len(), RECENT_CALLS);
+            assert_eq!(all[0].identity.id, format!("c-{total:06}"));
+            assert_eq!(all[RECENT_CALLS - 1].identity.id, "c-000004");
+            assert_eq!(sup.send(GetCall("c-000003".into())).await.unwrap(), None);
+            assert!(sup
+                .send(GetCall("c-000004".into()))
+                .await
+                .unwrap()
+                .is_some());
+        });
+    }
+
+    #[test]
+    fn a_closed_call_with_a_ratio_calibrates_its_route_and_model_only() {
+        run_paused(async {
+            let sup = start();
+            let closed = |seq: u64, route: &str, model: Option<&str>, ratio: Option<f64>| {
+                let mut call = call(seq, route, CallStatus::Ok);
+                call.identity.model = model.map(str::to_owned);
+                CallClosed {
+                    seq,
+                    call,
+                    calibration_ratio: ratio,
+                }
+            };
+            sup.do_send(closed(1, "a", Some("m"), Some(1.25)));
+            // No model named: nothing to key the factor on.
+            sup.do_send(closed(2, "a", None, Some(1.5)));
+            // No plausible ratio: nothing learned.
+            sup.do_send(closed(3, "b", Some("m"), None));
+            let table = sup.send(GetCalibration).await.unwrap();
+            assert_eq!(table.len(), 1);
+            assert_eq!(table.factor("a", "m"), 1.25);
+            assert_eq!(table.factor("a", "other"), 1.0);
+            assert_eq!(table.factor("b", "m"), 1.0);
+
+            // A second observation moves it to the midpoint.
+            sup.do_send(closed(4, "a", Some("m"), Some(0.75)));
+            let table = sup.send(GetCalibration).await.unwrap();
+            assert_eq!(table.factor("a", "m"), 1.0);
+            assert_eq!(table.entries().next().map(|e| e.observations), Some(2));
+        });
     }
 }
