@@ -87,6 +87,8 @@ impl Running {
 
 /// The whole app: flags, engine, window, tray. Exits the process.
 pub fn run() {
+    // Before anything starts a thread: this edits the environment.
+    give_webkit_a_language();
     init_tracing();
     let args = DesktopArgs::parse();
     if let Err(message) = check_display() {
@@ -127,6 +129,39 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// WebKitGTK takes `navigator.language` from the process's `LC_CTYPE`
+/// locale name: `C` and `POSIX` become `en-US`, but `C.UTF-8` (the default
+/// of minimal systems, containers and root shells) becomes `C`, which is no
+/// language tag: every `Intl` constructor given `navigator.language` then
+/// throws, and the dashboard's chart library does that as it loads. So
+/// under a `C.*` character-type locale, use plain `C` for `LC_CTYPE`
+/// (inherited by WebKit's web process): the page gets `en-US`. Nothing of
+/// ours depends on the C library's character type.
+fn give_webkit_a_language() {
+    let set = |var: &str| {
+        std::env::var(var)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| (var.to_owned(), v))
+    };
+    let Some((var, value)) = set("LC_ALL")
+        .or_else(|| set("LC_CTYPE"))
+        .or_else(|| set("LANG"))
+    else {
+        return;
+    };
+    if value.starts_with("C.") {
+        // LC_ALL overrides every category, so that is the one to change
+        // when it is what is set; otherwise LC_CTYPE alone.
+        let target = if var == "LC_ALL" {
+            "LC_ALL"
+        } else {
+            "LC_CTYPE"
+        };
+        std::env::set_var(target, "C");
+    }
 }
 
 /// A desktop session is needed; without one GTK would abort with a less
