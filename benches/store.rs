@@ -42,6 +42,7 @@ fn call(i: u64) -> StoredCall {
                 token_source: TokenSource::Server,
             }),
             input_tokens: Some(40 + i % 2000),
+            details: Default::default(),
         },
         details: CallDetails {
             client: Some("openai-python".into()),

@@ -96,6 +96,7 @@ fn settled_call() -> Call {
             token_source: TokenSource::Server,
         }),
         input_tokens: Some(37),
+        details: Default::default(),
     }
 }
 
@@ -118,6 +119,7 @@ fn in_flight_call() -> Call {
         http_status: Some(200),
         speed: Some(live_snapshot()),
         input_tokens: None,
+        details: Default::default(),
     }
 }
 

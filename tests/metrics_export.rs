@@ -66,6 +66,7 @@ fn call(
             token_source: TokenSource::Provider,
         }),
         input_tokens: Some(37),
+        details: Default::default(),
     }
 }
 

@@ -92,6 +92,7 @@ fn call(
             }),
             speed,
             input_tokens: Some(37),
+            details: Default::default(),
         },
         details: CallDetails {
             client: Some("openai-python".into()),

@@ -289,6 +289,7 @@ mod tests {
                 token_source: TokenSource::Server,
             }),
             input_tokens: None,
+            details: Default::default(),
         }
     }
 

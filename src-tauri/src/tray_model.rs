@@ -564,6 +564,7 @@ mod tests {
                 http_status: Some(200),
                 speed: Some(snap(Phase::Complete, 2000, Some(30.0))),
                 input_tokens: None,
+                details: Default::default(),
             }),
             t0,
         );
@@ -675,6 +676,7 @@ mod tests {
                 http_status: None,
                 speed: Some(snap(Phase::AwaitingFirstToken, 700, None)),
                 input_tokens: None,
+                details: Default::default(),
             },
             Call {
                 identity: ident("c-2", "b"),
@@ -682,6 +684,7 @@ mod tests {
                 http_status: Some(200),
                 speed: Some(snap(Phase::Complete, 700, Some(3.0))),
                 input_tokens: None,
+                details: Default::default(),
             },
         ];
         m.reseed(&calls, t0);

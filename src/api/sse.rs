@@ -166,6 +166,7 @@ mod tests {
             http_status: Some(200),
             speed: Some(snapshot()),
             input_tokens: None,
+            details: Default::default(),
         }));
         let v = data_of(&settled, "settled");
         assert_eq!(v["status"], "ok");

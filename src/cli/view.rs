@@ -387,6 +387,7 @@ mod tests {
                 token_source: TokenSource::Server,
             }),
             input_tokens: Some(37),
+            details: Default::default(),
         })
     }
 

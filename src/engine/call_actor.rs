@@ -117,6 +117,7 @@ impl CallActor {
                 Some(report.snapshot)
             },
             input_tokens: report.input_tokens,
+            details: Default::default(),
         };
         self.setup.supervisor.do_send(CallClosed {
             seq: self.setup.seq,
@@ -139,6 +140,7 @@ impl Actor for CallActor {
                 http_status: None,
                 speed: Some(first),
                 input_tokens: None,
+                details: Default::default(),
             },
         });
         // Pending text is published even when the stream pauses.
@@ -492,6 +494,7 @@ mod tests {
             http_status: Some(200),
             speed: Some(speed),
             input_tokens,
+            details: Default::default(),
         }
     }
 

@@ -869,6 +869,7 @@ mod tests {
             http_status: Some(200),
             speed,
             input_tokens: Some(37),
+            details: Default::default(),
         }
     }
 

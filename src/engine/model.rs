@@ -75,6 +75,9 @@ pub struct Call {
     /// Prompt tokens, when the server reported them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_tokens: Option<u64>,
+    /// speedtap's extensions: client app, TTFT breakdown, flags.
+    #[serde(flatten, default)]
+    pub details: CallDetails,
 }
 
 /// A first token later than the route's threshold, while still waiting.
@@ -147,6 +150,7 @@ mod tests {
                 token_source: TokenSource::Server,
             }),
             input_tokens: Some(37),
+            details: Default::default(),
         };
         let expected = serde_json::json!({
           "id": "c-000042", "route": "ollama", "api": "openai_chat", "model": "qwen3:8b",
@@ -217,12 +221,18 @@ pub struct CallDetails {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_breakdown: Option<TtftBreakdown>,
     /// The output arrived in one burst (no honest rate).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub one_burst: bool,
     /// The server billed reasoning it never streamed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub unstreamed_reasoning: bool,
     /// Wall-clock settle time, RFC 3339 UTC with milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_at: Option<String>,
+}
+
+/// Flags are only written when set, so a plain call serialises exactly like
+/// the contract's example.
+fn is_false(b: &bool) -> bool {
+    !*b
 }

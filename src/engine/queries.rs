@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use super::control::{DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
 use super::model::{Call, EngineEvent};
 use crate::meter::global::Stats;
+use crate::store::{HistoryFilter, ModelSummary};
 
 /// `GET /api/v1/calls?limit=N&route=NAME`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,5 +74,21 @@ pub trait EngineQueries: Clone + Send + Sync + 'static {
     /// Starts demo traffic.
     fn start_demo(&self) -> impl Future<Output = Result<DemoDoc, String>> + Send {
         async { Err("the demo is not available here".to_owned()) }
+    }
+    /// Settled calls from the store, newest first.
+    fn history(
+        &self,
+        filter: HistoryFilter,
+    ) -> impl Future<Output = Result<Vec<Call>, String>> + Send {
+        let _ = filter;
+        async { Err("no store: history needs --db (it is off with --no-db)".to_owned()) }
+    }
+    /// Per (model, route) aggregates from the store.
+    fn models(
+        &self,
+        filter: HistoryFilter,
+    ) -> impl Future<Output = Result<Vec<ModelSummary>, String>> + Send {
+        let _ = filter;
+        async { Err("no store: history needs --db (it is off with --no-db)".to_owned()) }
     }
 }

@@ -400,6 +400,7 @@ pub(crate) mod tests {
             http_status: Some(200),
             speed: Some(speed(0)),
             input_tokens: None,
+            details: Default::default(),
         }
     }
 

@@ -330,6 +330,7 @@ fn csv_call(f: &[String]) -> Result<StoredCall, String> {
             http_status: num(f, 6)?,
             speed,
             input_tokens: num(f, 14)?,
+            details: Default::default(),
         },
         details: CallDetails {
             client: text(4),

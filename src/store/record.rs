@@ -117,6 +117,7 @@ pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<StoredCall> {
             http_status: row.get(8)?,
             speed,
             input_tokens: row.get(18)?,
+            details: Default::default(),
         },
         details: CallDetails {
             client: row.get(6)?,

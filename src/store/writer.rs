@@ -417,6 +417,7 @@ mod tests {
                 http_status: Some(200),
                 speed: None,
                 input_tokens: None,
+                details: Default::default(),
             },
             details: CallDetails::default(),
         }

@@ -170,6 +170,7 @@ impl RouteProxy {
                             http_status: Some(502),
                             speed: None,
                             input_tokens: None,
+                            details: Default::default(),
                         },
                     }),
                 }
@@ -203,6 +204,7 @@ impl RouteProxy {
                                 http_status: Some(parts.status.as_u16()),
                                 speed: None,
                                 input_tokens: None,
+                                details: Default::default(),
                             },
                         });
                         body.map_err(BoxError::from).boxed()
