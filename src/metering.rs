@@ -71,6 +71,12 @@ pub struct CallReport {
     pub stream_error: Option<String>,
     /// Messages the decoder could not understand (diagnostics).
     pub unparsed_messages: u64,
+    /// The provider's exact output count, when it sent one.
+    pub exact_output_tokens: Option<u64>,
+    /// The uncalibrated tokenizer estimate of what was streamed.
+    pub raw_estimate: u64,
+    /// More than one token, all of it in the same frame.
+    pub one_burst: bool,
 }
 
 /// What the response head said, as far as metering cares.
@@ -200,6 +206,7 @@ impl CallMetering {
             .active
             .as_ref()
             .map_or(0, |a| a.decoder.unparsed_messages());
+
         let clean = end == StreamEnd::Complete && self.saw_done && self.stream_error.is_none();
         let outcome = if self.upstream_status_error || self.stream_error.is_some() {
             Outcome::UpstreamError
@@ -225,6 +232,16 @@ impl CallMetering {
             ),
         };
         self.latest = snapshot.clone();
+        let (exact_output_tokens, raw_estimate, one_burst) = match &self.active {
+            Some(a) => (
+                a.meter.usage().output_tokens.filter(|n| *n > 0),
+                a.meter.raw_estimate(),
+                a.meter.first_output_at().is_some()
+                    && a.meter.first_output_at() == a.meter.last_output_at()
+                    && snapshot.output_tokens > 1,
+            ),
+            None => (None, 0, false),
+        };
         CallReport {
             snapshot,
             outcome,
@@ -233,6 +250,9 @@ impl CallMetering {
             server_timings: self.server_timings.clone(),
             stream_error: self.stream_error.clone(),
             unparsed_messages: unparsed,
+            exact_output_tokens,
+            raw_estimate,
+            one_burst,
         }
     }
 

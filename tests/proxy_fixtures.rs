@@ -129,6 +129,9 @@ fn check(cap: &Capture, call: &Call) -> Result<(), String> {
         }
         return Ok(());
     }
+    if call.details.client.as_deref() != Some("openai-python") {
+        return Err(format!("{ctx}: client {:?}", call.details.client));
+    }
     let speed = call.speed.as_ref().ok_or(format!("{ctx}: no speed"))?;
     if row["content_events"].as_u64() == Some(0) && row["stream"] == true {
         // 200 with an empty stream (llama-cpp-python's context overflow):
@@ -176,6 +179,17 @@ fn check(cap: &Capture, call: &Call) -> Result<(), String> {
             "{ctx}: a non-streamed call without server timings has no rate"
         ));
     }
+    // The TTFT breakdown carries the server's own prefill numbers.
+    if let Some(prompt_ms) = timings["prompt_ms"].as_f64() {
+        let b = call.details.ttft_breakdown.as_ref();
+        let want = (prompt_ms * 10.0).round() / 10.0;
+        if b.and_then(|b| b.prefill_ms) != Some(want)
+            || b.and_then(|b| b.prefill_tokens) != timings["prompt_n"].as_u64()
+            || b.and_then(|b| b.cached_tokens) != timings["cache_n"].as_u64()
+        {
+            return Err(format!("{ctx}: breakdown {b:?} vs timings {timings}"));
+        }
+    }
     // TTFT: the proxy times arrival from the upstream, which replays at the
     // capture's offsets; allow scheduling slack on a loaded machine.
     let want_ttft = row["t_first_token_ms"]
@@ -222,7 +236,14 @@ async fn every_capture_replays_byte_exact_and_settles_like_the_server_said() {
         let addr = listen[&route_name(cap)];
         let (method, path, body) = (cap.method.clone(), cap.path.clone(), cap.body.clone());
         tasks.push(tokio::spawn(async move {
-            send_with(addr, &method, &path, body, &[("x-script", &key)]).await
+            send_with(
+                addr,
+                &method,
+                &path,
+                body,
+                &[("x-script", &key), ("user-agent", "OpenAI/Python 1.54.0")],
+            )
+            .await
         }));
     }
     let mut failures = Vec::new();

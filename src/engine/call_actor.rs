@@ -9,14 +9,15 @@
 //! proxy's threads.
 
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::details;
 use super::messages::*;
-use super::model::{Call, CallIdentity, CallStatus, SlowFirstToken};
+use super::model::{Call, CallDetails, CallIdentity, CallStatus, SlowFirstToken};
 use super::supervisor::Supervisor;
 use crate::decode::detect::{detect_framing, detect_request, BodyFraming};
 use crate::decode::ApiKind;
@@ -37,6 +38,8 @@ pub struct CallSetup {
     pub calibration: Arc<RwLock<CalibrationTable>>,
     pub supervisor: Addr<Supervisor>,
     pub notifier: Recipient<FirstTokenLate>,
+    /// The app that made the call (from its User-Agent).
+    pub client: Option<String>,
 }
 
 pub struct CallActor {
@@ -96,6 +99,19 @@ impl CallActor {
         self.reported = true;
         self.learn_model();
         let report = self.metering.finish(end, now);
+        let details = CallDetails {
+            client: self.setup.client.clone(),
+            ttft_breakdown: report
+                .server_timings
+                .as_ref()
+                .and_then(|t| details::ttft_breakdown(report.snapshot.time_to_first_token_ms, t)),
+            one_burst: report.outcome == Outcome::Ok && report.one_burst,
+            unstreamed_reasoning: details::unstreamed_reasoning(
+                report.exact_output_tokens,
+                report.raw_estimate,
+            ),
+            settled_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
+        };
         let status = if self.unreachable {
             CallStatus::UpstreamError
         } else if self.unmetered {
@@ -117,7 +133,7 @@ impl CallActor {
                 Some(report.snapshot)
             },
             input_tokens: report.input_tokens,
-            details: Default::default(),
+            details,
         };
         self.setup.supervisor.do_send(CallClosed {
             seq: self.setup.seq,
@@ -368,6 +384,7 @@ mod tests {
                 calibration: self.calibration.clone(),
                 supervisor: self.supervisor.clone(),
                 notifier: self.alarms.clone().recipient(),
+                client: None,
             })
             .start()
         }

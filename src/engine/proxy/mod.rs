@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use super::call_actor::{CallActor, CallSetup};
 use super::messages::{FirstTokenLate, PassedThrough, ResponseStarted, UpstreamFailed};
-use super::model::{Call, CallIdentity, CallStatus};
+use super::model::{Call, CallDetails, CallIdentity, CallStatus};
 use super::supervisor::Supervisor;
 use crate::config::Upstream;
 use crate::decode::detect::detect_request;
@@ -119,6 +119,11 @@ impl RouteProxy {
             started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
         };
 
+        let client = parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(super::details::client_app);
         let mut headers = parts.headers;
         headers::strip_hop_by_hop(&mut headers);
         if let Ok(host) = HeaderValue::from_str(&self.upstream.authority()) {
@@ -145,6 +150,7 @@ impl RouteProxy {
                 calibration: self.link.calibration.clone(),
                 supervisor: self.link.supervisor.clone(),
                 notifier: self.link.notifier.clone(),
+                client: client.clone(),
             };
             CallActor::start_in_arbiter(self.link.arbiter(), move |_| CallActor::new(setup))
         });
@@ -170,7 +176,7 @@ impl RouteProxy {
                             http_status: Some(502),
                             speed: None,
                             input_tokens: None,
-                            details: Default::default(),
+                            details: passthrough_details(client.clone()),
                         },
                     }),
                 }
@@ -204,7 +210,7 @@ impl RouteProxy {
                                 http_status: Some(parts.status.as_u16()),
                                 speed: None,
                                 input_tokens: None,
-                                details: Default::default(),
+                                details: passthrough_details(client),
                             },
                         });
                         body.map_err(BoxError::from).boxed()
@@ -225,6 +231,16 @@ impl RouteProxy {
             "cause": cause,
         });
         json_response(StatusCode::BAD_GATEWAY, &body)
+    }
+}
+
+/// The details of a call that was never metered: who made it, and when it
+/// ended.
+fn passthrough_details(client: Option<String>) -> CallDetails {
+    CallDetails {
+        client,
+        settled_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
+        ..CallDetails::default()
     }
 }
 
