@@ -540,7 +540,10 @@ mod tests {
                 Some(7),
             );
             assert_eq!(settled, std::slice::from_ref(&expected));
-            let listed = h.supervisor.send(GetCall("c-000001".into())).await.unwrap();
+            let mut listed = h.supervisor.send(GetCall("c-000001".into())).await.unwrap();
+            if let Some(call) = listed.as_mut() {
+                assert!(call.details.settled_at.take().is_some());
+            }
             assert_eq!(listed, Some(expected));
             // The ratio 30 / 25 reached the shared table for (r, m).
             let table = h.supervisor.send(GetCalibration).await.unwrap();
