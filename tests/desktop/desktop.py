@@ -15,6 +15,8 @@ Every app gets its own ports, config file and XDG directories, so runs do
 not touch the user's settings and can share a machine.
 """
 
+import ctypes
+import ctypes.util
 import http.client
 import json
 import os
@@ -267,9 +269,86 @@ def menu_entry(item, label_prefix):
 
 
 def click(item, label_prefix):
-    """Clicks a menu entry as a tray host would (dbusmenu Event "clicked")."""
+    """Clicks a menu entry as a tray host would (dbusmenu Event "clicked").
+
+    The app rebuilds its menu when calls start or end, which renumbers the
+    dbusmenu ids: a click can race with that and name an id that no longer
+    exists. The exporter refuses such a click (nothing happened), so the
+    layout is read again and the click retried."""
     name, path = item
-    entry = menu_entry(item, label_prefix)
-    busctl("call", name, path + "/Menu", "com.canonical.dbusmenu", "Event", "isvu",
-           str(entry["id"]), "clicked", "s", "", "0")
-    return entry
+    for attempt in range(5):
+        entry = menu_entry(item, label_prefix)
+        try:
+            busctl("call", name, path + "/Menu", "com.canonical.dbusmenu", "Event", "isvu",
+                   str(entry["id"]), "clicked", "s", "", "0")
+            return entry
+        except RuntimeError as e:
+            if "does not refer to a menu item" not in str(e) or attempt == 4:
+                raise
+            time.sleep(0.1)
+
+
+# ---- X11: the app's window --------------------------------------------------
+
+def app_window(title="speedtap"):
+    """The X id of the top-level window titled `title` (the app's main
+    window; the tray's XEmbed fallback and GTK's leader window have other
+    names)."""
+    tree = subprocess.run(["xwininfo", "-root", "-tree"], capture_output=True, text=True, timeout=10).stdout
+    for line in tree.splitlines():
+        m = re.match(r'\s*(0x[0-9a-f]+) "([^"]*)": \(', line)
+        if m and m.group(2) == title:
+            return int(m.group(1), 16)
+    return None
+
+
+def window_viewable(window):
+    info = subprocess.run(["xwininfo", "-id", hex(window)], capture_output=True, text=True, timeout=10).stdout
+    return "Map State: IsViewable" in info
+
+
+class _ClientMessage(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("serial", ctypes.c_ulong),
+        ("send_event", ctypes.c_int),
+        ("display", ctypes.c_void_p),
+        ("window", ctypes.c_ulong),
+        ("message_type", ctypes.c_ulong),
+        ("format", ctypes.c_int),
+        ("data", ctypes.c_long * 5),
+    ]
+
+
+class _XEvent(ctypes.Union):
+    _fields_ = [("xclient", _ClientMessage), ("pad", ctypes.c_long * 24)]
+
+
+def close_window(window):
+    """Asks `window` to close the way a window manager's close button does:
+    a WM_PROTOCOLS client message carrying WM_DELETE_WINDOW (Xlib through
+    ctypes; the Xvfb session has no window manager to click)."""
+    x11 = ctypes.CDLL(ctypes.util.find_library("X11") or "libX11.so.6")
+    x11.XOpenDisplay.restype = ctypes.c_void_p
+    x11.XOpenDisplay.argtypes = [ctypes.c_char_p]
+    x11.XInternAtom.restype = ctypes.c_ulong
+    x11.XInternAtom.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+    x11.XSendEvent.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_long, ctypes.POINTER(_XEvent)]
+    x11.XFlush.argtypes = [ctypes.c_void_p]
+    x11.XCloseDisplay.argtypes = [ctypes.c_void_p]
+    display = x11.XOpenDisplay(None)
+    if not display:
+        raise RuntimeError("cannot open the X display")
+    try:
+        event = _XEvent()
+        event.xclient.type = 33  # ClientMessage
+        event.xclient.window = window
+        event.xclient.message_type = x11.XInternAtom(display, b"WM_PROTOCOLS", 0)
+        event.xclient.format = 32
+        event.xclient.data[0] = x11.XInternAtom(display, b"WM_DELETE_WINDOW", 0)
+        event.xclient.data[1] = 0  # CurrentTime
+        if not x11.XSendEvent(display, window, 0, 0, ctypes.byref(event)):
+            raise RuntimeError("XSendEvent failed")
+        x11.XFlush(display)
+    finally:
+        x11.XCloseDisplay(display)

@@ -15,7 +15,7 @@ import subprocess
 import time
 import unittest
 
-from desktop import (Workdir, click, find_tray_item, menu_entry, start_app, start_simulator,
+from desktop import (Workdir, click, find_tray_item, menu_entry, menu_labels, start_app, start_simulator,
                      stream_chat, stream_in_background, wait_until)
 
 SLOW = {"x-sim-ttft-ms": "1500"}
@@ -64,6 +64,7 @@ class NotifyTest(unittest.TestCase):
         self.assertRegex(self.notify_log(), r'"qwen3:32b on a: first token after 1\.\d s, \d+\.\d tok/s"')
 
         # Paused (via the tray menu): a slow call on route b is not notified.
+        wait_until("the menu to settle", lambda: "No calls in flight" in menu_labels(item))
         click(item, "Pause notifications")
         wait_until("the check mark", lambda: menu_entry(item, "Pause notifications").get("toggle-state") == 1)
         before = self.notify_log().count("member=Notify")

@@ -8,9 +8,9 @@ import subprocess
 import time
 import unittest
 
-from desktop import (RATE_LABEL, Workdir, click, find_tray_item, menu_entries, menu_labels,
+from desktop import (RATE_LABEL, Workdir, app_window, click, close_window, find_tray_item, menu_entries, menu_labels,
                      start_app, start_simulator, stream_in_background, tray_label, tray_property,
-                     wait_until)
+                     wait_until, window_viewable)
 
 
 class TrayTest(unittest.TestCase):
@@ -45,7 +45,6 @@ class TrayTest(unittest.TestCase):
         # Traffic through the app's proxy: the label becomes a rate.
         threads = stream_in_background(proxies["sim"], count=2)
         label = wait_until("a tok/s label", lambda: (lambda l: l if RATE_LABEL.match(l) else None)(tray_label(item)))
-        print(f"\n  label during traffic: {label!r}")
         rate = float(label.split()[0])
         self.assertGreater(rate, 5.0, label)
         self.assertLess(rate, 40.0, label)
@@ -57,7 +56,6 @@ class TrayTest(unittest.TestCase):
             return lines if len(lines) == 2 and all("tok/s" in l for l in lines) else None
 
         lines = wait_until("two call lines with a rate", call_lines)
-        print(f"  call lines: {lines}")
         self.assertRegex(lines[0], r"^qwen3:8b on sim · responding · \d+\.\d tok/s$")
 
         # The label changes no more often than the 1 s publishing cadence.
@@ -81,6 +79,18 @@ class TrayTest(unittest.TestCase):
             got = wait_until("the clipboard", lambda: subprocess.run(
                 ["xclip", "-o", "-selection", "clipboard"], capture_output=True, text=True, timeout=5).stdout)
             self.assertEqual(got, proxies["other"])
+
+        # Closing the window keeps the app in the tray; "Open speedtap"
+        # brings the window back.
+        window = wait_until("the app's window", app_window)
+        wait_until("the window shown", lambda: window_viewable(window))
+        close_window(window)
+        wait_until("the window hidden", lambda: not window_viewable(window))
+        time.sleep(0.5)
+        self.assertIsNone(app.poll(), "closing the window must not quit the app")
+        self.assertTrue(tray_label(item))
+        click(item, "Open speedtap")
+        wait_until("the window shown again", lambda: window_viewable(window))
 
         # Quit exits 0.
         click(item, "Quit")
