@@ -16,34 +16,31 @@ use std::time::Instant;
 use speedtap::decode::ApiKind;
 use speedtap::engine::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
 use speedtap::meter::{Phase, Snapshot, TokenSource};
-use speedtap::store::{ms_to_rfc3339, Store, StoreWriter, StoredCall};
+use speedtap::store::{ms_to_rfc3339, Store, StoreWriter};
 
 /// A typical settled call: ok, server-reported numbers, a TTFT breakdown.
-fn call(i: u64) -> StoredCall {
+fn call(i: u64) -> Call {
     let started = 1_796_035_327_123 + i * 1000;
-    StoredCall {
-        call: Call {
-            identity: CallIdentity {
-                id: format!("c-{:06}", i % 1_000_000),
-                route: "ollama".into(),
-                api: ApiKind::OllamaChat,
-                model: Some(["qwen3:8b", "gemma3:12b", "llama3.2:3b"][(i % 3) as usize].into()),
-                started_at: ms_to_rfc3339(started),
-            },
-            status: CallStatus::Ok,
-            http_status: Some(200),
-            speed: Some(Snapshot {
-                phase: Phase::Complete,
-                is_final: true,
-                elapsed_ms: 4000 + i % 3000,
-                time_to_first_token_ms: Some(200 + i % 500),
-                output_tokens: 150 + i % 400,
-                output_tokens_per_second: Some(35.0 + (i % 200) as f64 / 10.0),
-                token_source: TokenSource::Server,
-            }),
-            input_tokens: Some(40 + i % 2000),
-            details: Default::default(),
+    Call {
+        identity: CallIdentity {
+            id: format!("c-{:06}", i % 1_000_000),
+            route: "ollama".into(),
+            api: ApiKind::OllamaChat,
+            model: Some(["qwen3:8b", "gemma3:12b", "llama3.2:3b"][(i % 3) as usize].into()),
+            started_at: ms_to_rfc3339(started),
         },
+        status: CallStatus::Ok,
+        http_status: Some(200),
+        speed: Some(Snapshot {
+            phase: Phase::Complete,
+            is_final: true,
+            elapsed_ms: 4000 + i % 3000,
+            time_to_first_token_ms: Some(200 + i % 500),
+            output_tokens: 150 + i % 400,
+            output_tokens_per_second: Some(35.0 + (i % 200) as f64 / 10.0),
+            token_source: TokenSource::Server,
+        }),
+        input_tokens: Some(40 + i % 2000),
         details: CallDetails {
             client: Some("openai-python".into()),
             ttft_breakdown: Some(TtftBreakdown {

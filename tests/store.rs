@@ -17,7 +17,7 @@ use speedtap::meter::calibration::CalibrationTable;
 use speedtap::meter::{Phase, Snapshot, TokenSource};
 use speedtap::store::{
     export, ms_to_rfc3339, parse_export, ExportFormat, HistoryFilter, ModelSummary, Store,
-    StoreError, StoreWriter, StoredCall,
+    StoreError, StoreWriter,
 };
 
 // ---------------------------------------------------------------- helpers
@@ -55,13 +55,7 @@ const DAY_MS: u64 = 86_400_000;
 
 /// A settled call: `ok` with a final snapshot unless `status` says
 /// otherwise (unmetered calls have no snapshot).
-fn call(
-    id: &str,
-    started_ms: u64,
-    route: &str,
-    model: Option<&str>,
-    status: CallStatus,
-) -> StoredCall {
+fn call(id: &str, started_ms: u64, route: &str, model: Option<&str>, status: CallStatus) -> Call {
     let speed = (status != CallStatus::Unmetered).then(|| Snapshot {
         phase: Phase::Complete,
         is_final: true,
@@ -71,29 +65,26 @@ fn call(
         output_tokens_per_second: (status == CallStatus::Ok).then_some(45.5),
         token_source: TokenSource::Server,
     });
-    StoredCall {
-        call: Call {
-            identity: CallIdentity {
-                id: id.into(),
-                route: route.into(),
-                api: if status == CallStatus::Unmetered {
-                    ApiKind::Unknown
-                } else {
-                    ApiKind::OpenaiChat
-                },
-                model: model.map(Into::into),
-                started_at: ms_to_rfc3339(started_ms),
-            },
-            status,
-            http_status: Some(if status == CallStatus::UpstreamError {
-                500
+    Call {
+        identity: CallIdentity {
+            id: id.into(),
+            route: route.into(),
+            api: if status == CallStatus::Unmetered {
+                ApiKind::Unknown
             } else {
-                200
-            }),
-            speed,
-            input_tokens: Some(37),
-            details: Default::default(),
+                ApiKind::OpenaiChat
+            },
+            model: model.map(Into::into),
+            started_at: ms_to_rfc3339(started_ms),
         },
+        status,
+        http_status: Some(if status == CallStatus::UpstreamError {
+            500
+        } else {
+            200
+        }),
+        speed,
+        input_tokens: Some(37),
         details: CallDetails {
             client: Some("openai-python".into()),
             ttft_breakdown: None,
@@ -104,20 +95,20 @@ fn call(
     }
 }
 
-fn ok(id: &str, started_ms: u64) -> StoredCall {
+fn ok(id: &str, started_ms: u64) -> Call {
     call(id, started_ms, "ollama", Some("qwen3:8b"), CallStatus::Ok)
 }
 
 /// Sets the final snapshot's TTFT and rate.
-fn with_speed(mut c: StoredCall, ttft: Option<u64>, tps: Option<f64>) -> StoredCall {
-    let s = c.call.speed.as_mut().unwrap();
+fn with_speed(mut c: Call, ttft: Option<u64>, tps: Option<f64>) -> Call {
+    let s = c.speed.as_mut().unwrap();
     s.time_to_first_token_ms = ttft;
     s.output_tokens_per_second = tps;
     c
 }
 
-fn ids(calls: &[StoredCall]) -> Vec<&str> {
-    calls.iter().map(|c| c.call.identity.id.as_str()).collect()
+fn ids(calls: &[Call]) -> Vec<&str> {
+    calls.iter().map(|c| c.identity.id.as_str()).collect()
 }
 
 /// Every table and index definition, for comparing schemas.
@@ -276,10 +267,10 @@ fn migrates_a_v1_file_keeping_its_data_and_matching_a_fresh_schema() {
     let calls = store.history(&HistoryFilter::default()).unwrap();
     assert_eq!(ids(&calls), ["c-000002", "c-000001"]);
     let first = &calls[1];
-    assert_eq!(first.call.identity.started_at, "2026-11-30T10:42:07.123Z");
-    assert_eq!(first.call.identity.api, ApiKind::OllamaChat);
-    assert_eq!(first.call.status, CallStatus::Ok);
-    let speed = first.call.speed.as_ref().unwrap();
+    assert_eq!(first.identity.started_at, "2026-11-30T10:42:07.123Z");
+    assert_eq!(first.identity.api, ApiKind::OllamaChat);
+    assert_eq!(first.status, CallStatus::Ok);
+    let speed = first.speed.as_ref().unwrap();
     assert_eq!(speed.time_to_first_token_ms, Some(312));
     assert_eq!(speed.output_tokens_per_second, Some(41.7));
     assert_eq!(
@@ -292,8 +283,8 @@ fn migrates_a_v1_file_keeping_its_data_and_matching_a_fresh_schema() {
         Some(205.6)
     );
     assert_eq!(first.details.client.as_deref(), Some("ollama-python"));
-    assert!(calls[0].call.speed.is_none());
-    assert_eq!(calls[0].call.identity.model, None);
+    assert!(calls[0].speed.is_none());
+    assert_eq!(calls[0].identity.model, None);
     assert_eq!(
         store
             .load_calibration()
@@ -467,8 +458,8 @@ fn history_returns_exactly_what_was_stored() {
     });
     rich.details.one_burst = true;
     rich.details.unstreamed_reasoning = true;
-    rich.call.http_status = None;
-    rich.call.input_tokens = None;
+    rich.http_status = None;
+    rich.input_tokens = None;
     let unmetered = call("c-000043", T0 + 1, "ollama", None, CallStatus::Unmetered);
     store
         .insert_calls(&[rich.clone(), unmetered.clone()])
@@ -483,12 +474,12 @@ fn history_returns_exactly_what_was_stored() {
 fn empty_names_and_empty_breakdowns_are_stored_as_absent() {
     let mut store = Store::open_in_memory().unwrap();
     let mut c = ok("c-1", T0);
-    c.call.identity.model = Some(String::new());
+    c.identity.model = Some(String::new());
     c.details.client = Some(String::new());
     c.details.ttft_breakdown = Some(TtftBreakdown::default());
     store.insert_calls(&[c]).unwrap();
     let back = &store.history(&HistoryFilter::default()).unwrap()[0];
-    assert_eq!(back.call.identity.model, None);
+    assert_eq!(back.identity.model, None);
     assert_eq!(back.details.client, None);
     assert_eq!(back.details.ttft_breakdown, None);
 }
@@ -742,7 +733,6 @@ fn prune_by_size_drops_the_oldest_and_shrinks_the_file() {
         .unwrap()
         .last()
         .unwrap()
-        .call
         .identity
         .id
         .clone();
@@ -781,9 +771,9 @@ fn prune_vacuums_a_file_created_without_incremental_auto_vacuum_once() {
 
 // ---------------------------------------------------------------- export
 
-fn varied_calls() -> Vec<StoredCall> {
+fn varied_calls() -> Vec<Call> {
     let mut rich = ok("c-000001", T0);
-    rich.call.identity.model = Some("weird, \"quoted\"\nmodel".into());
+    rich.identity.model = Some("weird, \"quoted\"\nmodel".into());
     rich.details.client = Some("app, v2".into());
     rich.details.ttft_breakdown = Some(TtftBreakdown {
         load_ms: Some(1500.25),
@@ -798,8 +788,8 @@ fn varied_calls() -> Vec<StoredCall> {
     burst.details.one_burst = true;
     burst.details.settled_at = None;
     let mut estimated = ok("c-000003", T0 + 2);
-    estimated.call.speed.as_mut().unwrap().token_source = TokenSource::Estimated;
-    estimated.call.input_tokens = None;
+    estimated.speed.as_mut().unwrap().token_source = TokenSource::Estimated;
+    estimated.input_tokens = None;
     vec![
         rich,
         burst,
@@ -889,7 +879,24 @@ fn jsonl_export_is_one_flat_object_per_line() {
     assert_eq!(v["status"], "abandoned");
     assert_eq!(v["client"], "openai-python");
     assert_eq!(v["speed"]["time_to_first_token_ms"], 250);
-    assert_eq!(v["one_burst"], false);
+    // Unset flags are left out, exactly as the API's `Call` writes them...
+    assert_eq!(v.get("one_burst"), None);
+    assert_eq!(v.get("unstreamed_reasoning"), None);
+    // ...and set ones are there, once (no duplicate keys from the details).
+    let mut out = Vec::new();
+    export(
+        &store,
+        &HistoryFilter::default(),
+        ExportFormat::Jsonl,
+        &mut out,
+    )
+    .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let burst = text.lines().find(|l| l.contains("c-000002")).unwrap();
+    assert_eq!(burst.matches("\"one_burst\"").count(), 1, "{burst}");
+    let v: serde_json::Value = serde_json::from_str(burst).unwrap();
+    assert_eq!(v["one_burst"], true);
+    assert_eq!(v.get("settled_at"), None);
 }
 
 // ---------------------------------------------------------------- writer
@@ -1111,7 +1118,7 @@ fn kill_9_loses_no_call_reported_persisted() {
         .history(&HistoryFilter::default())
         .unwrap()
         .into_iter()
-        .map(|c| c.call.identity.id)
+        .map(|c| c.identity.id)
         .collect();
     let missing: Vec<_> = reported.iter().filter(|id| !stored.contains(*id)).collect();
     assert!(

@@ -8,7 +8,7 @@
 use std::io::{BufRead, Write};
 
 use super::query::{for_each_call, Order};
-use super::{HistoryFilter, Store, StoreError, StoredCall};
+use super::{HistoryFilter, Store, StoreError};
 use crate::engine::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
 use crate::meter::{Phase, Snapshot};
 
@@ -18,8 +18,11 @@ pub enum ExportFormat {
     /// RFC 4180: a header row, comma-separated, CRLF line ends, fields with
     /// a comma, quote or line break quoted. Absent values are empty fields.
     Csv,
-    /// One [`StoredCall`] JSON object per line (its `Call` and details
-    /// fields side by side), exactly as the history API returns them.
+    /// One [`Call`] JSON object per line (its details flattened beside the
+    /// contract's fields), exactly as the history API returns them. Like the
+    /// API, absent values and unset flags (`one_burst`,
+    /// `unstreamed_reasoning`) are left out rather than written as `null` or
+    /// `false`.
     Jsonl,
 }
 
@@ -106,9 +109,8 @@ fn opt<T: ToString>(v: Option<T>) -> String {
 
 /// One call's fields in [`CSV_COLUMNS`] order. Floats use Rust's shortest
 /// round-trip form, so reading them back gives the same value.
-fn csv_fields(stored: &StoredCall) -> impl Iterator<Item = String> {
-    let c = &stored.call;
-    let d = &stored.details;
+fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
+    let d = &c.details;
     let s = c.speed.as_ref();
     let b = d.ttft_breakdown.as_ref();
     [
@@ -160,7 +162,7 @@ fn write_csv_record(out: &mut String, fields: impl Iterator<Item = String>) {
 pub fn parse_export(
     format: ExportFormat,
     reader: &mut dyn BufRead,
-) -> Result<Vec<StoredCall>, StoreError> {
+) -> Result<Vec<Call>, StoreError> {
     let mut text = String::new();
     reader
         .read_to_string(&mut text)
@@ -174,7 +176,7 @@ pub fn parse_export(
     }
 }
 
-fn parse_jsonl(text: &str) -> Result<Vec<StoredCall>, StoreError> {
+fn parse_jsonl(text: &str) -> Result<Vec<Call>, StoreError> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -250,7 +252,7 @@ fn csv_records(text: &str) -> Result<Vec<(u64, Vec<String>)>, StoreError> {
     Ok(records)
 }
 
-fn parse_csv(text: &str) -> Result<Vec<StoredCall>, StoreError> {
+fn parse_csv(text: &str) -> Result<Vec<Call>, StoreError> {
     let mut records = csv_records(text)?.into_iter();
     let Some((_, header)) = records.next() else {
         return Ok(Vec::new());
@@ -270,7 +272,7 @@ fn parse_csv(text: &str) -> Result<Vec<StoredCall>, StoreError> {
 }
 
 /// The reverse of [`csv_fields`].
-fn csv_call(f: &[String]) -> Result<StoredCall, String> {
+fn csv_call(f: &[String]) -> Result<Call, String> {
     if f.len() != CSV_COLUMNS.len() {
         return Err(format!(
             "{} fields, expected {}",
@@ -317,21 +319,18 @@ fn csv_call(f: &[String]) -> Result<StoredCall, String> {
         prefill_tokens_per_second: num(f, 19)?,
         other_ms: num(f, 20)?,
     };
-    Ok(StoredCall {
-        call: Call {
-            identity: CallIdentity {
-                id: f[0].clone(),
-                route: f[1].clone(),
-                api: named(f, 2)?,
-                model: text(3),
-                started_at: f[7].clone(),
-            },
-            status: named(f, 5)?,
-            http_status: num(f, 6)?,
-            speed,
-            input_tokens: num(f, 14)?,
-            details: Default::default(),
+    Ok(Call {
+        identity: CallIdentity {
+            id: f[0].clone(),
+            route: f[1].clone(),
+            api: named(f, 2)?,
+            model: text(3),
+            started_at: f[7].clone(),
         },
+        status: named(f, 5)?,
+        http_status: num(f, 6)?,
+        speed,
+        input_tokens: num(f, 14)?,
         details: CallDetails {
             client: text(4),
             ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),

@@ -45,7 +45,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::model::{Call, CallDetails, CallStatus};
+use crate::engine::model::{Call, CallStatus};
 use crate::meter::calibration::CalibrationTable;
 
 pub use export::{export, parse_export, ExportFormat};
@@ -60,17 +60,6 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The WAL is truncated back to this size after a checkpoint, so one burst
 /// of writes doesn't leave a large `-wal` file behind forever.
 pub const JOURNAL_SIZE_LIMIT: u64 = 8 * 1024 * 1024;
-
-/// One settled call as stored: the contract's `Call` plus what speedtap
-/// knows beyond it. Serialised flat: the `Call` fields and the details side
-/// by side in one object (their names don't collide).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StoredCall {
-    #[serde(flatten)]
-    pub call: Call,
-    #[serde(flatten)]
-    pub details: CallDetails,
-}
 
 /// Which calls a query returns. All set fields must match (AND).
 ///
@@ -306,7 +295,7 @@ impl Store {
     /// left as it is, so retrying a batch never duplicates. Normalised on the
     /// way in: an empty model or client name is stored as absent, and a TTFT
     /// breakdown in which nothing was reported as no breakdown.
-    pub fn insert_calls(&mut self, calls: &[StoredCall]) -> Result<(), StoreError> {
+    pub fn insert_calls(&mut self, calls: &[Call]) -> Result<(), StoreError> {
         let tx = self
             .conn
             .transaction()

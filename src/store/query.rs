@@ -5,8 +5,8 @@ use rusqlite::types::Value;
 use rusqlite::{params_from_iter, Connection};
 
 use super::record::{self, COLUMNS};
-use super::{HistoryFilter, ModelSummary, Store, StoreError, StoredCall};
-use crate::engine::model::CallStatus;
+use super::{HistoryFilter, ModelSummary, Store, StoreError};
+use crate::engine::model::{Call, CallStatus};
 use crate::meter::snapshot::round_rate;
 
 /// Row order of a scan.
@@ -65,7 +65,7 @@ pub(crate) fn for_each_call(
     store: &Store,
     filter: &HistoryFilter,
     order: Order,
-    mut each: impl FnMut(StoredCall) -> Result<(), StoreError>,
+    mut each: impl FnMut(Call) -> Result<(), StoreError>,
 ) -> Result<u64, StoreError> {
     let (where_sql, mut args) = where_clause(filter);
     let dir = match order {
@@ -97,7 +97,7 @@ pub(crate) fn for_each_call(
 impl Store {
     /// The calls `filter` selects, newest first (by `started_at`; calls
     /// started in the same millisecond, most recently stored first).
-    pub fn history(&self, filter: &HistoryFilter) -> Result<Vec<StoredCall>, StoreError> {
+    pub fn history(&self, filter: &HistoryFilter) -> Result<Vec<Call>, StoreError> {
         let mut out = Vec::new();
         for_each_call(self, filter, Order::NewestFirst, |c| {
             out.push(c);

@@ -1,11 +1,12 @@
-//! One `calls` row ↔ one [`StoredCall`], and the time conversions.
+//! One `calls` row ↔ one [`Call`] (with its details), and the time
+//! conversions.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Row, Transaction};
 use serde::de::DeserializeOwned;
 
-use super::{StoreError, StoredCall};
+use super::StoreError;
 use crate::engine::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
 use crate::meter::Snapshot;
 
@@ -17,16 +18,15 @@ pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, mod
     unstreamed_reasoning";
 
 /// Inserts `calls`, skipping any already stored (same id and started_at).
-pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[StoredCall]) -> rusqlite::Result<()> {
+pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Result<()> {
     let mut stmt = tx.prepare_cached(&format!(
         "INSERT INTO calls ({COLUMNS}) VALUES \
          (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
           ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27) \
          ON CONFLICT (id, started_at) DO NOTHING"
     ))?;
-    for stored in calls {
-        let c = &stored.call;
-        let d = &stored.details;
+    for c in calls {
+        let d = &c.details;
         let s = c.speed.as_ref();
         let b = d
             .ttft_breakdown
@@ -82,7 +82,7 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
 }
 
 /// Reads a row selected with [`COLUMNS`].
-pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<StoredCall> {
+pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<Call> {
     let phase: Option<String> = row.get(11)?;
     let speed = match phase {
         None => None,
@@ -104,21 +104,18 @@ pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<StoredCall> {
         prefill_tokens_per_second: row.get(23)?,
         other_ms: row.get(24)?,
     };
-    Ok(StoredCall {
-        call: Call {
-            identity: CallIdentity {
-                id: row.get(0)?,
-                started_at: row.get(1)?,
-                route: row.get(3)?,
-                api: enum_from(row.get::<_, String>(4)?, 4)?,
-                model: row.get(5)?,
-            },
-            status: enum_from(row.get::<_, String>(7)?, 7)?,
-            http_status: row.get(8)?,
-            speed,
-            input_tokens: row.get(18)?,
-            details: Default::default(),
+    Ok(Call {
+        identity: CallIdentity {
+            id: row.get(0)?,
+            started_at: row.get(1)?,
+            route: row.get(3)?,
+            api: enum_from(row.get::<_, String>(4)?, 4)?,
+            model: row.get(5)?,
         },
+        status: enum_from(row.get::<_, String>(7)?, 7)?,
+        http_status: row.get(8)?,
+        speed,
+        input_tokens: row.get(18)?,
         details: CallDetails {
             client: row.get(6)?,
             ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),

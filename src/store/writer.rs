@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{DbName, PruneReport, Store, StoreError, StoredCall};
+use super::{DbName, PruneReport, Store, StoreError};
+use crate::engine::model::Call;
 use crate::meter::calibration::CalibrationTable;
 
 /// How long the first call of a batch waits for company before the batch
@@ -77,7 +78,7 @@ type StoreJob = Box<dyn FnOnce(&mut Store) + Send>;
 /// size gap) would only add an allocation per call.
 #[allow(clippy::large_enum_variant)]
 enum Msg {
-    Call(StoredCall),
+    Call(Call),
     Calibration(CalibrationTable),
     Flush(mpsc::SyncSender<()>),
     WithStore(StoreJob),
@@ -139,12 +140,12 @@ impl StoreWriter {
     /// Queues a settled call. Never blocks (the channel is unbounded). If
     /// the thread is gone (it could not start), the call is reported
     /// unpersisted right away, so the engine still settles it.
-    pub fn record(&self, call: StoredCall) {
+    pub fn record(&self, call: Call) {
         if let Err(mpsc::SendError(Msg::Call(call))) = self.tx.send(Msg::Call(call)) {
             self.counters
                 .calls_reported_unpersisted
                 .fetch_add(1, Ordering::Relaxed);
-            self.report.call(vec![call.call.identity.id], false);
+            self.report.call(vec![call.identity.id], false);
         }
     }
 
@@ -237,10 +238,10 @@ struct Worker {
     report: Reporter,
     counters: Arc<Counters>,
     /// Calls received and not yet tried.
-    pending: Vec<StoredCall>,
+    pending: Vec<Call>,
     /// Calls whose write failed: already reported unpersisted, retried with
     /// every later write.
-    held: Vec<StoredCall>,
+    held: Vec<Call>,
     /// The latest calibration snapshot not yet written.
     calibration: Option<CalibrationTable>,
     /// When the current batch must be committed.
@@ -312,11 +313,7 @@ impl Worker {
             return;
         }
         let result = self.write();
-        let ids: Vec<String> = self
-            .pending
-            .iter()
-            .map(|c| c.call.identity.id.clone())
-            .collect();
+        let ids: Vec<String> = self.pending.iter().map(|c| c.identity.id.clone()).collect();
         match result {
             Ok(()) => {
                 let written = (self.held.len() + self.pending.len()) as u64;
@@ -401,25 +398,22 @@ impl Worker {
 mod tests {
     use super::*;
     use crate::decode::ApiKind;
-    use crate::engine::model::{Call, CallDetails, CallIdentity, CallStatus};
+    use crate::engine::model::{CallIdentity, CallStatus};
 
-    fn call(id: &str) -> StoredCall {
-        StoredCall {
-            call: Call {
-                identity: CallIdentity {
-                    id: id.into(),
-                    route: "r".into(),
-                    api: ApiKind::OpenaiChat,
-                    model: None,
-                    started_at: "2026-11-30T10:42:07.123Z".into(),
-                },
-                status: CallStatus::Ok,
-                http_status: Some(200),
-                speed: None,
-                input_tokens: None,
-                details: Default::default(),
+    fn call(id: &str) -> Call {
+        Call {
+            identity: CallIdentity {
+                id: id.into(),
+                route: "r".into(),
+                api: ApiKind::OpenaiChat,
+                model: None,
+                started_at: "2026-11-30T10:42:07.123Z".into(),
             },
-            details: CallDetails::default(),
+            status: CallStatus::Ok,
+            http_status: Some(200),
+            speed: None,
+            input_tokens: None,
+            details: Default::default(),
         }
     }
 
