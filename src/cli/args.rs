@@ -56,6 +56,16 @@ pub struct RunArgs {
     /// Allow listening on non-loopback addresses.
     #[arg(long)]
     pub allow_remote: bool,
+    /// Also push metrics by OTLP/HTTP to this collector, e.g.
+    /// `http://127.0.0.1:4318`.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// Keep settled calls in the store this many days.
+    #[arg(long, value_name = "DAYS", default_value_t = 90)]
+    pub retention_days: u64,
+    /// Cap the store's size; the oldest calls go first.
+    #[arg(long, value_name = "MB", default_value_t = 1024)]
+    pub max_db_mb: u64,
 }
 
 #[derive(Debug, Clone, Args)]

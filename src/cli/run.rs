@@ -10,6 +10,7 @@ use super::args::RunArgs;
 use super::view::{json_line, TerminalView};
 use crate::config::{self, CliOverrides, ConfigError, Settings};
 use crate::engine::{Engine, EngineEvent, EngineOptions, EngineQueries, RunningEngine};
+use crate::store::Store;
 
 /// In-flight calls get this long to finish on SIGINT/SIGTERM (contract).
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -104,15 +105,7 @@ async fn discover_routes(settings: &mut Settings) -> Result<(), RunError> {
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let mut settings = resolve_settings(&args)?;
     discover_routes(&mut settings).await?;
-    if settings.db.path().is_some() {
-        tracing::debug!("the embedded store arrives with the history issue; running in memory");
-    }
-    let mut options = EngineOptions::from_settings(&settings);
-    options.config_path = Some(
-        args.config
-            .clone()
-            .unwrap_or_else(config::default_config_path),
-    );
+    let options = engine_options(&args, &settings)?;
     // Listen for the stop signals before anything is announced: a script
     // or service manager may stop speedtap as soon as it prints its start
     // lines, and a signal without a handler kills the process undrained.
@@ -130,11 +123,57 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     // call doesn't pay for them.
     std::thread::spawn(crate::tokens::O200kEstimator::warm_up);
 
+    let otlp = match &args.otlp_endpoint {
+        Some(endpoint) => {
+            let exporter = crate::engine::otlp::start_otlp_exporter(
+                endpoint,
+                OTLP_INTERVAL,
+                engine.handle.metrics(),
+            )
+            .map_err(|e| RunError::Usage(format!("--otlp-endpoint: {e}")))?;
+            eprintln!("speedtap: pushing metrics to {}", exporter.url());
+            Some(exporter)
+        }
+        None => None,
+    };
+
     stop.await;
     eprintln!("speedtap: stopping (in-flight calls get up to 5 s to finish)...");
     engine.shutdown(SHUTDOWN_GRACE).await;
+    if let Some(exporter) = otlp {
+        // The last calls get exported before the process ends.
+        let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+    }
     let _ = tokio::time::timeout(Duration::from_secs(1), printer).await;
     Ok(())
+}
+
+/// How often metrics are pushed with `--otlp-endpoint`.
+pub const OTLP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The engine options `speedtap run` and the tray app derive from their
+/// flags and settings: routes, API, thresholds, the config file to save
+/// settings to, and the store (opened here, so a bad path is an error
+/// before anything listens).
+pub fn engine_options(args: &RunArgs, settings: &Settings) -> Result<EngineOptions, RunError> {
+    let mut options = EngineOptions::from_settings(settings);
+    options.config_path = Some(
+        args.config
+            .clone()
+            .unwrap_or_else(config::default_config_path),
+    );
+    options.retention = Duration::from_secs(args.retention_days.max(1) * 24 * 3600);
+    options.max_db_bytes = args.max_db_mb.max(1) * 1024 * 1024;
+    if let Some(path) = settings.db.path() {
+        let store = Store::open(&path).map_err(|e| {
+            RunError::Runtime(format!(
+                "cannot open the store {}: {e} (use --db FILE, or --no-db for memory only)",
+                path.display()
+            ))
+        })?;
+        options.store = Some(store);
+    }
+    Ok(options)
 }
 
 fn announce(engine: &RunningEngine) {

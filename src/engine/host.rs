@@ -29,7 +29,8 @@ use super::control::{
     SettingsDoc,
 };
 use super::messages::{
-    GetCalibration, GetCall, GetCalls, GetHistory, GetStats, SetNotificationsPaused, Subscribe,
+    AttachStore, DetachStore, GetCalibration, GetCall, GetCalls, GetHistory, GetStats, Persisted,
+    SetNotificationsPaused, Subscribe,
 };
 use super::metrics::Metrics;
 use super::model::{Call, EngineEvent};
@@ -41,6 +42,7 @@ use crate::config::{self, ConfigFile, RouteSpec, Settings};
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::global::Stats;
 use crate::simulate::{SimConfig, SimServer};
+use crate::store::{HistoryFilter, ModelSummary, Store, StoreWriter};
 use crate::tokens::{default_estimator, TokenEstimator};
 
 /// Why the engine could not start.
@@ -81,7 +83,23 @@ pub struct EngineOptions {
     pub notify_settled: bool,
     /// Where settings are saved; `None` means the platform default.
     pub config_path: Option<PathBuf>,
+    /// The embedded store; `None` keeps everything in memory. Its saved
+    /// calibration replaces `calibration` so estimates are calibrated from
+    /// the first call after a restart.
+    pub store: Option<Store>,
+    /// How long settled calls are kept, and the store's size cap.
+    pub retention: Duration,
+    pub max_db_bytes: u64,
 }
+
+/// Default retention of settled calls.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// Default cap on the store's size.
+pub const DEFAULT_MAX_DB_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// How often the store is pruned while running (and once at start).
+pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 impl EngineOptions {
     pub fn new(routes: Vec<RouteSpec>) -> Self {
@@ -96,6 +114,9 @@ impl EngineOptions {
             notifications: true,
             notify_settled: false,
             config_path: None,
+            store: None,
+            retention: DEFAULT_RETENTION,
+            max_db_bytes: DEFAULT_MAX_DB_BYTES,
         }
     }
 
@@ -145,12 +166,16 @@ struct Demo {
 /// State shared by the engine's handle and host.
 struct Shared {
     link: Arc<EngineLink>,
+    metrics: Arc<Metrics>,
     routes: RwLock<Vec<BoundRoute>>,
     settings: RwLock<LiveSettings>,
     config_path: PathBuf,
     stop: watch::Receiver<bool>,
     servers: tokio::sync::Mutex<JoinSet<()>>,
     demo: tokio::sync::Mutex<Option<Demo>>,
+    /// A second connection to the store for queries (WAL lets it read
+    /// while the writer writes).
+    reader: Option<Arc<std::sync::Mutex<Store>>>,
 }
 
 /// Access to the running engine, for front ends. Cheap to clone.
@@ -166,6 +191,28 @@ impl EngineHandle {
     /// Pause or resume the slow-first-token hooks (desktop notifications).
     pub fn set_notifications_paused(&self, paused: bool) {
         self.notifier.do_send(SetNotificationsPaused(paused));
+    }
+
+    /// The metrics registry (for exporters).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Runs a read-only query on the store's reader connection, off the
+    /// async threads.
+    async fn query<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&Store) -> Result<T, crate::store::StoreError> + Send + 'static,
+    ) -> Result<T, String> {
+        let Some(reader) = self.shared.reader.clone() else {
+            return Err("no store: history needs --db (it is off with --no-db)".to_owned());
+        };
+        tokio::task::spawn_blocking(move || {
+            let store = reader.lock().unwrap_or_else(|p| p.into_inner());
+            job(&store).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| format!("store query failed: {e}"))?
     }
 
     /// A copy of the current calibration table.
@@ -199,6 +246,13 @@ impl EngineHandle {
         let bound = spawn_route(&self.shared, route, listener).await;
         Ok(bound)
     }
+}
+
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -318,6 +372,14 @@ impl EngineQueries for EngineHandle {
         })
     }
 
+    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, String> {
+        self.query(move |s| s.history(&filter)).await
+    }
+
+    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, String> {
+        self.query(move |s| s.models(&filter)).await
+    }
+
     /// Starts the simulator and a `demo` route once, then (again) a minute
     /// of demo traffic unless some is still running.
     async fn start_demo(&self) -> Result<DemoDoc, String> {
@@ -387,6 +449,9 @@ async fn spawn_route(shared: &Arc<Shared>, route: RouteSpec, listener: TcpListen
         upstream: route.upstream.base_url(),
     };
     write(&shared.routes).push(bound.clone());
+    shared
+        .metrics
+        .set_route_upstream(&route.name, &route.upstream.host, route.upstream.port);
     let proxy = Arc::new(RouteProxy::new(
         route.name,
         route.upstream,
@@ -423,7 +488,22 @@ impl Engine {
             None => None,
         };
 
-        let calibration = Arc::new(RwLock::new(options.calibration));
+        let mut calibration = options.calibration;
+        let mut reader = None;
+        let mut store = options.store;
+        if let Some(s) = &store {
+            match s.load_calibration() {
+                Ok(saved) if !saved.is_empty() => calibration = saved,
+                Ok(_) => {}
+                Err(e) => tracing::warn!("store: cannot load the calibration: {e}"),
+            }
+            match s.path().map(Store::open) {
+                Some(Ok(r)) => reader = Some(Arc::new(std::sync::Mutex::new(r))),
+                Some(Err(e)) => tracing::warn!("store: no reader connection, history is off: {e}"),
+                None => {}
+            }
+        }
+        let calibration = Arc::new(RwLock::new(calibration));
         let metrics = Arc::new(Metrics::new());
         let actors = start_actors(
             calibration.clone(),
@@ -444,6 +524,7 @@ impl Engine {
         let (stop_accepting, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             link,
+            metrics: metrics.clone(),
             routes: RwLock::new(Vec::new()),
             settings: RwLock::new(LiveSettings {
                 routes: options.routes.clone(),
@@ -456,7 +537,39 @@ impl Engine {
             stop: stop_rx.clone(),
             servers: tokio::sync::Mutex::new(JoinSet::new()),
             demo: tokio::sync::Mutex::new(None),
+            reader,
         });
+        if let Some(store) = store.take() {
+            let supervisor = actors.supervisor.clone();
+            let writer = Arc::new(StoreWriter::spawn(
+                store,
+                Box::new(move |ids, durable| supervisor.do_send(Persisted { ids, durable })),
+            ));
+            actors.supervisor.do_send(AttachStore(writer.clone()));
+            let (retention, max_bytes) = (options.retention, options.max_db_bytes);
+            let mut stop = stop_rx.clone();
+            shared.servers.lock().await.spawn(async move {
+                let mut every = tokio::time::interval(PRUNE_EVERY);
+                loop {
+                    tokio::select! {
+                        _ = every.tick() => {}
+                        _ = stop.wait_for(|s| *s) => break,
+                    }
+                    let writer = writer.clone();
+                    let pruned = tokio::task::spawn_blocking(move || {
+                        writer.prune(unix_ms_now(), retention, max_bytes)
+                    })
+                    .await;
+                    match pruned {
+                        Ok(Ok(report)) if report.removed() > 0 => {
+                            tracing::info!("store: pruned {} old calls", report.removed())
+                        }
+                        Ok(Err(e)) => tracing::warn!("store: prune failed: {e}"),
+                        _ => {}
+                    }
+                }
+            });
+        }
         let handle = EngineHandle {
             supervisor: actors.supervisor,
             notifier: actors.notifier,
@@ -534,6 +647,10 @@ impl RunningEngine {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Commit what the writer still holds before the threads end.
+        if let Ok(Some(writer)) = self.handle.supervisor.send(DetachStore).await {
+            let _ = tokio::task::spawn_blocking(move || drop(writer)).await;
         }
         self.system.stop();
     }

@@ -148,3 +148,25 @@ pub struct FirstTokenLate(pub SlowFirstToken);
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SetNotificationsPaused(pub bool);
+
+// === store ===
+
+/// Hand the store's writer to the supervisor: from now on a call is only
+/// reported settled once it is durable.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AttachStore(pub std::sync::Arc<crate::store::StoreWriter>);
+
+/// Take the writer back (shutdown), after which calls settle in memory.
+#[derive(Message)]
+#[rtype(result = "Option<std::sync::Arc<crate::store::StoreWriter>>")]
+pub struct DetachStore;
+
+/// The writer committed these calls (or failed to: `durable` false, and
+/// they are settled in memory all the same).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Persisted {
+    pub ids: Vec<String>,
+    pub durable: bool,
+}

@@ -20,10 +20,11 @@ use tokio::time::Instant;
 use super::control::{HistoryDoc, HistoryPoint};
 use super::messages::*;
 use super::metrics::Metrics;
-use super::model::{Call, EngineEvent};
+use super::model::{Call, CallStatus, EngineEvent};
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::global::{GlobalMeter, Stats};
 use crate::meter::TokenSource;
+use crate::store::StoreWriter;
 
 /// How many settled calls the supervisor keeps for the API. The contract
 /// asks for at least 1,000.
@@ -44,6 +45,11 @@ pub struct Supervisor {
     next_publish: Option<(SpawnHandle, Instant)>,
     /// Subscribers dropped for being too slow (diagnostics).
     dropped_subscribers: u64,
+    /// Where settled calls are made durable; `None` runs in memory.
+    store: Option<Arc<StoreWriter>>,
+    /// Calls that ended and wait for the store to confirm them (listed in
+    /// flight meanwhile), by id: their sequence number and final record.
+    pending: HashMap<String, (u64, Call)>,
     /// Published readings with a real tps, for the last-hour chart:
     /// (unix ms, tps), oldest first, at most one per publish.
     chart: VecDeque<HistoryPoint>,
@@ -66,6 +72,8 @@ impl Supervisor {
             last_stats,
             next_publish: None,
             dropped_subscribers: 0,
+            store: None,
+            pending: HashMap::new(),
             chart: VecDeque::new(),
         }
     }
@@ -123,6 +131,23 @@ impl Supervisor {
             act.publish_stats(ctx);
         });
         self.next_publish = Some((handle, at));
+    }
+
+    /// A call ended. With a store it waits (listed in flight, with its
+    /// final snapshot) until the writer confirms it is durable, so a crash
+    /// never loses a call the API reported settled; without one it settles
+    /// at once.
+    fn finish_call(&mut self, seq: u64, call: Call) {
+        let Some(store) = &self.store else {
+            self.settle(seq, call);
+            return;
+        };
+        self.global.remove(seq);
+        store.record(call.clone());
+        let mut listed = call.clone();
+        listed.status = CallStatus::InFlight;
+        self.active.insert(seq, listed);
+        self.pending.insert(call.identity.id.clone(), (seq, call));
     }
 
     fn settle(&mut self, seq: u64, call: Call) {
@@ -210,6 +235,9 @@ impl Handler<CallClosed> for Supervisor {
         if let (Some(ratio), Some(model)) = (msg.calibration_ratio, &msg.call.identity.model) {
             if let Ok(mut table) = self.calibration.write() {
                 table.observe(&msg.call.identity.route, model, ratio);
+                if let Some(store) = &self.store {
+                    store.save_calibration(table.clone());
+                }
             }
         }
         if let Some(speed) = msg.call.speed.clone() {
@@ -218,14 +246,39 @@ impl Handler<CallClosed> for Supervisor {
                 speed,
             });
         }
-        self.settle(msg.seq, msg.call);
+        self.finish_call(msg.seq, msg.call);
     }
 }
 
 impl Handler<PassedThrough> for Supervisor {
     type Result = ();
     fn handle(&mut self, msg: PassedThrough, _: &mut Self::Context) {
-        self.settle(msg.seq, msg.call);
+        self.finish_call(msg.seq, msg.call);
+    }
+}
+
+impl Handler<AttachStore> for Supervisor {
+    type Result = ();
+    fn handle(&mut self, msg: AttachStore, _: &mut Self::Context) {
+        self.store = Some(msg.0);
+    }
+}
+
+impl Handler<DetachStore> for Supervisor {
+    type Result = Option<Arc<StoreWriter>>;
+    fn handle(&mut self, _: DetachStore, _: &mut Self::Context) -> Self::Result {
+        self.store.take()
+    }
+}
+
+impl Handler<Persisted> for Supervisor {
+    type Result = ();
+    fn handle(&mut self, msg: Persisted, _: &mut Self::Context) {
+        for id in msg.ids {
+            if let Some((seq, call)) = self.pending.remove(&id) {
+                self.settle(seq, call);
+            }
+        }
     }
 }
 
