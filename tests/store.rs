@@ -234,6 +234,33 @@ fn open_errors_name_the_file() {
     );
 }
 
+#[test]
+fn open_existing_never_creates_a_database_and_only_reads() {
+    let tmp = TempDir::new("existing");
+    let missing = tmp.path("sub/none.sqlite3");
+    let err = Store::open_existing(&missing).unwrap_err();
+    assert!(matches!(err, StoreError::Missing { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&missing.display().to_string()),
+        "{err}"
+    );
+    assert!(!missing.exists() && !tmp.path("sub").exists());
+
+    let path = tmp.path("db.sqlite3");
+    Store::open(&path)
+        .unwrap()
+        .insert_calls(&[ok("c-1", T0)])
+        .unwrap();
+    let mut reader = Store::open_existing(&path).unwrap();
+    assert_eq!(
+        ids(&reader.history(&HistoryFilter::default()).unwrap()),
+        ["c-1"]
+    );
+    let err = reader.insert_calls(&[ok("c-2", T0 + 1)]).unwrap_err();
+    assert!(err.to_string().contains("readonly"), "{err}");
+    assert_eq!(Store::open(&path).unwrap().count_calls().unwrap(), 1);
+}
+
 // ---------------------------------------------------------------- migrations
 
 #[test]

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::store::ExportFormat;
+
 /// speedtap: live TTFT and tokens per second for every local LLM call.
 ///
 /// Put `speedtap run` between your chat clients and your local model
@@ -27,6 +29,9 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// List the local model servers found and the route speedtap would make.
     Discover,
+    /// Write the calls in the history database as CSV or JSON Lines,
+    /// oldest first.
+    Export(ExportArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -91,4 +96,48 @@ pub struct SimulateArgs {
     /// Send the server's own timings (llama.cpp `timings`, Ollama durations).
     #[arg(long)]
     pub server_timings: bool,
+}
+
+/// `speedtap export`. Every filter is optional; the given ones must all
+/// match.
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    /// `csv` (a header row, then one row per call) or `jsonl` (one JSON
+    /// object per line, as the history API returns calls).
+    #[arg(long, value_name = "FORMAT")]
+    pub format: ExportFormat,
+    /// Only calls started at or after T: unix milliseconds or an RFC 3339
+    /// time such as 2026-11-30T10:42:07Z.
+    #[arg(long, value_name = "T", value_parser = time_flag)]
+    pub since: Option<u64>,
+    /// Only calls started before T (same forms as --since).
+    #[arg(long, value_name = "T", value_parser = time_flag)]
+    pub until: Option<u64>,
+    /// Only calls naming this model (`--model ""`: calls that named none).
+    #[arg(long, value_name = "M")]
+    pub model: Option<String>,
+    /// Only calls of this route.
+    #[arg(long, value_name = "R")]
+    pub route: Option<String>,
+    /// Only calls made by this client app (`openai-python`, `curl`...).
+    #[arg(long, value_name = "C")]
+    pub client: Option<String>,
+    /// The history database [default: the config file's `db`, else
+    /// speedtap.sqlite3 in the platform data dir]. Never created: a missing
+    /// file is an error.
+    #[arg(long, value_name = "FILE")]
+    pub db: Option<PathBuf>,
+    /// Config file whose `db` to export when --db is not given. Default: the
+    /// platform config file, if it exists.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Write here instead of stdout (the file is replaced).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// `--since`/`--until` as clap parses them, so a bad time is a usage error
+/// (exit 2) whose message names the flag.
+fn time_flag(text: &str) -> Result<u64, String> {
+    crate::store::parse_time(text).map_err(|e| e.to_string())
 }

@@ -1,13 +1,18 @@
-//! The small commands: `simulate` and `discover`, and the entry point that
-//! dispatches every subcommand.
+//! The small commands: `simulate`, `discover` and `export`, and the entry
+//! point that dispatches every subcommand.
 
 use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, BufWriter};
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
-use super::args::{Cli, Command, SimulateArgs};
+use super::args::{Cli, Command, ExportArgs, SimulateArgs};
 use super::run::{run, RunError};
+use crate::config::{self, DbSetting};
 use crate::simulate::{self, SimConfig};
+use crate::store::{self, HistoryFilter, Store, StoreError};
 
 /// Parses `args`, runs the command, and returns the process exit code
 /// (0 clean stop, 1 runtime failure, 2 bad usage or config).
@@ -25,6 +30,11 @@ where
         }
     };
     init_tracing();
+    let command = match cli.command {
+        // Blocking file I/O from start to end: no runtime needed.
+        Command::Export(args) => return exit_code(export_command(&args)),
+        other => other,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("speedtap-proxy")
@@ -37,12 +47,18 @@ where
         }
     };
     let result = runtime.block_on(async move {
-        match cli.command {
+        match command {
             Command::Run(args) => run(args).await,
             Command::Simulate(args) => simulate_command(args).await,
             Command::Discover => discover_command().await,
+            Command::Export(args) => export_command(&args),
         }
     });
+    exit_code(result)
+}
+
+/// Prints a failure and maps it to the contract's exit code.
+fn exit_code(result: Result<(), RunError>) -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
@@ -106,4 +122,118 @@ async fn discover_command() -> Result<(), RunError> {
         );
     }
     Ok(())
+}
+
+/// `speedtap export`: the stored calls the flags select, oldest first, as
+/// CSV or JSON Lines, to stdout or `--output`; then one summary line on
+/// stderr (`exported 3 calls to out.csv from /path/speedtap.sqlite3`), so
+/// stdout carries nothing but the export.
+///
+/// Exit codes: 2 for bad flags (clap's, a bad time, `--since` not before
+/// `--until`) and for a config file that is unreadable or says `db = false`
+/// (memory only: there is no history to export); 1 when the database is
+/// missing or can't be read, or the output can't be written. A reader that
+/// closes stdout early (`| head`) ends the export quietly with 0.
+pub fn export_command(args: &ExportArgs) -> Result<(), RunError> {
+    if let (Some(since), Some(until)) = (args.since, args.until) {
+        if since >= until {
+            return Err(RunError::Usage(format!(
+                "--since ({}) must be before --until ({}): the range is [since, until)",
+                store::ms_to_rfc3339(since),
+                store::ms_to_rfc3339(until)
+            )));
+        }
+    }
+    let db = export_db_path(args)?;
+    let store = Store::open_existing(&db).map_err(|e| RunError::Runtime(e.to_string()))?;
+    let filter = HistoryFilter {
+        model: args.model.clone(),
+        route: args.route.clone(),
+        client: args.client.clone(),
+        since_ms: args.since,
+        until_ms: args.until,
+        status: None,
+        limit: None,
+    };
+    let (written, target) = match &args.output {
+        Some(path) if same_file(path, &db) => {
+            return Err(RunError::Usage(format!(
+                "--output {} is the history database itself",
+                path.display()
+            )))
+        }
+        Some(path) => {
+            let file = File::create(path).map_err(|e| {
+                RunError::Runtime(format!(
+                    "cannot write the export to {}: {e}",
+                    path.display()
+                ))
+            })?;
+            let mut out = BufWriter::new(file);
+            let written = store::export(&store, &filter, args.format, &mut out);
+            if written.is_err() {
+                // A half-written export must not pass for a whole one.
+                let _ = std::fs::remove_file(path);
+            }
+            (written, path.display().to_string())
+        }
+        None => {
+            let mut out = BufWriter::new(io::stdout().lock());
+            let written = store::export(&store, &filter, args.format, &mut out);
+            (written, "stdout".to_owned())
+        }
+    };
+    match written {
+        Ok(n) => {
+            eprintln!(
+                "speedtap: exported {n} call{} to {target} from {}",
+                if n == 1 { "" } else { "s" },
+                db.display()
+            );
+            Ok(())
+        }
+        Err(StoreError::ExportWrite(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(StoreError::ExportWrite(e)) => Err(RunError::Runtime(format!(
+            "cannot write the export to {target}: {e}"
+        ))),
+        Err(e) => Err(RunError::Runtime(e.to_string())),
+    }
+}
+
+/// The database `export` reads: `--db`; else the `db` of the config file
+/// (`--config`, or the platform one if it exists), as `speedtap run` would
+/// use it; else the platform default.
+fn export_db_path(args: &ExportArgs) -> Result<PathBuf, RunError> {
+    if let Some(db) = &args.db {
+        return Ok(db.clone());
+    }
+    let config_path = match &args.config {
+        Some(path) => Some(path.clone()),
+        None => Some(config::default_config_path()).filter(|p| p.exists()),
+    };
+    let Some(config_path) = config_path else {
+        return Ok(config::default_db_path());
+    };
+    let file = config::load_config(&config_path)?;
+    match file.db.unwrap_or(DbSetting::Default) {
+        DbSetting::None => Err(memory_only(&config_path)),
+        setting => Ok(setting.path().unwrap_or_else(config::default_db_path)),
+    }
+}
+
+/// True when both paths name one existing file (so `--output` would
+/// truncate the database it reads).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn memory_only(config_path: &Path) -> RunError {
+    RunError::Usage(format!(
+        "{}: db = false keeps calls in memory only, so there is no history to export; \
+         pass --db FILE",
+        config_path.display()
+    ))
 }

@@ -118,6 +118,13 @@ pub enum StoreError {
     CreateDir { dir: PathBuf, source: io::Error },
     #[error("cannot create the history database {}: {source}", path.display())]
     CreateFile { path: PathBuf, source: io::Error },
+    /// [`Store::open_existing`] found no file: nothing was ever stored there.
+    #[error(
+        "no history database at {}: nothing has been recorded there (speedtap run stores \
+         calls in it unless --no-db is given)",
+        path.display()
+    )]
+    Missing { path: PathBuf },
     #[error("history database {db}: {what}: {source}")]
     Sqlite {
         db: DbName,
@@ -205,6 +212,36 @@ impl Store {
         Store::configure(conn, db, Some(path.to_owned()))
     }
 
+    /// Opens an existing database for reading (`speedtap export`), and
+    /// never creates one: a reader pointed at the wrong path must say so
+    /// ([`StoreError::Missing`]) rather than leave an empty database behind
+    /// that would then "export" nothing.
+    ///
+    /// The file is opened like [`Store::open`] does, which writes nothing to
+    /// a file of the current schema (`tests/export_cli.rs` checks the bytes);
+    /// a file of an older schema is migrated first, as the next `speedtap
+    /// run` would do anyway (this version's queries need the current
+    /// schema). After that the connection is `query_only`: nothing done
+    /// through this store writes to the file.
+    pub fn open_existing(path: &Path) -> Result<Store, StoreError> {
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(StoreError::Missing {
+                    path: path.to_owned(),
+                })
+            }
+            // Anything else (a directory, no permission...) is reported by
+            // the open below, in SQLite's words, naming the file.
+            _ => {}
+        }
+        let store = Store::open(path)?;
+        store
+            .conn
+            .pragma_update(None, "query_only", true)
+            .map_err(|source| store.db.err("cannot make the connection read-only", source))?;
+        Ok(store)
+    }
+
     /// A database in memory, gone when dropped (`--no-db`, tests).
     pub fn open_in_memory() -> Result<Store, StoreError> {
         let db = DbName(":memory:".into());
@@ -241,9 +278,16 @@ impl Store {
         // Lets pruning give freed pages back to the file system without a
         // full VACUUM (see `Store::prune`). It only takes on a database that
         // has no table yet, and only before the switch to WAL writes the
-        // header: on an existing file this is a no-op.
-        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
-            .map_err(sqlite("cannot set auto_vacuum"))?;
+        // header. Only set when not already in force: setting it rewrites the
+        // header even when the value is unchanged, and a reader
+        // ([`Store::open_existing`]) must not write.
+        let auto_vacuum: i64 = conn
+            .pragma_query_value(None, "auto_vacuum", |row| row.get(0))
+            .map_err(sqlite("cannot read auto_vacuum"))?;
+        if auto_vacuum != prune::INCREMENTAL {
+            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+                .map_err(sqlite("cannot set auto_vacuum"))?;
+        }
         // Returns the mode now in force: `memory` for an in-memory database,
         // which has no file to journal to.
         let mode: String = conn

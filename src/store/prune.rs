@@ -11,7 +11,7 @@ use super::{Store, StoreError};
 pub const PRUNE_CHUNK_MIN: u64 = 256;
 
 /// `PRAGMA auto_vacuum` value for INCREMENTAL.
-const INCREMENTAL: i64 = 2;
+pub(crate) const INCREMENTAL: i64 = 2;
 
 /// What [`Store::prune`] removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
