@@ -1,7 +1,8 @@
 //! The control API over a real socket, against a fake engine: status codes,
 //! content types and JSON shapes of the contract (`shared/contract.md`,
 //! "Control API"), the host guard, the absence of CORS, the event stream and
-//! shutdown.
+//! shutdown; and the stored history (`/api/v1/history`, `/models`,
+//! `/export`), which the fake answers from a real in-memory store.
 
 use std::sync::{Arc, Mutex};
 
@@ -17,17 +18,21 @@ use tokio::sync::{mpsc, oneshot};
 
 use speedtap::decode::ApiKind;
 use speedtap::engine::metrics::Metrics;
+use speedtap::engine::model::{CallDetails, TtftBreakdown};
 use speedtap::engine::{
     Call, CallIdentity, CallStatus, CallsQuery, EngineEvent, EngineQueries, SpeedEvent,
 };
 use speedtap::meter::global::Stats;
 use speedtap::meter::{Phase, Snapshot, TokenSource};
+use speedtap::store::{parse_export, ExportFormat, HistoryFilter, ModelSummary, Store};
 
 // ---------------------------------------------------------------- the fake
 
 /// A fixed engine: two calls, one stats value, real metrics with one
 /// recorded call; it records every calls query and hands each new
-/// subscription's sender to the test.
+/// subscription's sender to the test. Its history is a real in-memory
+/// store holding [`stored_calls`]; it records every history, models and
+/// export query (with the endpoint's name) too.
 #[derive(Clone)]
 struct FakeEngine {
     calls: Arc<Vec<Call>>,
@@ -35,6 +40,17 @@ struct FakeEngine {
     queries: Arc<Mutex<Vec<CallsQuery>>>,
     subscribers: mpsc::UnboundedSender<mpsc::Sender<EngineEvent>>,
     metrics: Arc<Metrics>,
+    store: Arc<Mutex<Store>>,
+    history_queries: Arc<Mutex<Vec<(&'static str, HistoryFilter)>>>,
+}
+
+impl FakeEngine {
+    fn record(&self, endpoint: &'static str, filter: &HistoryFilter) {
+        self.history_queries
+            .lock()
+            .unwrap()
+            .push((endpoint, filter.clone()));
+    }
 }
 
 impl EngineQueries for FakeEngine {
@@ -67,6 +83,53 @@ impl EngineQueries for FakeEngine {
 
     fn metrics_text(&self) -> String {
         self.metrics.render()
+    }
+
+    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, String> {
+        self.record("history", &filter);
+        let store = self.store.lock().unwrap();
+        store.history(&filter).map_err(|e| e.to_string())
+    }
+
+    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, String> {
+        self.record("models", &filter);
+        let store = self.store.lock().unwrap();
+        store.models(&filter).map_err(|e| e.to_string())
+    }
+
+    async fn export(&self, filter: HistoryFilter, format: ExportFormat) -> Result<Vec<u8>, String> {
+        self.record("export", &filter);
+        let store = self.store.lock().unwrap();
+        let mut out = Vec::new();
+        speedtap::store::export(&store, &filter, format, &mut out).map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+}
+
+/// An engine without a store (`--no-db`): only the required queries, so
+/// history, models and export are the trait's defaults.
+#[derive(Clone)]
+struct NoStoreEngine;
+
+impl EngineQueries for NoStoreEngine {
+    async fn calls(&self, _query: CallsQuery) -> Vec<Call> {
+        Vec::new()
+    }
+
+    async fn call(&self, _id: String) -> Option<Call> {
+        None
+    }
+
+    async fn stats(&self) -> Stats {
+        stats()
+    }
+
+    async fn subscribe(&self) -> mpsc::Receiver<EngineEvent> {
+        mpsc::channel(1).1
+    }
+
+    fn metrics_text(&self) -> String {
+        String::new()
     }
 }
 
@@ -123,6 +186,58 @@ fn in_flight_call() -> Call {
     }
 }
 
+/// The store's calls, oldest first, an hour apart from 10:42:07.123Z: the
+/// contract's example with every detail set, a one-burst call on another
+/// route and model, and an unmetered call that named no model.
+fn stored_calls() -> Vec<Call> {
+    let mut first = settled_call();
+    first.details = CallDetails {
+        client: Some("openai-python".into()),
+        ttft_breakdown: Some(TtftBreakdown {
+            load_ms: Some(120.5),
+            prefill_ms: Some(150.0),
+            prefill_tokens: Some(37),
+            cached_tokens: Some(0),
+            prefill_tokens_per_second: Some(246.7),
+            other_ms: Some(41.5),
+        }),
+        one_burst: false,
+        unstreamed_reasoning: true,
+        settled_at: Some("2026-11-30T10:42:12.243Z".into()),
+    };
+    let mut second = settled_call();
+    second.identity = CallIdentity {
+        id: "c-000043".into(),
+        route: "llamacpp".into(),
+        api: ApiKind::OpenaiChat,
+        model: Some("gemma3".into()),
+        started_at: "2026-11-30T11:42:07.123Z".into(),
+    };
+    let speed = second.speed.as_mut().unwrap();
+    speed.time_to_first_token_ms = Some(900);
+    speed.output_tokens_per_second = None;
+    second.details = CallDetails {
+        client: Some("curl".into()),
+        one_burst: true,
+        ..CallDetails::default()
+    };
+    let third = Call {
+        identity: CallIdentity {
+            id: "c-000044".into(),
+            route: "llamacpp".into(),
+            api: ApiKind::Unknown,
+            model: None,
+            started_at: "2026-11-30T12:42:07.123Z".into(),
+        },
+        status: CallStatus::Unmetered,
+        http_status: Some(200),
+        speed: None,
+        input_tokens: None,
+        details: CallDetails::default(),
+    };
+    vec![first, second, third]
+}
+
 fn stats() -> Stats {
     Stats {
         tps: Some(47.3),
@@ -138,6 +253,7 @@ fn stats() -> Stats {
 struct Server {
     addr: std::net::SocketAddr,
     queries: Arc<Mutex<Vec<CallsQuery>>>,
+    history_queries: Arc<Mutex<Vec<(&'static str, HistoryFilter)>>>,
     subscribers: mpsc::UnboundedReceiver<mpsc::Sender<EngineEvent>>,
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -148,14 +264,19 @@ async fn start() -> Server {
     metrics.record_settled(&settled_call());
     metrics.set_active_calls(1);
     let (sub_tx, sub_rx) = mpsc::unbounded_channel();
+    let mut store = Store::open_in_memory().unwrap();
+    store.insert_calls(&stored_calls()).unwrap();
     let engine = FakeEngine {
         calls: Arc::new(vec![in_flight_call(), settled_call()]),
         stats: stats(),
         queries: Arc::default(),
         subscribers: sub_tx,
         metrics,
+        store: Arc::new(Mutex::new(store)),
+        history_queries: Arc::default(),
     };
     let queries = engine.queries.clone();
+    let history_queries = engine.history_queries.clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
@@ -165,6 +286,7 @@ async fn start() -> Server {
     Server {
         addr,
         queries,
+        history_queries,
         subscribers: sub_rx,
         stop,
         task,
@@ -667,4 +789,276 @@ async fn shutdown_ends_open_event_streams_and_returns() {
     // ...and the server returns cleanly and stops accepting.
     server.task.await.unwrap().unwrap();
     assert!(TcpStream::connect(server.addr).await.is_err());
+}
+
+// ---------------------------------------------------------------- history
+
+fn header<'a>(a: &'a Answer, name: &str) -> &'a str {
+    a.headers
+        .get(name)
+        .map(|v| v.to_str().unwrap())
+        .unwrap_or_else(|| panic!("no {name} header"))
+}
+
+fn recorded(server: &Server) -> Vec<(&'static str, HistoryFilter)> {
+    server.history_queries.lock().unwrap().clone()
+}
+
+#[tokio::test]
+async fn history_returns_stored_calls_newest_first_with_their_details() {
+    let server = start().await;
+    let a = get(&server, "/api/v1/history").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.content_type(), "application/json");
+    assert_eq!(header(&a, "cache-control"), "no-store");
+    let v = a.json();
+    assert_eq!(keys(&v), ["calls"]);
+    let calls: Vec<Call> = serde_json::from_value(v["calls"].clone()).unwrap();
+    let mut newest_first = stored_calls();
+    newest_first.reverse();
+    assert_eq!(calls, newest_first);
+    // The details sit beside the contract's fields, under their own names;
+    // unset flags are left out.
+    let oldest = &v["calls"][2];
+    assert_eq!(
+        keys(oldest),
+        [
+            "api",
+            "client",
+            "http_status",
+            "id",
+            "input_tokens",
+            "model",
+            "route",
+            "settled_at",
+            "speed",
+            "started_at",
+            "status",
+            "ttft_breakdown",
+            "unstreamed_reasoning"
+        ]
+    );
+    assert_eq!(oldest["ttft_breakdown"]["prefill_tokens_per_second"], 246.7);
+    assert_eq!(v["calls"][1]["one_burst"], true);
+
+    // Every filter reaches the engine, decoded; limit is clamped.
+    let a = get(
+        &server,
+        "/api/v1/history?model=gemma3&route=llamacpp&client=curl\
+         &since=2026-11-30T11%3A00%3A00Z&until=1796045000000&limit=1",
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["calls"][0]["id"], "c-000043");
+    // `model=` (empty): the calls that named none.
+    let a = get(&server, "/api/v1/history?model=&limit=50000").await;
+    let v = a.json();
+    let ids: Vec<&str> = v["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["c-000044"]);
+    assert_eq!(
+        recorded(&server),
+        vec![
+            (
+                "history",
+                HistoryFilter {
+                    limit: Some(100),
+                    ..HistoryFilter::default()
+                }
+            ),
+            (
+                "history",
+                HistoryFilter {
+                    model: Some("gemma3".into()),
+                    route: Some("llamacpp".into()),
+                    client: Some("curl".into()),
+                    since_ms: Some(1_796_036_400_000),
+                    until_ms: Some(1_796_045_000_000),
+                    status: None,
+                    limit: Some(1),
+                }
+            ),
+            (
+                "history",
+                HistoryFilter {
+                    model: Some(String::new()),
+                    limit: Some(10_000),
+                    ..HistoryFilter::default()
+                }
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn bad_history_parameters_are_json_400s_naming_them_and_never_reach_the_engine() {
+    let server = start().await;
+    for (path, name) in [
+        ("/api/v1/history?since=yesterday", "since"),
+        ("/api/v1/history?until=2026-13-45", "until"),
+        ("/api/v1/history?limit=ten", "limit"),
+        ("/api/v1/history?since=2000&until=1000", "since"),
+        ("/api/v1/models?since=soon", "since"),
+        ("/api/v1/export?format=xml", "format"),
+        ("/api/v1/export?format=csv&until=later", "until"),
+    ] {
+        let a = get(&server, path).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(a.content_type(), "application/json", "{path}");
+        let message = a.json()["error"].as_str().unwrap().to_owned();
+        assert!(message.starts_with(name), "{path}: {message}");
+    }
+    assert!(recorded(&server).is_empty());
+}
+
+#[tokio::test]
+async fn models_summarise_the_store_per_model_and_route() {
+    let server = start().await;
+    let a = get(&server, "/api/v1/models").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.content_type(), "application/json");
+    let v = a.json();
+    assert_eq!(keys(&v), ["models"]);
+    let models: Vec<ModelSummary> = serde_json::from_value(v["models"].clone()).unwrap();
+    let groups: Vec<(&str, &str, u64)> = models
+        .iter()
+        .map(|m| (m.model.as_str(), m.route.as_str(), m.calls))
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            ("", "llamacpp", 1),
+            ("gemma3", "llamacpp", 1),
+            ("qwen3:8b", "ollama", 1)
+        ]
+    );
+    let qwen = &v["models"][2];
+    assert_eq!(qwen["ttft_ms_p50"], 312.0);
+    assert_eq!(qwen["tps_p90"], 41.7);
+    assert_eq!(qwen["prefill_tps_p50"], 246.7);
+    assert_eq!(qwen["last_seen"], "2026-11-30T10:42:07.123Z");
+
+    // Filters pass through; `limit` means nothing here and is ignored.
+    let a = get(&server, "/api/v1/models?route=llamacpp&client=curl&limit=x").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["models"].as_array().unwrap().len(), 1);
+    assert_eq!(a.json()["models"][0]["model"], "gemma3");
+    assert_eq!(
+        recorded(&server)[1],
+        (
+            "models",
+            HistoryFilter {
+                route: Some("llamacpp".into()),
+                client: Some("curl".into()),
+                ..HistoryFilter::default()
+            }
+        )
+    );
+}
+
+#[tokio::test]
+async fn export_is_a_download_that_reads_back_to_the_stored_calls() {
+    let server = start().await;
+    for (query, format, content_type, file) in [
+        (
+            "",
+            ExportFormat::Csv,
+            "text/csv; charset=utf-8",
+            "speedtap-calls.csv",
+        ),
+        (
+            "?format=csv",
+            ExportFormat::Csv,
+            "text/csv; charset=utf-8",
+            "speedtap-calls.csv",
+        ),
+        (
+            "?format=jsonl",
+            ExportFormat::Jsonl,
+            "application/x-ndjson",
+            "speedtap-calls.jsonl",
+        ),
+    ] {
+        let a = get(&server, &format!("/api/v1/export{query}")).await;
+        assert_eq!(a.status, StatusCode::OK, "{query}");
+        assert_eq!(a.content_type(), content_type, "{query}");
+        assert_eq!(
+            header(&a, "content-disposition"),
+            format!("attachment; filename=\"{file}\""),
+            "{query}"
+        );
+        assert_eq!(header(&a, "cache-control"), "no-store");
+        let back = parse_export(format, &mut a.body.as_ref()).unwrap();
+        // Oldest first, every detail intact.
+        assert_eq!(back, stored_calls(), "{query}");
+    }
+
+    // Filters apply; an export has no limit.
+    let a = get(
+        &server,
+        "/api/v1/export?format=jsonl&route=llamacpp&limit=1",
+    )
+    .await;
+    let back = parse_export(ExportFormat::Jsonl, &mut a.body.as_ref()).unwrap();
+    assert_eq!(back, stored_calls()[1..]);
+    assert_eq!(
+        recorded(&server).last().unwrap(),
+        &(
+            "export",
+            HistoryFilter {
+                route: Some("llamacpp".into()),
+                ..HistoryFilter::default()
+            }
+        )
+    );
+
+    // HEAD: the download's head without its body; other methods: 405.
+    let a = request(
+        &server,
+        Method::HEAD,
+        "/api/v1/export",
+        Some("localhost"),
+        &[],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.content_type(), "text/csv; charset=utf-8");
+    assert!(a.body.is_empty());
+    let a = request(
+        &server,
+        Method::POST,
+        "/api/v1/export",
+        Some("localhost"),
+        &[],
+    )
+    .await;
+    a.assert_json_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+}
+
+#[tokio::test]
+async fn without_a_store_history_models_and_export_are_json_503s() {
+    for path in [
+        "/api/v1/history",
+        "/api/v1/models?route=x",
+        "/api/v1/export?format=jsonl",
+    ] {
+        let req = Request::get(path)
+            .header(HOST, "127.0.0.1:7878")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let res = speedtap::api::handle(&NoStoreEngine, req).await;
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert_eq!(res.headers().get(CONTENT_TYPE).unwrap(), "application/json");
+        assert!(res.headers().get("content-disposition").is_none());
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(keys(&v), ["error"]);
+        let message = v["error"].as_str().unwrap();
+        assert!(message.starts_with("no store: "), "{path}: {message}");
+        assert!(message.contains("--no-db"), "{path}: {message}");
+    }
 }

@@ -1,10 +1,30 @@
 //! The router: one request in, one response out. No sockets here, so every
 //! rule (host guard, methods, paths, queries, headers) is testable directly.
+//!
+//! # The stored history (issue 5)
+//! - `GET /api/v1/history?model=&route=&client=&since=&until=&limit=` ->
+//!   `{"calls": [Call, ...]}`: settled calls from the store, newest first;
+//!   `limit` defaults to 100 and is clamped to [`MAX_LIMIT`].
+//! - `GET /api/v1/models?model=&route=&client=&since=&until=` ->
+//!   `{"models": [ModelSummary, ...]}`: per (model, route) figures.
+//! - `GET /api/v1/export?format=csv|jsonl&model=&route=&client=&since=&until=`
+//!   -> the file `speedtap export` writes, as a download
+//!   (`content-disposition: attachment; filename="speedtap-calls.csv"` or
+//!   `.jsonl`); `format` defaults to `csv`, so a bare link downloads CSV.
+//!
+//! Filters (see [`history_filter`]): `since`/`until` are unix milliseconds
+//! or RFC 3339 times, `[since, until)`; `model=` and `client=` given but
+//! empty select the calls that named none (the `""` group of
+//! `/api/v1/models`), while an empty `route=`, `since=` or `until=` means no
+//! filter. A value that doesn't parse is a 400 naming the parameter, and
+//! never reaches the engine. When the engine can't answer from a store (it
+//! runs with `--no-db`, or the store failed), the answer is 503 with the
+//! engine's message: the service exists but its data is unavailable here.
 
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use http::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_DISPOSITION, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 use serde::Serialize;
@@ -15,6 +35,7 @@ use super::{dashboard, sse, BoxBody};
 use crate::engine::control::SettingsDoc;
 use crate::engine::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use crate::engine::{Call, CallsQuery, EngineQueries};
+use crate::store::{self, ExportFormat, HistoryFilter, ModelSummary};
 
 /// The largest `limit` honoured; larger values are clamped, not refused, so a
 /// script asking for "everything" gets what the engine keeps.
@@ -45,6 +66,9 @@ enum Endpoint<'a> {
     Metrics,
     Routes,
     History,
+    StoredCalls,
+    Models,
+    Export,
     Discover,
     Settings,
     Demo,
@@ -80,6 +104,9 @@ fn endpoint(path: &str) -> Option<Endpoint<'_>> {
         "/metrics" => Some(Endpoint::Metrics),
         "/api/v1/routes" => Some(Endpoint::Routes),
         "/api/v1/stats/history" => Some(Endpoint::History),
+        "/api/v1/history" => Some(Endpoint::StoredCalls),
+        "/api/v1/models" => Some(Endpoint::Models),
+        "/api/v1/export" => Some(Endpoint::Export),
         "/api/v1/discover" => Some(Endpoint::Discover),
         "/api/v1/settings" => Some(Endpoint::Settings),
         "/api/v1/demo" => Some(Endpoint::Demo),
@@ -230,6 +257,39 @@ async fn dispatch<E: EngineQueries>(
             .unwrap_or_else(|_| internal_error()),
         Endpoint::Routes => json(StatusCode::OK, &engine.routes().await),
         Endpoint::History => json(StatusCode::OK, &engine.stats_history().await),
+        Endpoint::StoredCalls => {
+            #[derive(Serialize)]
+            struct Page {
+                calls: Vec<Call>,
+            }
+            match history_query(req.uri().query()) {
+                Ok(filter) => match engine.history(filter).await {
+                    Ok(calls) => json(StatusCode::OK, &Page { calls }),
+                    Err(message) => error(StatusCode::SERVICE_UNAVAILABLE, &message),
+                },
+                Err(message) => error(StatusCode::BAD_REQUEST, &message),
+            }
+        }
+        Endpoint::Models => {
+            #[derive(Serialize)]
+            struct Page {
+                models: Vec<ModelSummary>,
+            }
+            match history_filter(req.uri().query(), |_, _| Ok(())) {
+                Ok(filter) => match engine.models(filter).await {
+                    Ok(models) => json(StatusCode::OK, &Page { models }),
+                    Err(message) => error(StatusCode::SERVICE_UNAVAILABLE, &message),
+                },
+                Err(message) => error(StatusCode::BAD_REQUEST, &message),
+            }
+        }
+        Endpoint::Export => match export_query(req.uri().query()) {
+            Ok((filter, format)) => match engine.export(filter, format).await {
+                Ok(body) => download(format, body),
+                Err(message) => error(StatusCode::SERVICE_UNAVAILABLE, &message),
+            },
+            Err(message) => error(StatusCode::BAD_REQUEST, &message),
+        },
         Endpoint::Discover => json(StatusCode::OK, &engine.discover().await),
         Endpoint::Settings if *req.method() == Method::PUT => {
             let doc = match serde_json::from_slice::<SettingsDoc>(body.as_deref().unwrap_or(b"")) {
@@ -281,6 +341,110 @@ pub fn calls_query(query: Option<&str>) -> Result<CallsQuery, String> {
         }
     }
     Ok(out)
+}
+
+/// Parses the history filters shared by `/api/v1/history`, `/models` and
+/// `/export`: `model`, `route`, `client`, `since`, `until`. Any other
+/// parameter goes to `extra(key, value)`, which may claim it or ignore it
+/// (unknown parameters are ignored, as in [`calls_query`]); the last
+/// occurrence of a repeated one wins.
+///
+/// - `model=` / `client=` present but empty: the calls that named none
+///   (how `/api/v1/models` groups them, so its `""` row can be drilled into);
+///   absent: no filter.
+/// - `route=`, `since=`, `until=` empty: no filter (every call has a route).
+/// - `since`/`until`: unix milliseconds or an RFC 3339 time; calls started
+///   in `[since, until)`. `since` not before `until` is refused: the window
+///   is empty, and swapped bounds are the likelier mistake.
+pub fn history_filter(
+    query: Option<&str>,
+    mut extra: impl FnMut(&str, String) -> Result<(), String>,
+) -> Result<HistoryFilter, String> {
+    let mut filter = HistoryFilter::default();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value, true);
+        match percent_decode(key, true).as_str() {
+            "model" => filter.model = Some(value),
+            "client" => filter.client = Some(value),
+            "route" => filter.route = (!value.is_empty()).then_some(value),
+            "since" => filter.since_ms = time_param("since", &value)?,
+            "until" => filter.until_ms = time_param("until", &value)?,
+            other => extra(other, value)?,
+        }
+    }
+    if let (Some(since), Some(until)) = (filter.since_ms, filter.until_ms) {
+        if since >= until {
+            return Err(format!(
+                "since must be before until (calls started in [since, until)), got since={} \
+                 and until={}",
+                store::ms_to_rfc3339(since),
+                store::ms_to_rfc3339(until)
+            ));
+        }
+    }
+    Ok(filter)
+}
+
+fn time_param(name: &str, value: &str) -> Result<Option<u64>, String> {
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
+    store::parse_time(value).map(Some).map_err(|_| {
+        format!(
+            "{name} must be unix milliseconds or an RFC 3339 time such as \
+             2026-11-30T10:42:07Z, got {value:?}"
+        )
+    })
+}
+
+/// `GET /api/v1/history`: the filters plus `limit` (default 100, clamped to
+/// [`MAX_LIMIT`], a non-negative integer as in [`calls_query`]).
+pub fn history_query(query: Option<&str>) -> Result<HistoryFilter, String> {
+    let mut limit = 100;
+    let mut filter = history_filter(query, |key, value| {
+        if key == "limit" {
+            let n: u64 = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("limit must be a non-negative integer, got {value:?}"))?;
+            limit = usize::try_from(n).unwrap_or(usize::MAX).min(MAX_LIMIT);
+        }
+        Ok(())
+    })?;
+    filter.limit = Some(limit);
+    Ok(filter)
+}
+
+/// `GET /api/v1/export`: the filters plus `format` (`csv`, the default, or
+/// `jsonl`). No limit: an export is every matching call.
+pub fn export_query(query: Option<&str>) -> Result<(HistoryFilter, ExportFormat), String> {
+    let mut format = ExportFormat::Csv;
+    let filter = history_filter(query, |key, value| {
+        if key == "format" {
+            format = value.parse().map_err(|e| format!("format: {e}"))?;
+        }
+        Ok(())
+    })?;
+    Ok((filter, format))
+}
+
+/// An export as a download: the browser saves it under a fixed name rather
+/// than showing it, and never caches it (the history changes).
+fn download(format: ExportFormat, body: Vec<u8>) -> Response<BoxBody> {
+    let (content_type, name) = match format {
+        ExportFormat::Csv => ("text/csv; charset=utf-8", "speedtap-calls.csv"),
+        ExportFormat::Jsonl => ("application/x-ndjson", "speedtap-calls.jsonl"),
+    };
+    Response::builder()
+        .header(CONTENT_TYPE, content_type)
+        .header(
+            CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{name}\""),
+        )
+        .header(CACHE_CONTROL, "no-store")
+        .body(full(body))
+        .unwrap_or_else(|_| internal_error())
 }
 
 /// Decodes `%XX` escapes and, when `plus_is_space` (query strings, as in
@@ -405,12 +569,75 @@ mod tests {
     }
 
     #[test]
+    fn history_filters_parse_and_name_the_bad_parameter() {
+        assert_eq!(
+            history_query(None).unwrap(),
+            HistoryFilter {
+                limit: Some(100),
+                ..HistoryFilter::default()
+            }
+        );
+        assert_eq!(
+            history_query(Some(
+                "model=qwen3%3A8b&route=ollama&client=curl&since=1000\
+                 &until=1970-01-01T00:00:02Z&limit=5&x=1"
+            ))
+            .unwrap(),
+            HistoryFilter {
+                model: Some("qwen3:8b".into()),
+                route: Some("ollama".into()),
+                client: Some("curl".into()),
+                since_ms: Some(1000),
+                until_ms: Some(2000),
+                status: None,
+                limit: Some(5),
+            }
+        );
+        // Empty model/client: the calls that named none; empty route and
+        // times: no filter.
+        let f = history_query(Some("model=&client=&route=&since=&until=")).unwrap();
+        assert_eq!(f.model.as_deref(), Some(""));
+        assert_eq!(f.client.as_deref(), Some(""));
+        assert_eq!((f.route, f.since_ms, f.until_ms), (None, None, None));
+        assert_eq!(
+            history_query(Some("limit=123456")).unwrap().limit,
+            Some(MAX_LIMIT)
+        );
+        for (q, name) in [
+            ("since=yesterday", "since must be"),
+            ("until=2026-13-01", "until must be"),
+            ("limit=-1", "limit must be"),
+            ("since=2000&until=1000", "since must be before until"),
+            ("since=1000&until=1000", "since must be before until"),
+        ] {
+            let err = history_query(Some(q)).unwrap_err();
+            assert!(err.starts_with(name), "{q}: {err}");
+        }
+    }
+
+    #[test]
+    fn models_ignore_limit_and_export_reads_format() {
+        let f = history_filter(Some("limit=abc&model=m"), |_, _| Ok(())).unwrap();
+        assert_eq!(f.limit, None);
+        assert_eq!(f.model.as_deref(), Some("m"));
+        assert_eq!(export_query(None).unwrap().1, ExportFormat::Csv);
+        let (f, format) = export_query(Some("format=JSONL&route=r&limit=2")).unwrap();
+        assert_eq!(format, ExportFormat::Jsonl);
+        assert_eq!((f.route.as_deref(), f.limit), (Some("r"), None));
+        let err = export_query(Some("format=xml")).unwrap_err();
+        assert!(err.starts_with("format: "), "{err}");
+    }
+
+    #[test]
     fn endpoints_by_path() {
         assert_eq!(endpoint("/api/v1/calls"), Some(Endpoint::Calls));
         assert_eq!(endpoint("/api/v1/calls/c-1"), Some(Endpoint::Call("c-1")));
         assert_eq!(endpoint("/api/v1/calls/"), None);
         assert_eq!(endpoint("/api/v1/calls/a/b"), None);
         assert_eq!(endpoint("/api/v1/stats/"), None);
+        assert_eq!(endpoint("/api/v1/history"), Some(Endpoint::StoredCalls));
+        assert_eq!(endpoint("/api/v1/models"), Some(Endpoint::Models));
+        assert_eq!(endpoint("/api/v1/export"), Some(Endpoint::Export));
         assert!(matches!(endpoint("/"), Some(Endpoint::Asset(_))));
         assert_eq!(endpoint("/ui/index.html"), None);
     }

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::control::{DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
 use super::model::{Call, EngineEvent};
 use crate::meter::global::Stats;
-use crate::store::{HistoryFilter, ModelSummary};
+use crate::store::{ExportFormat, HistoryFilter, ModelSummary};
 
 /// `GET /api/v1/calls?limit=N&route=NAME`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,5 +90,17 @@ pub trait EngineQueries: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<ModelSummary>, String>> + Send {
         let _ = filter;
         async { Err("no store: history needs --db (it is off with --no-db)".to_owned()) }
+    }
+    /// The stored calls `filter` selects as a whole export file in `format`
+    /// (what `speedtap export` writes: oldest first, CSV with its header
+    /// row or JSON Lines), for `GET /api/v1/export`. Built in memory: the
+    /// API answers with one body and a length.
+    fn export(
+        &self,
+        filter: HistoryFilter,
+        format: ExportFormat,
+    ) -> impl Future<Output = Result<Vec<u8>, String>> + Send {
+        let _ = (filter, format);
+        async { Err("no store: export needs --db (it is off with --no-db)".to_owned()) }
     }
 }
