@@ -36,9 +36,7 @@ use clap::Parser;
 use speedtap::cli::args::RunArgs;
 use speedtap::cli::run::{resolve_settings, RunError, SHUTDOWN_GRACE};
 use speedtap::config::Settings;
-use speedtap::engine::{
-    Engine, EngineEvent, EngineHandle, EngineOptions, EngineQueries, RunningEngine,
-};
+use speedtap::engine::{Engine, EngineEvent, EngineHandle, EngineQueries, RunningEngine};
 use tauri::{App, AppHandle, Builder, Manager, RunEvent, Runtime, WindowEvent};
 
 use notify::{DesktopSink, Notifications};
@@ -83,6 +81,14 @@ impl Running {
     fn is_stopping(&self) -> bool {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none()
     }
+}
+
+/// True once the app is exiting (the engine has been taken out for its
+/// shutdown). Background work that needs the main thread (tray redraws)
+/// stops then: the main thread is busy waiting for the engine to drain.
+pub(crate) fn is_exiting<R: Runtime>(app: &AppHandle<R>) -> bool {
+    app.try_state::<Running>()
+        .is_none_or(|running| running.is_stopping())
 }
 
 /// The whole app: flags, engine, window, tray. Exits the process.
@@ -200,8 +206,8 @@ pub async fn start_engine(
             );
         }
     }
-    let mut options = EngineOptions::from_settings(&settings);
-    options.config_path = args.config.clone();
+    // The same options `speedtap run` builds, store included.
+    let mut options = speedtap::cli::run::engine_options(args, &settings)?;
     options.slow_first_token_hooks.push(notifications.hook());
     let engine = Engine::start(options)
         .await
@@ -349,7 +355,7 @@ async fn follow_events<R: Runtime>(
             #[cfg(all(desktop, not(test)))]
             tray::on_event(&app, &event).await;
         }
-        if app.state::<Running>().is_stopping() {
+        if is_exiting(&app) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

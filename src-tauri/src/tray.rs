@@ -176,6 +176,11 @@ pub async fn on_event<R: Runtime>(app: &AppHandle<R>, event: &speedtap::engine::
 
 /// Redraws whatever changed.
 pub async fn refresh<R: Runtime>(app: &AppHandle<R>) {
+    // While exiting, the main thread is busy shutting the engine down; a
+    // redraw would park a runtime worker waiting for it.
+    if crate::is_exiting(app) {
+        return;
+    }
     let Some(tray) = app.try_state::<Tray<R>>() else {
         return;
     };
