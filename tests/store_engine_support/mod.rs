@@ -1,0 +1,490 @@
+//! Support for `tests/store_engine.rs`: the real `speedtap` binary as a
+//! child process (output captured byte for byte), and a minimal HTTP/1.1
+//! client over raw `TcpStream`s.
+//!
+//! Patterns follow `tests/cli.rs` (port 0 everywhere, addresses read from
+//! what the process prints, XDG dirs in a scratch dir) without importing it:
+//! an integration test file can't be a library of another. The difference is
+//! that output is kept as raw bytes, not lines, because one test scans it
+//! for secrets and must see every byte, valid UTF-8 or not.
+#![allow(dead_code)]
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_speedtap");
+
+/// Generous: a debug build on a busy 2-core machine starts slowly.
+pub const STARTUP: Duration = Duration::from_secs(30);
+
+/// A fresh, empty scratch directory for one test.
+pub fn scratch(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("store_engine")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `speedtap ARGS` with the platform config and data dirs pointed into
+/// `dir` (a user's own config and database are never touched), default
+/// logging, and every pipe captured.
+pub fn speedtap(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env("XDG_CONFIG_HOME", dir.join("config"))
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env("HOME", dir)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// One output pipe, read by its own thread: every byte is kept, and every
+/// complete line is also handed over through a channel for waiting on.
+pub struct Output {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    lines: Receiver<String>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Output {
+    pub fn new(mut pipe: impl Read + Send + 'static) -> Output {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let (tx, lines) = mpsc::channel();
+        let sink = Arc::clone(&bytes);
+        let reader = thread::spawn(move || {
+            let mut pending = Vec::new();
+            let mut buf = vec![0; 16 * 1024];
+            loop {
+                let n = match pipe.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=nl).collect();
+                    let line = String::from_utf8_lossy(&line);
+                    let _ = tx.send(line.trim_end_matches(['\n', '\r']).to_owned());
+                }
+            }
+        });
+        Output {
+            bytes,
+            lines,
+            reader: Some(reader),
+        }
+    }
+
+    /// The first line from now on that `pred` accepts.
+    pub fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if pred(&line) => return line,
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("timed out waiting for {what}; so far: {}", self.text())
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("output ended before {what}; it was: {}", self.text())
+                }
+            }
+        }
+    }
+
+    /// Every byte so far.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.bytes.lock().unwrap().clone()
+    }
+
+    /// Every byte so far, as (lossy) text, for messages.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+
+    /// Every byte, once the pipe has closed (the process exited).
+    pub fn finish(&mut self) -> Vec<u8> {
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+        self.bytes()
+    }
+}
+
+/// A running `speedtap` process. Killed on drop if still running, so a
+/// failing test leaves nothing behind.
+pub struct Proc {
+    pub child: Child,
+    pub stdout: Output,
+    pub stderr: Output,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command) -> Proc {
+        let mut child = cmd.spawn().expect("speedtap starts");
+        let stdout = Output::new(child.stdout.take().unwrap());
+        let stderr = Output::new(child.stderr.take().unwrap());
+        Proc {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Sends `signal` (`TERM`, `INT`) through the `kill` utility.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// `kill -9` (what `Child::kill` sends on Unix), then reaps it.
+    pub fn kill_9(&mut self) -> ExitStatus {
+        self.child.kill().expect("SIGKILL sent");
+        self.child.wait().expect("reaped")
+    }
+
+    /// Waits for the exit, polling with a deadline.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "still running after {timeout:?}; stderr: {}",
+                    String::from_utf8_lossy(&self.stderr.finish())
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `speedtap simulate --listen 127.0.0.1:0 EXTRA`, and its address read
+/// from its banner.
+pub fn start_simulate(dir: &Path, extra: &[&str]) -> (Proc, SocketAddr) {
+    let mut args = vec!["simulate", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let sim = Proc::spawn(speedtap(dir, &args));
+    let banner = sim.stdout.wait_for("the simulate banner", STARTUP, |l| {
+        l.contains("listening on")
+    });
+    let addr = url_addr(&banner, "listening on http://");
+    (sim, addr)
+}
+
+/// A running `speedtap run` with one route `sim`, and the addresses it
+/// printed.
+pub struct Run {
+    pub proc: Proc,
+    pub proxy: SocketAddr,
+    pub api: SocketAddr,
+}
+
+/// `speedtap run --json --db DB --api 127.0.0.1:0 --route
+/// sim=127.0.0.1:0=http://UPSTREAM`, with `env` added to its environment.
+pub fn start_run(dir: &Path, db: &Path, upstream: SocketAddr, env: &[(&str, &str)]) -> Run {
+    let route = format!("sim=127.0.0.1:0=http://{upstream}");
+    let db = db.to_str().expect("a UTF-8 path");
+    let mut cmd = speedtap(
+        dir,
+        &[
+            "run",
+            "--json",
+            "--db",
+            db,
+            "--api",
+            "127.0.0.1:0",
+            "--route",
+            &route,
+        ],
+    );
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let proc = Proc::spawn(cmd);
+    let prefix = "speedtap: route sim: http://";
+    let line = proc
+        .stderr
+        .wait_for("the route line", STARTUP, |l| l.starts_with(prefix));
+    let proxy = url_addr(&line, prefix);
+    let prefix = "speedtap: dashboard and control API on http://";
+    let line = proc
+        .stderr
+        .wait_for("the API line", STARTUP, |l| l.starts_with(prefix));
+    let api = url_addr(&line, prefix);
+    Run { proc, proxy, api }
+}
+
+/// The `host:port` right after `prefix` in `line`.
+pub fn url_addr(line: &str, prefix: &str) -> SocketAddr {
+    let at = line.find(prefix).unwrap_or_else(|| panic!("{line}")) + prefix.len();
+    let rest = &line[at..];
+    let end = rest
+        .find(|c: char| c == '/' || c.is_whitespace())
+        .unwrap_or(rest.len());
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
+// ---------------------------------------------------------------------------
+// HTTP/1.1 by hand
+// ---------------------------------------------------------------------------
+
+/// A response as it came off the wire.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// The body ended properly (a cut stream ends early).
+    pub complete: bool,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// One request on its own connection (`Connection: close`), read to the
+/// end of the body. `Err` when the connection fails before a response head
+/// (e.g. the server was killed).
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    headers: &[(&str, &str)],
+) -> io::Result<Reply> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(40)))?;
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut request = head.into_bytes();
+    request.extend_from_slice(body);
+    stream.write_all(&request)?;
+    let mut r = BufReader::new(stream);
+    let (status, headers) = read_head(&mut r)?;
+    let mut reply = Reply {
+        status,
+        headers,
+        body: Vec::new(),
+        complete: false,
+    };
+    let (body, complete) = read_body(&mut r, &reply);
+    reply.body = body;
+    reply.complete = complete;
+    Ok(reply)
+}
+
+/// `GET path`, which must answer.
+pub fn get(addr: SocketAddr, path: &str) -> Reply {
+    http(addr, "GET", path, b"", &[]).unwrap_or_else(|e| panic!("GET {path} on {addr}: {e}"))
+}
+
+fn read_head(r: &mut impl BufRead) -> io::Result<(u16, Vec<(String, String)>)> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("bad status line {line:?}")))?;
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            return Ok((status, headers));
+        }
+        if let Some((n, v)) = l.split_once(':') {
+            headers.push((n.trim().to_string(), v.trim().to_string()));
+        }
+    }
+}
+
+/// One chunk of a chunked body; `None` after the last (empty) chunk.
+fn read_chunk(r: &mut impl BufRead) -> io::Result<Option<Vec<u8>>> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    let size = line.trim_end().split(';').next().unwrap_or("");
+    let size = usize::from_str_radix(size.trim(), 16)
+        .map_err(|_| io::Error::other(format!("bad chunk size {line:?}")))?;
+    if size == 0 {
+        loop {
+            line.clear();
+            if r.read_line(&mut line)? == 0 || line.trim_end().is_empty() {
+                return Ok(None);
+            }
+        }
+    }
+    let mut data = vec![0; size];
+    r.read_exact(&mut data)?;
+    let mut crlf = [0; 2];
+    r.read_exact(&mut crlf)?;
+    Ok(Some(data))
+}
+
+fn read_body(r: &mut impl BufRead, reply: &Reply) -> (Vec<u8>, bool) {
+    let mut body = Vec::new();
+    let chunked = reply
+        .header("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+    if chunked {
+        loop {
+            match read_chunk(r) {
+                Ok(Some(data)) => body.extend_from_slice(&data),
+                Ok(None) => return (body, true),
+                Err(_) => return (body, false),
+            }
+        }
+    }
+    if let Some(len) = reply.header("content-length") {
+        let len: usize = len.parse().unwrap();
+        body.resize(len, 0);
+        let complete = r.read_exact(&mut body).is_ok();
+        return (body, complete);
+    }
+    let complete = r.read_to_end(&mut body).is_ok();
+    (body, complete)
+}
+
+// ---------------------------------------------------------------------------
+// Requests of every protocol
+// ---------------------------------------------------------------------------
+
+/// The APIs the simulator serves, as a client would call them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Chat,
+    Completions,
+    Responses,
+    Messages,
+    OllamaChat,
+    OllamaGenerate,
+    LlamaCompletion,
+    TgiStream,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 8] = [
+        Protocol::Chat,
+        Protocol::Completions,
+        Protocol::Responses,
+        Protocol::Messages,
+        Protocol::OllamaChat,
+        Protocol::OllamaGenerate,
+        Protocol::LlamaCompletion,
+        Protocol::TgiStream,
+    ];
+
+    /// The path and a streamed request body carrying `prompt`.
+    pub fn request(self, model: &str, prompt: &str) -> (&'static str, String) {
+        use serde_json::json;
+        let messages = json!([{"role": "user", "content": prompt}]);
+        let (path, body) = match self {
+            Protocol::Chat => (
+                "/v1/chat/completions",
+                json!({"model": model, "stream": true, "messages": messages}),
+            ),
+            Protocol::Completions => (
+                "/v1/completions",
+                json!({"model": model, "stream": true, "prompt": prompt}),
+            ),
+            Protocol::Responses => (
+                "/v1/responses",
+                json!({"model": model, "stream": true, "input": prompt}),
+            ),
+            Protocol::Messages => (
+                "/v1/messages",
+                json!({"model": model, "stream": true, "max_tokens": 256, "messages": messages}),
+            ),
+            Protocol::OllamaChat => ("/api/chat", json!({"model": model, "messages": messages})),
+            Protocol::OllamaGenerate => {
+                ("/api/generate", json!({"model": model, "prompt": prompt}))
+            }
+            Protocol::LlamaCompletion => (
+                "/completion",
+                json!({"model": model, "stream": true, "prompt": prompt}),
+            ),
+            Protocol::TgiStream => (
+                "/generate_stream",
+                json!({"inputs": prompt, "parameters": {"max_new_tokens": 256}}),
+            ),
+        };
+        (path, body.to_string())
+    }
+}
+
+/// Every file in `dir` (not recursing), by name.
+pub fn files_in(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            // A file SQLite removes between listing and reading is skipped.
+            if let Ok(bytes) = std::fs::read(entry.path()) {
+                out.push((entry.file_name().to_string_lossy().into_owned(), bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Where `needle` occurs in `haystack` (the first time).
+pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
