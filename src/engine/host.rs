@@ -42,6 +42,7 @@ use crate::config::{self, ConfigFile, RouteSpec, Settings};
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::global::Stats;
 use crate::simulate::{SimConfig, SimServer};
+use crate::store::export::ExportFormat;
 use crate::store::{HistoryFilter, ModelSummary, Store, StoreWriter};
 use crate::tokens::{default_estimator, TokenEstimator};
 
@@ -378,6 +379,15 @@ impl EngineQueries for EngineHandle {
 
     async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, String> {
         self.query(move |s| s.models(&filter)).await
+    }
+
+    async fn export(&self, filter: HistoryFilter, format: ExportFormat) -> Result<Vec<u8>, String> {
+        self.query(move |s| {
+            let mut out = Vec::new();
+            crate::store::export::export(s, &filter, format, &mut out)?;
+            Ok(out)
+        })
+        .await
     }
 
     /// Starts the simulator and a `demo` route once, then (again) a minute
