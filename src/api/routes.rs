@@ -54,6 +54,12 @@ pub const MAX_BODY: usize = 64 * 1024;
 #[derive(Clone, Debug, Default)]
 pub struct Context {
     pub shutdown: Option<watch::Receiver<bool>>,
+    /// The API listens on a non-loopback address (`--allow-remote`), so a
+    /// Prometheus server on another host may scrape `/metrics` by this
+    /// host's name or address. Only `/metrics` (read-only numbers, never
+    /// call identities) is exempt from the Host check; everything else
+    /// still answers loopback names only, against DNS rebinding.
+    pub remote_metrics: bool,
 }
 
 /// The endpoints, once the path is understood.
@@ -165,8 +171,12 @@ async fn dispatch<E: EngineQueries>(
     body: Option<Bytes>,
     ctx: &Context,
 ) -> Response<BoxBody> {
+    let remote_scrape = ctx.remote_metrics
+        && req.uri().path() == "/metrics"
+        && matches!(*req.method(), Method::GET | Method::HEAD);
     match host_guard::check(req) {
         Ok(()) => {}
+        Err(_) if remote_scrape => {}
         Err(HostRejection::Missing) => {
             return error(StatusCode::BAD_REQUEST, "missing host header");
         }
@@ -520,6 +530,67 @@ fn internal_error() -> Response<BoxBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Just enough of an engine to route requests.
+    #[derive(Clone)]
+    struct Bare;
+
+    impl EngineQueries for Bare {
+        async fn calls(&self, _: CallsQuery) -> Vec<Call> {
+            Vec::new()
+        }
+        async fn call(&self, _: String) -> Option<Call> {
+            None
+        }
+        async fn stats(&self) -> crate::meter::global::Stats {
+            crate::meter::global::Stats::default()
+        }
+        async fn subscribe(&self) -> tokio::sync::mpsc::Receiver<crate::engine::EngineEvent> {
+            tokio::sync::mpsc::channel(1).1
+        }
+        fn metrics_text(&self) -> String {
+            "speedtap_active_calls 0\n".into()
+        }
+    }
+
+    async fn status_for(path: &str, host: &str, remote_metrics: bool) -> StatusCode {
+        let req = Request::get(path)
+            .header("host", host)
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let ctx = Context {
+            shutdown: None,
+            remote_metrics,
+        };
+        route(&Bare, req, &ctx).await.status()
+    }
+
+    #[tokio::test]
+    async fn a_remote_api_lets_other_hosts_scrape_metrics_and_nothing_else() {
+        // Loopback API: any non-loopback Host is refused, /metrics included.
+        assert_eq!(
+            status_for("/metrics", "10.1.2.3:7878", false).await,
+            StatusCode::FORBIDDEN
+        );
+        // --allow-remote API: a scraper may name this host...
+        assert_eq!(
+            status_for("/metrics", "10.1.2.3:7878", true).await,
+            StatusCode::OK
+        );
+        // ...but the calls (and the dashboard) still answer loopback names only.
+        assert_eq!(
+            status_for("/api/v1/calls", "10.1.2.3:7878", true).await,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            status_for("/", "evil.example:7878", true).await,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            status_for("/api/v1/calls", "localhost:7878", true).await,
+            StatusCode::OK
+        );
+    }
 
     #[test]
     fn calls_query_defaults_parses_and_clamps() {

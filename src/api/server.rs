@@ -41,6 +41,10 @@ pub async fn run<E: EngineQueries>(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
+    let remote_metrics = listener
+        .local_addr()
+        .map(|a| !a.ip().is_loopback())
+        .unwrap_or(false);
     let mut shutdown = std::pin::pin!(shutdown);
 
     loop {
@@ -50,7 +54,12 @@ pub async fn run<E: EngineQueries>(
                 Ok((stream, _peer)) => {
                     // Event frames are small and must leave at once.
                     let _ = stream.set_nodelay(true);
-                    connections.spawn(connection(stream, engine.clone(), stop_rx.clone()));
+                    connections.spawn(connection(
+                        stream,
+                        engine.clone(),
+                        stop_rx.clone(),
+                        remote_metrics,
+                    ));
                 }
                 Err(err) => {
                     tracing::warn!("control API: accept failed: {err}");
@@ -84,9 +93,11 @@ async fn connection<E: EngineQueries>(
     stream: tokio::net::TcpStream,
     engine: E,
     mut stop: watch::Receiver<bool>,
+    remote_metrics: bool,
 ) {
     let ctx = Context {
         shutdown: Some(stop.clone()),
+        remote_metrics,
     };
     let service = service_fn(move |req: Request<Incoming>| {
         let engine = engine.clone();
