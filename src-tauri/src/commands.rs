@@ -15,6 +15,7 @@ use speedtap::engine::control::{
 };
 use speedtap::engine::{Call, CallsQuery, EngineHandle, EngineQueries};
 use speedtap::meter::global::Stats;
+use speedtap::store::{self, ExportFormat, HistoryFilter, ModelSummary};
 use tauri::State;
 
 /// Why a command failed. Serialised as its message.
@@ -24,6 +25,10 @@ pub enum CommandError {
     /// The engine refused (bad settings field, simulator could not start...).
     #[error("{0}")]
     Engine(String),
+    /// An argument that doesn't parse (a bad `since`, an unknown export
+    /// format); the message names it, as the HTTP API's 400 does.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl Serialize for CommandError {
@@ -104,4 +109,225 @@ pub async fn save_settings(
 #[tauri::command]
 pub async fn start_demo(engine: State<'_, Engine>) -> Result<DemoDoc> {
     engine.0.start_demo().await.map_err(CommandError::Engine)
+}
+
+// ---- the stored history (issue 5) -------------------------------------------
+
+/// A time bound as the page sends it: unix milliseconds (a JSON number) or
+/// an RFC 3339 string, as `since=`/`until=` accept over HTTP.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum TimeArg {
+    Ms(u64),
+    Text(String),
+}
+
+/// The `filter` argument of `history`, `models` and `export`:
+/// `{model?, route?, client?, since?, until?, limit?}`.
+/// [`HistoryFilter`] has no `Deserialize` (its times are already parsed), so
+/// the page's shape is read here and converted by [`FilterArg::into_filter`]
+/// with the HTTP API's rules. Unknown keys are ignored, as unknown query
+/// parameters are.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct FilterArg {
+    pub model: Option<String>,
+    pub route: Option<String>,
+    pub client: Option<String>,
+    pub since: Option<TimeArg>,
+    pub until: Option<TimeArg>,
+    pub limit: Option<usize>,
+}
+
+/// `history`'s default list size, as `GET /api/v1/history`'s.
+pub const HISTORY_DEFAULT_LIMIT: usize = 100;
+
+impl FilterArg {
+    /// The store's filter, by the rules of `GET /api/v1/history`:
+    /// `model: ""` / `client: ""` select the calls that named none (the
+    /// `""` group of `models`); an empty `route`, `since` or `until` is no
+    /// filter; `since` must be before `until` (`[since, until)`). `limit`
+    /// is left to the caller: each command has its own rule.
+    pub fn into_filter(self) -> std::result::Result<HistoryFilter, String> {
+        let filter = HistoryFilter {
+            model: self.model,
+            route: self.route.filter(|r| !r.is_empty()),
+            client: self.client,
+            since_ms: time_arg("since", self.since)?,
+            until_ms: time_arg("until", self.until)?,
+            ..HistoryFilter::default()
+        };
+        if let (Some(since), Some(until)) = (filter.since_ms, filter.until_ms) {
+            if since >= until {
+                return Err(format!(
+                    "since must be before until (calls started in [since, until)), got since={} \
+                     and until={}",
+                    store::ms_to_rfc3339(since),
+                    store::ms_to_rfc3339(until)
+                ));
+            }
+        }
+        Ok(filter)
+    }
+}
+
+fn time_arg(name: &str, arg: Option<TimeArg>) -> std::result::Result<Option<u64>, String> {
+    match arg {
+        None => Ok(None),
+        Some(TimeArg::Ms(ms)) => Ok(Some(ms)),
+        Some(TimeArg::Text(text)) if text.trim().is_empty() => Ok(None),
+        Some(TimeArg::Text(text)) => store::parse_time(&text).map(Some).map_err(|_| {
+            format!(
+                "{name} must be unix milliseconds or an RFC 3339 time such as \
+                 2026-11-30T10:42:07Z, got {text:?}"
+            )
+        }),
+    }
+}
+
+/// `models` -> `{"models": [ModelSummary]}`, like `GET /api/v1/models`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelsDoc {
+    pub models: Vec<ModelSummary>,
+}
+
+/// Stored calls, newest first. `limit` defaults to 100 and is clamped like
+/// the HTTP endpoint's. Without a store: the engine's "no store: ..."
+/// message.
+#[tauri::command]
+pub async fn history(engine: State<'_, Engine>, filter: Option<FilterArg>) -> Result<CallsDoc> {
+    let filter = filter.unwrap_or_default();
+    let limit = filter.limit.unwrap_or(HISTORY_DEFAULT_LIMIT).min(MAX_LIMIT);
+    let mut filter = filter.into_filter().map_err(CommandError::Invalid)?;
+    filter.limit = Some(limit);
+    let calls = engine
+        .0
+        .history(filter)
+        .await
+        .map_err(CommandError::Engine)?;
+    Ok(CallsDoc { calls })
+}
+
+/// Per (model, route) figures over the selected calls (`limit` ignored).
+#[tauri::command]
+pub async fn models(engine: State<'_, Engine>, filter: Option<FilterArg>) -> Result<ModelsDoc> {
+    let filter = filter
+        .unwrap_or_default()
+        .into_filter()
+        .map_err(CommandError::Invalid)?;
+    let models = engine
+        .0
+        .models(filter)
+        .await
+        .map_err(CommandError::Engine)?;
+    Ok(ModelsDoc { models })
+}
+
+/// The export file's text (`csv`, the default, or `jsonl`) of every call
+/// the filter selects (`limit` ignored, as over HTTP); the page saves it.
+#[tauri::command]
+pub async fn export(
+    engine: State<'_, Engine>,
+    format: Option<String>,
+    filter: Option<FilterArg>,
+) -> Result<String> {
+    let format = export_format(format.as_deref()).map_err(CommandError::Invalid)?;
+    let filter = filter
+        .unwrap_or_default()
+        .into_filter()
+        .map_err(CommandError::Invalid)?;
+    let bytes = engine
+        .0
+        .export(filter, format)
+        .await
+        .map_err(CommandError::Engine)?;
+    // CSV and JSON Lines are written as UTF-8 by the store.
+    String::from_utf8(bytes).map_err(|e| CommandError::Engine(format!("export is not UTF-8: {e}")))
+}
+
+/// `None` is CSV, as a bare `GET /api/v1/export` is.
+fn export_format(format: Option<&str>) -> std::result::Result<ExportFormat, String> {
+    format
+        .map_or(Ok(ExportFormat::Csv), str::parse)
+        .map_err(|e| format!("format: {e}"))
+}
+
+#[cfg(test)]
+mod history_args_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn filter(v: serde_json::Value) -> std::result::Result<HistoryFilter, String> {
+        serde_json::from_value::<FilterArg>(v)
+            .map_err(|e| e.to_string())?
+            .into_filter()
+    }
+
+    #[test]
+    fn the_pages_filter_becomes_the_stores() {
+        assert_eq!(filter(json!({})).unwrap(), HistoryFilter::default());
+        let f = filter(json!({
+            "model": "qwen3:8b", "route": "ollama", "client": "curl",
+            "since": 1_764_496_927_000u64, "until": "2026-11-30T10:42:07Z", "limit": 5,
+            "unknown": true
+        }))
+        .unwrap();
+        assert_eq!(f.model.as_deref(), Some("qwen3:8b"));
+        assert_eq!(f.route.as_deref(), Some("ollama"));
+        assert_eq!(f.client.as_deref(), Some("curl"));
+        assert_eq!(f.since_ms, Some(1_764_496_927_000));
+        assert_eq!(f.until_ms, store::parse_time("2026-11-30T10:42:07Z").ok());
+        // The limit is each command's business, not the filter's.
+        assert_eq!(f.limit, None);
+        // Unix ms as a string parse too, as over HTTP.
+        assert_eq!(
+            filter(json!({"since": "1000"})).unwrap().since_ms,
+            Some(1000)
+        );
+    }
+
+    #[test]
+    fn empty_values_follow_the_http_rules() {
+        let f = filter(json!({"model": "", "client": "", "route": "", "since": "", "until": null}))
+            .unwrap();
+        // Named none...
+        assert_eq!(f.model.as_deref(), Some(""));
+        assert_eq!(f.client.as_deref(), Some(""));
+        // ...but every call has a route, and an empty time is no bound.
+        assert_eq!((f.route, f.since_ms, f.until_ms), (None, None, None));
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_argument() {
+        let err = filter(json!({"since": "yesterday"})).unwrap_err();
+        assert!(err.starts_with("since must be unix milliseconds"), "{err}");
+        let err = filter(json!({"until": "soon"})).unwrap_err();
+        assert!(err.starts_with("until "), "{err}");
+        let err = filter(json!({"since": 2000, "until": 1000})).unwrap_err();
+        assert!(err.starts_with("since must be before until"), "{err}");
+        assert!(
+            filter(json!({"since": 5, "until": 5})).is_err(),
+            "empty window"
+        );
+        assert!(filter(json!({"since": -1})).is_err());
+        assert!(filter(json!({"limit": "ten"})).is_err());
+    }
+
+    #[test]
+    fn export_format_defaults_to_csv_and_names_a_bad_one() {
+        assert_eq!(export_format(None), Ok(ExportFormat::Csv));
+        assert_eq!(export_format(Some("jsonl")), Ok(ExportFormat::Jsonl));
+        assert_eq!(export_format(Some("CSV")), Ok(ExportFormat::Csv));
+        let err = export_format(Some("xml")).unwrap_err();
+        assert!(err.starts_with("format: "), "{err}");
+    }
+
+    #[test]
+    fn errors_reach_the_page_as_their_message() {
+        let e = CommandError::Invalid("since must be ...".into());
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            json!("since must be ...")
+        );
+    }
 }

@@ -261,6 +261,9 @@ pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<A
             commands::get_settings,
             commands::save_settings,
             commands::start_demo,
+            commands::history,
+            commands::models,
+            commands::export,
         ])
         .on_window_event(|window, event| {
             // Closing the window keeps the app in the tray.
