@@ -8,12 +8,14 @@ import { createDataSource } from "./lib/datasource.js";
 import { initialState, reduce } from "./lib/reducer.js";
 import { mountCalls } from "./views/calls.js";
 import { mountChart } from "./views/chart.js";
+import { mountDetails } from "./views/details.js";
 import { mountGlobal } from "./views/global.js";
+import { mountHistory } from "./views/history.js";
 import { mountSettings } from "./views/settings.js";
 import { mountStart } from "./views/start.js";
 
 const LIST_LIMIT = 200;
-const VIEWS = ["live", "start", "settings"];
+const VIEWS = ["live", "history", "start", "settings"];
 const HIDE_UNMETERED_KEY = "speedtap.hideUnmetered";
 
 const $ = (id) => document.getElementById(id);
@@ -25,7 +27,29 @@ let frame = 0;
 /** The view was chosen by the app (no calls yet), not by the user. */
 let autoStart = false;
 
-const calls = mountCalls({ tbody: $("calls"), empty: $("calls-empty"), count: $("calls-count") });
+// The details panel, on a live row (kept up to date while it streams) or
+// a stored one (History).
+let detailsLive = false;
+const details = mountDetails({ onClose: () => calls.select(null) });
+const calls = mountCalls({
+  tbody: $("calls"),
+  empty: $("calls-empty"),
+  count: $("calls-count"),
+  onSelect: (id) => {
+    const call = state.calls[id];
+    if (!call) return;
+    detailsLive = true;
+    details.open(call);
+    calls.select(id);
+  },
+});
+const historyView = mountHistory(source, {
+  onSelect: (call) => {
+    detailsLive = false;
+    calls.select(null);
+    details.open(call);
+  },
+});
 const global = mountGlobal();
 const chart = mountChart({ container: $("chart"), empty: $("chart-empty"), note: $("chart-note") });
 const settings = mountSettings(source);
@@ -63,6 +87,8 @@ function render() {
   frame = 0;
   calls.render(state, { hideUnmetered: hideUnmetered.checked });
   global.render(state.stats);
+  const open = details.openId;
+  if (detailsLive && open && state.calls[open]) details.update(state.calls[open]);
   // Speed events arrive several times a second per call; the chart changes
   // only with a new reading (about 1 Hz) or when its time axis should slide.
   const now = Date.now();
@@ -87,6 +113,7 @@ function show(view, { auto = false } = {}) {
   }
   document.body.dataset.view = view;
   if (location.hash !== `#${view}`) history.replaceState(null, "", `#${view}`);
+  historyView.setVisible(view === "history");
   if (view === "start") start.load();
   if (view === "settings") settings.load();
   if (view === "live") render();
@@ -143,7 +170,10 @@ let everOpened = false;
 const firstLoad = new Promise((resolve) => {
   source.subscribe({
     speed: (p) => dispatch({ type: "speed", call: p.call, speed: p.speed }),
-    settled: (call) => dispatch({ type: "settled", call }),
+    settled: (call) => {
+      dispatch({ type: "settled", call });
+      historyView.noteSettled();
+    },
     stats: (stats) => dispatch({ type: "stats", stats }),
     slow_first_token: (p) => dispatch({ type: "slow_first_token", ...p }),
     open: () => {
@@ -168,7 +198,7 @@ if (VIEWS.includes(wanted)) show(wanted);
 else {
   show("live");
   firstLoad.then((list) => {
-    if (Array.isArray(list) && list.length === 0 && Object.keys(state.calls).length === 0 && !location.hash.slice(1).match(/^(start|settings)$/)) {
+    if (Array.isArray(list) && list.length === 0 && Object.keys(state.calls).length === 0 && !location.hash.slice(1).match(/^(start|settings|history)$/)) {
       show("start", { auto: true });
     }
   });

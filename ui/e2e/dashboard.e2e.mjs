@@ -9,13 +9,16 @@
 // /usr/bin/chromium). Screenshots go to e2e/out/.
 //
 // Checks that need the endpoints added for the tray app (routes, discover,
-// settings, demo) probe them first and skip, saying why, when the engine
-// answers 404: the live table's checks never depend on them.
+// settings, demo) or for the stored history (history, models, export) probe
+// them first and skip, saying why, when the engine answers 404: the live
+// table's checks never depend on them. `speedtap run` keeps its store in the
+// test's temp dir (`--db`), so the History view has real data; the no-store
+// answer (503) is checked by intercepting those requests.
 
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -172,6 +175,7 @@ function row(key) {
       index,
       id: tr.dataset.id,
       route: text("route"),
+      client: tr.querySelector('[data-col="client"]') ? text("client") : null,
       apiRaw: tr.querySelector('[data-col="api"]').title,
       phase: tr.querySelector(".badge.phase").textContent,
       ttft: text("ttft"),
@@ -212,7 +216,7 @@ before(async () => {
     return tcpOpen(env.sim);
   });
   const run = start("run", [
-    "run", "--no-db", "--json",
+    "run", "--db", join(env.home, "speedtap.db"), "--json",
     "--route", `sim=127.0.0.1:${env.proxy}=http://127.0.0.1:${env.sim}`,
     "--api", `127.0.0.1:${env.api}`,
     // Low, so the slow call below raises slow_first_token while it waits.
@@ -229,6 +233,9 @@ before(async () => {
   probes.settings = await statusOf("/api/v1/settings");
   probes.demo = await statusOf("/api/v1/demo", "OPTIONS");
   probes.history = await statusOf("/api/v1/stats/history");
+  probes.store = await statusOf("/api/v1/history");
+  probes.models = await statusOf("/api/v1/models");
+  probes.export = await statusOf("/api/v1/export");
 
   browser = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "speedtap-e2e-chromium-")), {
     executablePath: CHROMIUM,
@@ -347,7 +354,11 @@ test("live table: rows appear, phases move to complete, numbers match /api/v1/ca
 
   const order = await waitFor("a fast call to complete while the slow one is still in flight", async () => {
     const [s, c] = [await row("e2e-slow"), await row("e2e-chat")];
-    return s && c && c.phase === "complete" && s.status === "in_flight" && { s, c };
+    // Settled (status ok), not just its final snapshot: with a store, a call
+    // stays in flight until its record is durable, a moment after "complete".
+    // The slow call streaming by then (it answers after 2.5 s, then streams
+    // for 4 s), so the order is checked while both kinds of row are shown.
+    return s && c && c.phase === "complete" && c.status === "ok" && s.status === "in_flight" && s.phase === "responding" && { s, c };
   });
   assert.ok(order.s.index < order.c.index, `in-flight row on top: slow at ${order.s.index}, completed chat at ${order.c.index}`);
   assert.equal(order.s.phase, "responding");
@@ -368,6 +379,8 @@ test("live table: rows appear, phases move to complete, numbers match /api/v1/ca
     const label = `${model} (${call.id})`;
     assert.equal(shown.id, call.id, label);
     assert.equal(shown.route, "sim", label);
+    // The app that made the call (node's fetch here), as the engine named it.
+    assert.equal(shown.client, call.client ?? DASH, `${label}: client`);
     assert.equal(shown.apiRaw, call.api, label);
     assert.equal(call.status, "ok", label);
     assert.equal(shown.statusText, "ok", label);
@@ -469,6 +482,304 @@ test("settings: saves, says when a restart is needed, shows errors next to the f
   await page.screenshot({ path: join(OUT, "settings.png"), fullPage: true });
 });
 
+test("call details: a live row opens its details, with the TTFT breakdown the server's timings gave", async (t) => {
+  if (needs(t, "store")) return;
+  await page.click("#tab-live");
+  const { calls } = await getJson("/api/v1/calls");
+  const call = calls.find((c) => c.model === "e2e-ollama");
+  assert.ok(call?.ttft_breakdown, `the simulator's Ollama timings give a breakdown: ${JSON.stringify(call)}`);
+  await page.click(`#calls tr[data-id="${call.id}"]`);
+  await page.waitForSelector("#details:not([hidden])", { timeout: SOON });
+  const shown = await details();
+  assert.equal(shown.title, "e2e-ollama");
+  assert.equal(shown.fields.ID, call.id);
+  assert.equal(shown.fields.Client, call.client);
+  assert.equal(shown.fields["HTTP status"], "200");
+  assertBreakdown(shown, call);
+  assert.equal(await page.getAttribute(`#calls tr[data-id="${call.id}"]`, "class").then((c) => /\bselected\b/.test(c ?? "")), true);
+  await page.keyboard.press("Escape");
+  await page.waitForSelector("#details", { state: "hidden", timeout: SOON });
+});
+
+/** What the details panel shows: its title, every label -> value, the breakdown, the flags. */
+function details() {
+  return page.evaluate(() => {
+    const fields = {};
+    for (const dt of document.querySelectorAll("#details-body dl.kv dt")) fields[dt.textContent] = dt.nextElementSibling.textContent;
+    const legend = {};
+    for (const li of document.querySelectorAll("#details-breakdown .legend li")) {
+      legend[li.dataset.seg] = {
+        value: li.querySelector(".legend-value").textContent,
+        detail: li.querySelector(".legend-detail")?.textContent ?? "",
+      };
+    }
+    const bar = [...document.querySelectorAll("#details-breakdown .stack .seg")].map((s) => ({
+      seg: s.dataset.seg,
+      width: s.getBoundingClientRect().width,
+    }));
+    return {
+      title: document.getElementById("details-title").textContent,
+      fields,
+      ttft: document.getElementById("details-ttft")?.textContent ?? null,
+      hasBreakdown: !!document.getElementById("details-breakdown"),
+      legend,
+      bar,
+      cached: document.querySelector('#details-breakdown [data-note="cached"]')?.textContent ?? null,
+      rateNote: document.getElementById("details-rate-note")?.textContent ?? "",
+      flags: [...document.querySelectorAll("#details-body .flags li")].map((li) => li.dataset.flag),
+      sections: [...document.querySelectorAll("#details-body .detail-section")].map((s) => s.dataset.section),
+    };
+  });
+}
+
+/** The panel's breakdown shows exactly the parts the API reports, with their numbers. */
+function assertBreakdown(shown, call) {
+  const b = call.ttft_breakdown;
+  const label = `${call.model} (${call.id})`;
+  assert.equal(shown.hasBreakdown, true, `${label}: breakdown shown`);
+  const parts = { load: b.load_ms, prefill: b.prefill_ms, other: b.other_ms };
+  const present = Object.keys(parts).filter((k) => typeof parts[k] === "number");
+  assert.deepEqual(Object.keys(shown.legend), present, `${label}: the legend lists the parts present`);
+  for (const k of present) {
+    const ms = parseMs(shown.legend[k].value);
+    assert.ok(Math.abs(ms.value - parts[k]) <= ms.precision, `${label}: ${k} ${shown.legend[k].value} vs ${parts[k]} ms`);
+  }
+  if (typeof b.prefill_tokens === "number") assert.match(shown.legend.prefill.detail, new RegExp(`^${b.prefill_tokens} tokens?`), label);
+  if (typeof b.prefill_tokens_per_second === "number") assert.match(shown.legend.prefill.detail, new RegExp(`${b.prefill_tokens_per_second.toFixed(1)} tok/s$`), label);
+  if (typeof b.cached_tokens === "number") assert.match(shown.cached ?? "", new RegExp(`^${b.cached_tokens} prompt tokens? reused`), label);
+  else assert.equal(shown.cached, null, `${label}: no cached note without a cached count`);
+  // The bar: the prefill part is drawn, with a width.
+  const prefill = shown.bar.find((s) => s.seg === "prefill");
+  assert.ok(prefill && prefill.width > 10, `${label}: prefill segment drawn: ${JSON.stringify(shown.bar)}`);
+  const ttft = parseMs(shown.ttft);
+  assert.ok(Math.abs(ttft.value - call.speed.time_to_first_token_ms) <= ttft.precision, label);
+}
+
+/** The calls History sends below (a User-Agent of their own, to filter on). */
+const HIST_UA = "HistApp/2.0 (speedtap e2e)";
+const HIST_CLIENT = "HistApp";
+
+/** A models-table row as shown, by model and route. */
+function modelRows() {
+  return page.evaluate(() =>
+    [...document.querySelectorAll("#models tr")].map((tr) => {
+      const text = (col) => tr.querySelector(`[data-col="${col}"]`).textContent.trim();
+      return {
+        model: tr.dataset.model,
+        route: tr.dataset.route,
+        calls: text("calls"),
+        ttft_ms_p50: text("ttft_p50"),
+        ttft_ms_p90: text("ttft_p90"),
+        tps_p50: text("tps_p50"),
+        tps_p90: text("tps_p90"),
+        prefill_tps_p50: text("prefill_p50"),
+        lastSeenTitle: tr.querySelector('[data-col="last_seen"]').title,
+      };
+    }),
+  );
+}
+
+/** Every shown models row carries the API's numbers (durations within their display precision). */
+function assertModelsMatch(shownRows, models) {
+  assert.equal(shownRows.length, models.length, `rows: ${JSON.stringify(shownRows.map((r) => r.model))} vs ${JSON.stringify(models.map((m) => m.model))}`);
+  for (const m of models) {
+    const label = `${m.model || "(none)"} on ${m.route}`;
+    const shown = shownRows.find((r) => r.model === m.model && r.route === m.route);
+    assert.ok(shown, `${label} shown`);
+    assert.equal(Number(shown.calls.replace(/,/g, "")), m.calls, `${label}: calls`);
+    for (const key of ["ttft_ms_p50", "ttft_ms_p90"]) {
+      if (m[key] === undefined) assert.equal(shown[key], DASH, `${label}: ${key} absent`);
+      else {
+        const ms = parseMs(shown[key]);
+        assert.ok(Math.abs(ms.value - m[key]) <= ms.precision, `${label}: ${key} ${shown[key]} vs ${m[key]}`);
+      }
+    }
+    for (const key of ["tps_p50", "tps_p90", "prefill_tps_p50"]) {
+      if (m[key] === undefined) assert.equal(shown[key], DASH, `${label}: ${key} absent`);
+      else assert.equal(Number(shown[key]), m[key], `${label}: ${key} ${shown[key]} vs ${m[key]}`);
+    }
+    assert.equal(shown.lastSeenTitle, m.last_seen, `${label}: last seen`);
+  }
+}
+
+/** The export link's filters, as the query the page's data came from. */
+async function exportQuery() {
+  const href = await page.getAttribute("#h-export", "href");
+  const url = new URL(href, api("/"));
+  assert.equal(url.pathname, "/api/v1/export");
+  return url.searchParams;
+}
+
+test("history: the models table matches /api/v1/models, the client filter narrows it, the chart and list follow", async (t) => {
+  if (needs(t, "store", "models")) return;
+  const ua = { "user-agent": HIST_UA };
+  await Promise.all([
+    // Fast, exact counts (usage receipt), no server timings: no breakdown.
+    ...[0, 1, 2].map(() =>
+      stream("/v1/chat/completions", chat("hist-fast", { stream_options: { include_usage: true } }), { ...ua, "x-sim-tps": "80", "x-sim-tokens": "60" }),
+    ),
+    // Slower, Ollama with the server's timings: a TTFT breakdown.
+    ...[0, 1].map(() =>
+      stream("/api/chat", { model: "hist-slow", messages: [{ role: "user", content: "e2e" }] }, { ...ua, "x-sim-tps": "30", "x-sim-tokens": "40", "x-sim-server-timings": "true" }),
+    ),
+  ]);
+  // And one that fails: counted in calls, not in the figures.
+  const failed = await fetch(`http://127.0.0.1:${env.proxy}/api/chat`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...ua, "x-sim-status": "500" },
+    body: JSON.stringify({ model: "hist-slow", messages: [{ role: "user", content: "e2e" }] }),
+  });
+  await failed.arrayBuffer();
+  assert.equal(failed.status, 500);
+  const stored = await waitFor("the six HistApp calls in the store", async () => {
+    const { calls } = await getJson(`/api/v1/history?client=${HIST_CLIENT}`);
+    return calls.length === 6 && calls;
+  });
+  assert.ok(stored.every((c) => c.client === HIST_CLIENT), "the User-Agent named the client");
+
+  await page.click("#tab-history");
+  await page.waitForSelector('body[data-view="history"]', { timeout: SOON });
+  await page.waitForSelector('#models tr[data-model="hist-slow"]', { timeout: SOON });
+  assert.equal(await page.isHidden("#h-unavailable"), true);
+
+  // Unfiltered (last 24 h): every model of this run, as the API has them
+  // for the same query (the export link carries the page's filters).
+  const q = await exportQuery();
+  assert.equal(q.get("format"), "csv");
+  assert.ok(Number(q.get("since")) > Date.now() - 24 * 3_600_000 - 60_000, `since ${q.get("since")}`);
+  assert.deepEqual([...q.keys()].sort(), ["format", "since"], "no filter but the range");
+  const all = await getJson(`/api/v1/models?since=${q.get("since")}`);
+  assert.ok(all.models.length >= 6, `models: ${all.models.map((m) => m.model)}`);
+  assertModelsMatch(await modelRows(), all.models);
+
+  // Filtered by client: only HistApp's two models.
+  await page.selectOption("#h-client", `=${HIST_CLIENT}`);
+  await waitFor("the models table to show only HistApp's models", async () => {
+    const rows = await modelRows();
+    return rows.length === 2 && rows.every((r) => r.model.startsWith("hist-"));
+  });
+  const fq = await exportQuery();
+  assert.equal(fq.get("client"), HIST_CLIENT);
+  const mine = await getJson(`/api/v1/models?client=${HIST_CLIENT}&since=${fq.get("since")}`);
+  assertModelsMatch(await modelRows(), mine.models);
+  const slow = mine.models.find((m) => m.model === "hist-slow");
+  assert.deepEqual([slow.calls, slow.ok_calls], [3, 2], "the failed call counts as a call, not in the figures");
+  assert.equal(typeof slow.prefill_tps_p50, "number", "prefill from the server's timings");
+  assert.equal(mine.models.find((m) => m.model === "hist-fast").prefill_tps_p50, undefined);
+
+  // The list: the same calls, newest first, with the client column.
+  const listed = await page.evaluate(() =>
+    [...document.querySelectorAll("#h-calls tr")].map((tr) => ({ id: tr.dataset.id, client: tr.querySelector('[data-col="client"]').textContent })),
+  );
+  assert.deepEqual(listed.map((r) => r.id), stored.map((c) => c.id));
+  assert.ok(listed.every((r) => r.client === HIST_CLIENT));
+
+  // The chart: one series per model, a point per ok call with a rate.
+  await page.waitForSelector("#h-chart .uplot canvas", { timeout: SOON });
+  assert.equal(await page.isHidden("#h-chart-empty"), true);
+  const legend = await page.$$eval(".series-legend li", (lis) => lis.map((li) => li.dataset.series + "|" + li.textContent));
+  const rated = (model) => stored.filter((c) => c.model === model && c.status === "ok" && typeof c.speed?.output_tokens_per_second === "number").length;
+  assert.ok(rated("hist-fast") >= 1 && rated("hist-slow") >= 1, "the calls above have settled rates");
+  assert.deepEqual(legend, [
+    `hist-fast|hist-fast ${rated("hist-fast")} ${rated("hist-fast") === 1 ? "call" : "calls"}`,
+    `hist-slow|hist-slow ${rated("hist-slow")} ${rated("hist-slow") === 1 ? "call" : "calls"}`,
+  ]);
+  await page.screenshot({ path: join(OUT, "history.png"), fullPage: true });
+  await page.emulateMedia({ colorScheme: "dark" });
+  await page.waitForFunction(() => getComputedStyle(document.body).backgroundColor !== "rgb(246, 247, 249)");
+  await page.screenshot({ path: join(OUT, "history-dark.png"), fullPage: true });
+  await page.emulateMedia({ colorScheme: "light" });
+});
+
+test("history: the Export button's URL returns the filtered calls as CSV (and JSONL), and downloads", async (t) => {
+  if (needs(t, "store", "export")) return;
+  const q = await exportQuery();
+  assert.equal(q.get("client"), HIST_CLIENT, "still filtered by the previous test");
+  const href = await page.getAttribute("#h-export", "href");
+  const res = await fetch(api(href));
+  assert.equal(res.status, 200);
+  assert.match(res.headers.get("content-type"), /^text\/csv/);
+  const csv = await res.text();
+  const lines = csv.trimEnd().split(/\r?\n/);
+  assert.match(lines[0], /^id,route,api,model,client,/);
+  const { calls } = await getJson(`/api/v1/history?client=${HIST_CLIENT}&since=${q.get("since")}`);
+  assert.equal(lines.length, 1 + calls.length, csv);
+  for (const c of calls) assert.ok(lines.some((l) => l.startsWith(`${c.id},`) && l.includes(`,${HIST_CLIENT},`)), `${c.id} exported`);
+
+  // Clicking it downloads the same file.
+  const [download] = await Promise.all([page.waitForEvent("download", { timeout: SOON }), page.click("#h-export")]);
+  assert.equal(download.suggestedFilename(), "speedtap-calls.csv");
+  const saved = join(env.home, "download.csv");
+  await download.saveAs(saved);
+  assert.equal(readFileSync(saved, "utf8"), csv);
+
+  // JSONL: the same calls, one object a line.
+  await page.selectOption("#h-format", "jsonl");
+  const jq = await exportQuery();
+  assert.equal(jq.get("format"), "jsonl");
+  const jsonl = await (await fetch(api(await page.getAttribute("#h-export", "href")))).text();
+  const objects = jsonl.trimEnd().split("\n").map((l) => JSON.parse(l));
+  assert.deepEqual(objects.map((o) => o.id).sort(), calls.map((c) => c.id).sort());
+  await page.selectOption("#h-format", "csv");
+});
+
+test("call details from History: breakdown when the server reported one, nothing invented when not", async (t) => {
+  if (needs(t, "store")) return;
+  const q = await exportQuery();
+  const { calls } = await getJson(`/api/v1/history?client=${HIST_CLIENT}&since=${q.get("since")}`);
+  const timed = calls.find((c) => c.model === "hist-slow" && c.status === "ok");
+  const plain = calls.find((c) => c.model === "hist-fast");
+  const failed = calls.find((c) => c.status === "upstream_error");
+  assert.ok(timed?.ttft_breakdown && plain && !plain.ttft_breakdown && failed, JSON.stringify(calls));
+
+  await page.click(`#h-calls tr[data-id="${plain.id}"]`);
+  await page.waitForSelector("#details:not([hidden])", { timeout: SOON });
+  await page.waitForFunction((id) => document.querySelector('#details-body dd[data-field="ID"]')?.textContent === id, plain.id);
+  const p = await details();
+  assert.equal(p.hasBreakdown, false, "no server timings, no breakdown");
+  assert.equal(p.fields.Client, HIST_CLIENT);
+  assert.equal(p.fields["Token source"], "exact");
+  assert.match(p.rateNote, /usage receipt/);
+  assert.equal(p.fields.Settled !== undefined, typeof plain.settled_at === "string");
+
+  await page.click(`#h-calls tr[data-id="${timed.id}"]`);
+  await page.waitForFunction((id) => document.querySelector('#details-body dd[data-field="ID"]')?.textContent === id, timed.id);
+  const d = await details();
+  assert.equal(d.title, "hist-slow");
+  assertBreakdown(d, timed);
+  assert.equal(d.fields["Input tokens"], String(timed.input_tokens));
+  assert.deepEqual(d.flags, [], "no flags set on this call");
+  await page.screenshot({ path: join(OUT, "details.png") });
+
+  await page.click(`#h-calls tr[data-id="${failed.id}"]`);
+  await page.waitForFunction((id) => document.querySelector('#details-body dd[data-field="ID"]')?.textContent === id, failed.id);
+  const f = await details();
+  assert.equal(f.fields["HTTP status"], "500");
+  assert.equal(f.fields.Status, "upstream error 500");
+  assert.equal(f.hasBreakdown, false);
+  await page.click("#details-close");
+  await page.waitForSelector("#details", { state: "hidden", timeout: SOON });
+});
+
+test("history without a store: the view shows the engine's message instead of tables", async () => {
+  // What `speedtap run --no-db` answers (routes.rs: 503 with the engine's
+  // message), served for this page only.
+  const message = "no store: history needs --db (it is off with --no-db)";
+  const other = await browser.newPage();
+  other.on("pageerror", (e) => pageErrors.push(String(e?.stack ?? e)));
+  await other.route(
+    (url) => /\/api\/v1\/(history|models|export)$/.test(url.pathname),
+    (route) => route.fulfill({ status: 503, contentType: "application/json", body: JSON.stringify({ error: message }) }),
+  );
+  await other.goto(api("/#history"));
+  await other.waitForSelector("#h-unavailable:not([hidden])", { timeout: SOON });
+  assert.equal(await other.textContent("#h-unavailable"), message);
+  for (const card of ["#h-models-card", "#h-chart-card", "#h-calls-card"]) assert.equal(await other.isHidden(card), true, card);
+  assert.equal(await other.getAttribute("#h-export", "aria-disabled"), "true");
+  await other.screenshot({ path: join(OUT, "history-no-store.png") });
+  await other.close();
+});
+
 test("demo button: starts demo traffic and its calls appear live", async (t) => {
   if (needs(t, "demo")) return;
   await page.click("#tab-start");
@@ -502,7 +813,7 @@ test("an engine without the newer endpoints: each feature says so, the live tabl
   // does; everything else goes to the real engine.
   const older = await browser.newPage();
   older.on("pageerror", (e) => pageErrors.push(String(e?.stack ?? e)));
-  const missing = /\/api\/v1\/(routes|discover|settings|demo|stats\/history)$/;
+  const missing = /\/api\/v1\/(routes|discover|settings|demo|stats\/history|history|models|export)$/;
   await older.route(
     (url) => missing.test(url.pathname),
     (route) => route.fulfill({ status: 404, contentType: "application/json", body: '{"error":"not found"}' }),
@@ -516,6 +827,9 @@ test("an engine without the newer endpoints: each feature says so, the live tabl
   await older.click("#tab-settings");
   await older.waitForSelector("#settings-unavailable:not([hidden])", { timeout: SOON });
   assert.equal(await older.isHidden("#settings-form"), true);
+
+  await older.click("#tab-history");
+  await older.waitForFunction(() => /isn't available in this engine version/.test(document.getElementById("h-unavailable").textContent), null, { timeout: SOON });
 
   await older.click("#tab-live");
   await older.waitForFunction(() => document.querySelectorAll("#calls tr").length >= 4, null, { timeout: SOON });

@@ -17,8 +17,16 @@
 //   getSettings() ->                   Settings
 //   saveSettings(settings) ->          {saved, restart_required, config_path}
 //   startDemo() ->                     {running, route}
+//   history(filter) ->                 {calls: [Call]}        (stored calls)
+//   models(filter) ->                  {models: [ModelSummary]}
+//   exportFile(filter, format) ->      {url} in a browser (a download link
+//                                      the page follows), {text} in Tauri
+//                                      (saved by the page as a Blob)
 //   subscribe({speed, stats, settled, slow_first_token, open, error}) -> unsubscribe()
-// Every request rejects with a SourceError.
+// Every request rejects with a SourceError. `filter` is lib/history.js's:
+// `{since?, until?, model?, route?, client?, limit?}`, set keys only.
+
+import { exportUrl, filterQuery } from "./history.js";
 
 /** The live event names, the same in SSE and Tauri. */
 export const EVENTS = ["speed", "stats", "settled", "slow_first_token"];
@@ -92,6 +100,18 @@ export function browserSource({ fetch, EventSource }, base = "") {
     getSettings: () => request("GET", "/api/v1/settings"),
     saveSettings: (settings) => request("PUT", "/api/v1/settings", settings),
     startDemo: () => request("POST", "/api/v1/demo", {}),
+    history(filter = {}) {
+      const qs = filterQuery(filter);
+      return request("GET", `/api/v1/history${qs ? `?${qs}` : ""}`);
+    },
+    models(filter = {}) {
+      const { limit: _ignored, ...rest } = filter;
+      const qs = filterQuery(rest);
+      return request("GET", `/api/v1/models${qs ? `?${qs}` : ""}`);
+    },
+    // The browser downloads the file itself (the engine answers with
+    // content-disposition: attachment), so nothing is buffered in the page.
+    exportFile: async (filter = {}, format = "csv") => ({ url: base + exportUrl(filter, format) }),
     subscribe(handlers) {
       const es = new EventSource(base + "/api/v1/events");
       for (const name of EVENTS) {
@@ -144,6 +164,17 @@ export function tauriSource(tauri) {
     getSettings: () => invoke("get_settings"),
     saveSettings: (settings) => invoke("save_settings", { settings }),
     startDemo: () => invoke("start_demo"),
+    history: (filter = {}) => invoke("history", { filter: { ...filter } }),
+    models(filter = {}) {
+      const { limit: _ignored, ...rest } = filter;
+      return invoke("models", { filter: rest });
+    },
+    async exportFile(filter = {}, format = "csv") {
+      const { limit: _ignored, ...rest } = filter;
+      const text = await invoke("export", { format, filter: rest });
+      if (typeof text !== "string") throw new SourceError("the export command returned no text");
+      return { text };
+    },
     subscribe(handlers) {
       let closed = false;
       const unlisteners = [];

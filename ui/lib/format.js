@@ -134,3 +134,85 @@ export function apiLabel(api) {
   if (typeof api !== "string" || api === "") return DASH;
   return APIS[api] ?? api.replace(/_/g, " ");
 }
+
+/** Unix ms of an RFC 3339 time, or null when it doesn't parse. */
+export function parseTime(iso) {
+  if (typeof iso !== "string" || iso === "") return null;
+  const ms = Date.parse(iso);
+  return Number.isFinite(ms) ? ms : null;
+}
+
+const timeFormats = new Map();
+function timeFormat(timeZone, withDate, withSeconds) {
+  const key = `${timeZone ?? ""}|${withDate}|${withSeconds}`;
+  let f = timeFormats.get(key);
+  if (!f) {
+    // en-US with a 24-hour clock: the dashboard's text is English, and a
+    // fixed locale keeps "13:37:08" the same in every browser and under
+    // Tauri's WebKit (whose default locale may be "C").
+    f = new Intl.DateTimeFormat("en-US", {
+      timeZone,
+      hourCycle: "h23",
+      hour: "2-digit",
+      minute: "2-digit",
+      ...(withSeconds ? { second: "2-digit" } : {}),
+      ...(withDate ? { month: "short", day: "numeric" } : {}),
+    });
+    timeFormats.set(key, f);
+  }
+  return f;
+}
+
+/** "YYYY-MM-DD" of `ms` in `timeZone` (local when undefined). */
+function dayOf(ms, timeZone) {
+  return new Intl.DateTimeFormat("en-CA", { timeZone, year: "numeric", month: "2-digit", day: "2-digit" }).format(ms);
+}
+
+/**
+ * A call's time in a table: "13:37:08" on the day of `now`, "Nov 29,
+ * 13:37" before (seconds matter for calls seconds apart today; the date
+ * matters more for older ones). DASH when absent or unparsable. `timeZone`
+ * defaults to the viewer's (tests pass "UTC").
+ */
+export function formatTime(iso, { now, timeZone } = {}) {
+  const ms = parseTime(iso);
+  if (ms === null) return DASH;
+  const sameDay = Number.isFinite(now) && dayOf(ms, timeZone) === dayOf(now, timeZone);
+  return sameDay ? timeFormat(timeZone, false, true).format(ms) : timeFormat(timeZone, true, false).format(ms);
+}
+
+/**
+ * A full timestamp for call details: "2026-11-30 13:37:08.938" in
+ * `timeZone` (the viewer's when undefined), milliseconds kept because TTFTs
+ * are milliseconds. DASH when absent.
+ */
+export function formatTimestamp(iso, { timeZone } = {}) {
+  const ms = parseTime(iso);
+  if (ms === null) return DASH;
+  const parts = Object.fromEntries(
+    new Intl.DateTimeFormat("en-CA", {
+      timeZone,
+      hourCycle: "h23",
+      year: "numeric",
+      month: "2-digit",
+      day: "2-digit",
+      hour: "2-digit",
+      minute: "2-digit",
+      second: "2-digit",
+    })
+      .formatToParts(ms)
+      .map((p) => [p.type, p.value]),
+  );
+  const millis = String(((ms % 1000) + 1000) % 1000).padStart(3, "0");
+  return `${parts.year}-${parts.month}-${parts.day} ${parts.hour}:${parts.minute}:${parts.second}.${millis}`;
+}
+
+/**
+ * The model column's text. A call (or a models row) that named no model
+ * is shown as such, not as a dash: "named none" is a value here (the
+ * History filter can select it), not a missing number.
+ */
+export const NO_MODEL = "(no model named)";
+export function modelLabel(model) {
+  return typeof model === "string" && model !== "" ? model : NO_MODEL;
+}

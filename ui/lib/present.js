@@ -8,6 +8,7 @@ import {
   formatCount,
   formatMs,
   formatRate,
+  formatTime,
   isShowable,
   phaseLabel,
   sourceBadge,
@@ -22,8 +23,9 @@ import {
  *   tokens for an honest rate, an abandoned call).
  * - `slow` (from a `slow_first_token` event) is shown only while the call is
  *   still waiting: once a first token arrives, the TTFT cell tells the story.
+ * - `now` and `timeZone` only shape `started` (see formatTime).
  */
-export function callRow(call, { slow } = {}) {
+export function callRow(call, { slow, now, timeZone } = {}) {
   const speed = call.speed ?? null;
   const status = call.status ?? "in_flight";
   const waiting = speed?.phase === "awaiting_first_token" && status === "in_flight";
@@ -31,6 +33,10 @@ export function callRow(call, { slow } = {}) {
     id: call.id,
     route: call.route || DASH,
     model: call.model || DASH,
+    // The app that made the call (from its User-Agent). Live calls learn it
+    // from the list or when they settle: speed events carry only identity.
+    client: call.client || DASH,
+    started: formatTime(call.started_at, { now, timeZone }),
     api: apiLabel(call.api),
     apiRaw: call.api ?? "",
     phase: speed ? { text: phaseLabel(speed.phase), kind: speed.phase } : null,

@@ -198,3 +198,61 @@ test("Tauri: listens to the four events, payloads unwrapped, 'open' once all are
   close();
   assert.deepEqual(tauri.unlistened.sort(), [...EVENTS].sort());
 });
+
+// ---- History (issue 5) -----------------------------------------------------
+
+test("browser: history and models are GETs with the filter as the query; models drop the limit", async () => {
+  const ok = (body) => ({ status: 200, body });
+  const { fetch, requests } = fakeFetch({
+    "GET /api/v1/history?model=qwen3%3A8b&client=&since=1000&limit=500": ok({ calls: [{ id: "c-1" }] }),
+    "GET /api/v1/history": ok({ calls: [] }),
+    "GET /api/v1/models?model=qwen3%3A8b&client=&since=1000": ok({ models: [] }),
+    "GET /api/v1/models": ok({ models: [] }),
+  });
+  const s = browserSource({ fetch, EventSource: FakeEventSource });
+  const filter = { since: 1000, model: "qwen3:8b", client: "", limit: 500 };
+  assert.deepEqual(await s.history(filter), { calls: [{ id: "c-1" }] });
+  assert.deepEqual(await s.models(filter), { models: [] });
+  await s.history();
+  await s.models();
+  assert.equal(requests.length, 4);
+  assert.deepEqual(filter, { since: 1000, model: "qwen3:8b", client: "", limit: 500 }, "the caller's filter is not changed");
+});
+
+test("browser: no store is a 503 carrying the engine's message; export is a link, not a fetch", async () => {
+  const message = "no store: history needs --db (it is off with --no-db)";
+  const { fetch, requests } = fakeFetch({
+    "GET /api/v1/history": { status: 503, body: { error: message } },
+  });
+  const s = browserSource({ fetch, EventSource: FakeEventSource }, "http://127.0.0.1:9");
+  const fresh = browserSource({ fetch, EventSource: FakeEventSource });
+  await assert.rejects(fresh.history(), (e) => e instanceof SourceError && e.status === 503 && !e.unavailable && e.message === message);
+  const before = requests.length;
+  assert.deepEqual(await s.exportFile({ route: "ollama", limit: 10 }, "jsonl"), {
+    url: "http://127.0.0.1:9/api/v1/export?format=jsonl&route=ollama",
+  });
+  assert.equal(requests.length, before, "the browser follows the link itself");
+});
+
+test("Tauri: history, models and export are the contract's commands and payloads", async () => {
+  const tauri = fakeTauri({ history: { calls: [] }, models: { models: [] }, export: "id,route\r\n" });
+  const s = tauriSource(tauri);
+  const filter = { since: 1000, model: "", route: "ollama", limit: 500 };
+  await s.history(filter);
+  await s.models(filter);
+  assert.deepEqual(await s.exportFile(filter, "csv"), { text: "id,route\r\n" });
+  await s.history();
+  assert.deepEqual(tauri.invoked, [
+    ["history", { filter: { since: 1000, model: "", route: "ollama", limit: 500 } }],
+    ["models", { filter: { since: 1000, model: "", route: "ollama" } }],
+    ["export", { format: "csv", filter: { since: 1000, model: "", route: "ollama" } }],
+    ["history", { filter: {} }],
+  ]);
+});
+
+test("Tauri: no store rejects with the engine's message; an app without the commands is unavailable", async () => {
+  const s = tauriSource(fakeTauri({ history: new Error("no store: history needs --db (it is off with --no-db)"), export: null }));
+  await assert.rejects(s.history({}), (e) => e.message.startsWith("no store:") && !e.unavailable);
+  await assert.rejects(s.models({}), (e) => e.unavailable === true);
+  await assert.rejects(s.exportFile({}, "csv"), (e) => e instanceof SourceError && /no text/.test(e.message));
+});

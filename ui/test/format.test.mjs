@@ -6,7 +6,11 @@ import {
   formatCount,
   formatMs,
   formatRate,
+  formatTime,
+  formatTimestamp,
   isShowable,
+  modelLabel,
+  parseTime,
   phaseLabel,
   sourceBadge,
   statusLabel,
@@ -99,4 +103,23 @@ test("API labels are readable and cover the contract's kinds", () => {
   for (const l of labels) assert.doesNotMatch(l, /_/);
   assert.equal(apiLabel("openai_chat"), "OpenAI chat");
   assert.equal(apiLabel("future_api"), "future api");
+});
+
+test("times: today's calls by time of day, older ones by date; full timestamps with ms", () => {
+  const now = Date.parse("2026-11-30T12:00:00.000Z");
+  assert.equal(formatTime("2026-11-30T09:05:07.900Z", { now, timeZone: "UTC" }), "09:05:07");
+  assert.equal(formatTime("2026-11-29T23:59:59.000Z", { now, timeZone: "UTC" }), "Nov 29, 23:59");
+  // The day is the viewer's: 23:59 UTC on the 29th is the 30th in Tokyo.
+  assert.equal(formatTime("2026-11-29T23:59:59.000Z", { now, timeZone: "Asia/Tokyo" }), "08:59:59");
+  assert.equal(formatTime("", { now }), DASH);
+  assert.equal(formatTime("not a time", { now }), DASH);
+  assert.equal(formatTime(undefined), DASH);
+  assert.equal(formatTimestamp("2026-11-30T10:42:07.123Z", { timeZone: "UTC" }), "2026-11-30 10:42:07.123");
+  assert.equal(formatTimestamp("2026-11-30T00:00:00Z", { timeZone: "UTC" }), "2026-11-30 00:00:00.000");
+  assert.equal(formatTimestamp(null), DASH);
+  assert.equal(parseTime("2026-11-30T10:42:07.123Z"), Date.parse("2026-11-30T10:42:07.123Z"));
+  assert.equal(parseTime(42), null);
+  assert.equal(modelLabel(""), "(no model named)");
+  assert.equal(modelLabel(undefined), "(no model named)");
+  assert.equal(modelLabel("qwen3:8b"), "qwen3:8b");
 });

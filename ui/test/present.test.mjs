@@ -96,3 +96,12 @@ test("global panel: tps needs both the flag and a number", () => {
   assert.equal(est.now, "12.5");
   assert.equal(est.estimated, true);
 });
+
+test("a row names the client (app) that made the call, and when it started", () => {
+  const now = Date.parse("2026-11-30T12:00:00.000Z");
+  const r = callRow({ ...settled, client: "ollama-python" }, { now, timeZone: "UTC" });
+  assert.equal(r.client, "ollama-python");
+  assert.equal(r.started, "10:42:07");
+  // Unknown (a live call before its record arrives, no User-Agent): a dash.
+  assert.equal(callRow(settled).client, DASH);
+});

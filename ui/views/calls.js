@@ -11,15 +11,18 @@ const SPARK_W = 88;
 const SPARK_H = 22;
 const SVG = "http://www.w3.org/2000/svg";
 
-export function mountCalls({ tbody, empty, count }) {
+export function mountCalls({ tbody, empty, count, onSelect }) {
   /** id -> {tr, cells} */
   const rows = new Map();
+  /** The call whose details are open, marked in the table. */
+  let selected = null;
 
   function create(id) {
     const cell = (col, cls) => h("td", { class: cls, "data-col": col });
     const cells = {
       route: cell("route"),
       model: cell("model", "model"),
+      client: cell("client", "client"),
       api: cell("api", "api"),
       phase: cell("phase"),
       ttft: cell("ttft", "num"),
@@ -46,7 +49,7 @@ export function mountCalls({ tbody, empty, count }) {
     cells.source.append(src);
     const status = h("span", { class: "status" });
     cells.status.append(status);
-    const tr = h("tr", { dataset: { id } }, Object.values(cells));
+    const tr = h("tr", { dataset: { id }, tabindex: "0", title: "Show this call's details" }, Object.values(cells));
     return { tr, cells, badge, slow, area, line, src, status };
   }
 
@@ -56,9 +59,11 @@ export function mountCalls({ tbody, empty, count }) {
     tr.dataset.status = v.status.kind;
     tr.classList.toggle("in-flight", v.inFlight);
     tr.classList.toggle("unmetered", v.unmetered);
+    tr.classList.toggle("selected", call.id === selected);
     setText(cells.route, v.route);
     setText(cells.model, v.model);
     cells.model.title = v.model;
+    setText(cells.client, v.client);
     setText(cells.api, v.api);
     cells.api.title = v.apiRaw;
     setText(row.badge, v.phase ? v.phase.text : "–");
@@ -90,7 +95,22 @@ export function mountCalls({ tbody, empty, count }) {
     row.status.dataset.status = v.status.kind;
   }
 
+  // One listener for every row: a click (or Enter) opens its details.
+  const pick = (e) => {
+    const tr = e.target.closest("tr[data-id]");
+    if (tr && tbody.contains(tr)) onSelect?.(tr.dataset.id);
+  };
+  tbody.addEventListener("click", pick);
+  tbody.addEventListener("keydown", (e) => {
+    if (e.key === "Enter") pick(e);
+  });
+
   return {
+    /** Marks the row whose details are open. */
+    select(id) {
+      selected = id;
+      for (const [rid, row] of rows) row.tr.classList.toggle("selected", rid === id);
+    },
     render(state, { hideUnmetered = false } = {}) {
       const all = orderedCalls(state);
       const shown = hideUnmetered

@@ -1,0 +1,186 @@
+// A call's details panel as plain data: who made the call, how it ended,
+// where its time to first token went, how its rate was measured. Pure.
+//
+// The rule of the whole dashboard holds here more than anywhere: only what
+// is present is shown. A row without a value is left out (not shown as 0 or
+// a dash), since a details panel full of dashes hides the few facts there.
+
+import {
+  apiLabel,
+  formatCount,
+  formatMs,
+  formatRate,
+  formatTimestamp,
+  isShowable,
+  modelLabel,
+  sourceBadge,
+  statusLabel,
+} from "./format.js";
+
+/** Settled rates need this many tokens (metering-semantics.md). */
+export const MIN_FINAL_RATE_TOKENS = 20;
+
+const SEGMENTS = [
+  {
+    key: "load",
+    field: "load_ms",
+    label: "Cold load",
+    title: "Loading the model before the prompt (Ollama load_duration). 0 means it was already loaded.",
+  },
+  {
+    key: "prefill",
+    field: "prefill_ms",
+    label: "Prefill",
+    title: "Processing the prompt (the server's prompt timings).",
+  },
+  {
+    key: "other",
+    field: "other_ms",
+    label: "The rest",
+    title: "Everything else before the first token: network, queueing, HTTP, the first decode step.",
+  },
+];
+
+/**
+ * The TTFT breakdown as the stacked bar's segments, or null when the call
+ * has none (its server reported nothing about its prompt).
+ *
+ * Each present part (load, prefill, rest; a reported 0 is present: "the
+ * model was already loaded" is a fact) becomes `{key, label, ms, text,
+ * fraction, detail, title}`. Fractions are of the call's TTFT, or of the
+ * parts' sum when that is larger (server clocks and rounding can put it a
+ * little over) or the TTFT is unknown, so the bar never overflows.
+ * `cached` names the prompt tokens the server reused, which take no time
+ * and so are a note rather than a segment.
+ */
+export function breakdownSegments(call) {
+  const b = call?.ttft_breakdown;
+  if (!b || typeof b !== "object") return null;
+  const parts = SEGMENTS.filter((s) => isShowable(b[s.field]));
+  if (parts.length === 0) return null;
+  const sum = parts.reduce((acc, s) => acc + b[s.field], 0);
+  const ttft = call.speed?.time_to_first_token_ms;
+  const total = Math.max(sum, isShowable(ttft) ? ttft : 0);
+  const segments = parts.map((s) => {
+    const ms = b[s.field];
+    let detail = "";
+    if (s.key === "prefill") {
+      const bits = [];
+      if (isShowable(b.prefill_tokens)) bits.push(`${formatCount(b.prefill_tokens)} ${b.prefill_tokens === 1 ? "token" : "tokens"}`);
+      if (isShowable(b.prefill_tokens_per_second)) bits.push(`${formatRate(b.prefill_tokens_per_second)} tok/s`);
+      detail = bits.join(" · ");
+    }
+    return {
+      key: s.key,
+      label: s.label,
+      ms,
+      text: formatMs(ms),
+      fraction: total > 0 ? ms / total : 0,
+      detail,
+      title: s.title,
+    };
+  });
+  // Prefill tokens without a prefill time (a server that counts but doesn't
+  // time) still say how big the prompt was.
+  const prefillTokensOnly =
+    !isShowable(b.prefill_ms) && isShowable(b.prefill_tokens) ? `${formatCount(b.prefill_tokens)} prompt tokens processed` : "";
+  return {
+    ttft: isShowable(ttft) ? formatMs(ttft) : null,
+    totalMs: total,
+    segments,
+    cached: isShowable(b.cached_tokens)
+      ? `${formatCount(b.cached_tokens)} prompt ${b.cached_tokens === 1 ? "token" : "tokens"} reused from the server's cache`
+      : "",
+    note: prefillTokensOnly,
+  };
+}
+
+/**
+ * Why the rate reads what it reads (or why there is none), in a sentence.
+ * "" for a call with no snapshot (unmetered: there is nothing to explain).
+ */
+export function rateExplanation(call) {
+  const speed = call?.speed;
+  if (!speed) return "";
+  const rate = speed.output_tokens_per_second;
+  const inFlight = (call.status ?? "in_flight") === "in_flight" && speed.is_final !== true;
+  if (inFlight) {
+    return isShowable(rate)
+      ? "Live: the rate over the last 2 seconds of the stream. The settled rate replaces it when the call ends."
+      : "No live rate yet: it needs a few tokens first.";
+  }
+  if (isShowable(rate)) {
+    if (speed.token_source === "server") {
+      return "Settled: the server's own generation timings (tokens generated ÷ generation time).";
+    }
+    const count =
+      speed.token_source === "provider"
+        ? "the count is exact, from the API's usage receipt"
+        : "the count is speedtap's estimate";
+    return `Settled decode rate: (output tokens − 1) ÷ time from the first to the last output token (the first token arrived at TTFT, so it starts the span); ${count}.`;
+  }
+  if (call.one_burst === true) return "No rate: the output came in one burst, so its arrival says nothing about the model's speed.";
+  if (call.status === "abandoned") return "No rate: the call ended before its stream completed.";
+  if (call.status === "upstream_error") return "No rate: the server answered with an error.";
+  return `No rate: an honest decode rate needs at least ${MIN_FINAL_RATE_TOKENS} output tokens spread over at least 0.5 s (or the server's own timings).`;
+}
+
+/** The flags, as the sentences the panel shows; only those set. */
+export function callFlags(call) {
+  const flags = [];
+  if (call?.one_burst === true) {
+    flags.push({ key: "one_burst", text: "Output came in one burst (no honest rate)" });
+  }
+  if (call?.unstreamed_reasoning === true) {
+    flags.push({ key: "unstreamed_reasoning", text: "The server billed reasoning it never streamed" });
+  }
+  return flags;
+}
+
+/**
+ * Everything the details panel shows for `call`, as `{label, value, title?}`
+ * rows in groups; rows whose value is absent are left out.
+ */
+export function callDetails(call, { timeZone } = {}) {
+  if (!call || typeof call !== "object") return null;
+  const speed = call.speed ?? null;
+  const status = call.status ?? "in_flight";
+  const rows = (list) => list.filter((r) => r.value !== null && r.value !== undefined && r.value !== "");
+  const when = (iso) => (typeof iso === "string" && iso !== "" ? formatTimestamp(iso, { timeZone }) : null);
+  const showable = (v, f) => (isShowable(v) ? f(v) : null);
+  const source = speed ? sourceBadge(speed.token_source) : null;
+
+  return {
+    id: call.id ?? "",
+    title: call.model ? call.model : status === "in_flight" ? "Call" : modelLabel(call.model),
+    status: { text: statusLabel(status, call.http_status), kind: status },
+    identity: rows([
+      { label: "ID", value: call.id },
+      { label: "Route", value: call.route },
+      { label: "Model", value: call.model },
+      { label: "API", value: call.api ? apiLabel(call.api) : null, title: call.api },
+      { label: "Client", value: call.client, title: "The app that made the call, from its User-Agent" },
+      { label: "Started", value: when(call.started_at), title: call.started_at },
+      { label: "Settled", value: when(call.settled_at), title: call.settled_at },
+    ]),
+    outcome: rows([
+      { label: "Status", value: statusLabel(status, call.http_status) },
+      { label: "HTTP status", value: Number.isInteger(call.http_status) ? String(call.http_status) : null },
+      { label: "Duration", value: speed ? showable(speed.elapsed_ms, formatMs) : null },
+    ]),
+    ttft: speed ? showable(speed.time_to_first_token_ms, formatMs) : null,
+    breakdown: breakdownSegments(call),
+    output: rows([
+      { label: "Output tokens", value: speed ? showable(speed.output_tokens, formatCount) : null },
+      {
+        label: "tok/s",
+        value: speed ? showable(speed.output_tokens_per_second, (r) => `${formatRate(r)} tok/s`) : null,
+      },
+      { label: "Token source", value: source ? source.text : null, title: source?.title },
+      { label: "Input tokens", value: showable(call.input_tokens, formatCount) },
+    ]),
+    source: source ? { ...source } : null,
+    rateNote: rateExplanation(call),
+    flags: callFlags(call),
+  };
+}

@@ -1,0 +1,150 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { breakdownSegments, callDetails, callFlags, rateExplanation } from "../lib/details.js";
+
+const ollama = {
+  id: "c-000042",
+  route: "ollama",
+  api: "ollama_chat",
+  model: "llama3.2:3b",
+  client: "ollama-python",
+  started_at: "2026-11-30T10:42:07.123Z",
+  settled_at: "2026-11-30T10:42:12.243Z",
+  status: "ok",
+  http_status: 200,
+  speed: {
+    phase: "complete", is_final: true, elapsed_ms: 5120, time_to_first_token_ms: 700,
+    output_tokens: 201, output_tokens_per_second: 41.7, token_source: "server",
+  },
+  input_tokens: 26,
+  ttft_breakdown: { load_ms: 535, prefill_ms: 107.3, prefill_tokens: 26, prefill_tokens_per_second: 242.2, other_ms: 57.7 },
+};
+
+test("breakdown: load, prefill (with its tokens and rate) and the rest, as fractions of the TTFT", () => {
+  const b = breakdownSegments(ollama);
+  assert.equal(b.ttft, "700 ms");
+  assert.equal(b.totalMs, 700);
+  assert.deepEqual(b.segments.map((s) => s.key), ["load", "prefill", "other"]);
+  assert.deepEqual(b.segments.map((s) => s.label), ["Cold load", "Prefill", "The rest"]);
+  assert.deepEqual(b.segments.map((s) => s.text), ["535 ms", "107 ms", "58 ms"]);
+  assert.deepEqual(b.segments.map((s) => s.fraction), [535 / 700, 107.3 / 700, 57.7 / 700]);
+  assert.equal(b.segments[1].detail, "26 tokens · 242.2 tok/s");
+  assert.equal(b.segments[0].detail, "");
+  assert.equal(b.cached, "", "no cached count reported: no note");
+});
+
+test("breakdown: only the parts present; a reported 0 is a part; cached tokens are a note", () => {
+  // llama.cpp: no load time; 1 prompt token, 37 from the cache.
+  const b = breakdownSegments({
+    speed: { time_to_first_token_ms: 23 },
+    ttft_breakdown: { prefill_ms: 19.5, prefill_tokens: 1, cached_tokens: 37, prefill_tokens_per_second: 51.2, other_ms: 3.5 },
+  });
+  assert.deepEqual(b.segments.map((s) => s.key), ["prefill", "other"]);
+  assert.equal(b.segments[0].detail, "1 token · 51.2 tok/s");
+  assert.equal(b.cached, "37 prompt tokens reused from the server's cache");
+  // Ollama with the model already loaded: load 0 is shown, with no width.
+  const warm = breakdownSegments({ speed: { time_to_first_token_ms: 100 }, ttft_breakdown: { load_ms: 0, prefill_ms: 80, other_ms: 20 } });
+  assert.deepEqual(warm.segments.map((s) => [s.key, s.text, s.fraction]), [
+    ["load", "0 ms", 0],
+    ["prefill", "80 ms", 0.8],
+    ["other", "20 ms", 0.2],
+  ]);
+  assert.equal(breakdownSegments({ ttft_breakdown: { cached_tokens: 0 } })?.segments, undefined);
+});
+
+test("breakdown: parts summing past the TTFT (server clocks) never overflow the bar", () => {
+  const b = breakdownSegments({ speed: { time_to_first_token_ms: 100 }, ttft_breakdown: { load_ms: 30, prefill_ms: 90, other_ms: 0 } });
+  assert.equal(b.totalMs, 120);
+  const sum = b.segments.reduce((a, s) => a + s.fraction, 0);
+  assert.ok(Math.abs(sum - 1) < 1e-12, `${sum}`);
+  // No TTFT (a call that failed before its first token): fractions of the sum.
+  const noTtft = breakdownSegments({ ttft_breakdown: { prefill_ms: 50, other_ms: 50 } });
+  assert.equal(noTtft.ttft, null);
+  assert.deepEqual(noTtft.segments.map((s) => s.fraction), [0.5, 0.5]);
+});
+
+test("breakdown: none without server prompt timings; prompt tokens alone are a note", () => {
+  assert.equal(breakdownSegments({ speed: { time_to_first_token_ms: 10 } }), null);
+  assert.equal(breakdownSegments({ ttft_breakdown: {} }), null);
+  assert.equal(breakdownSegments({ ttft_breakdown: { prefill_ms: -1, other_ms: null } }), null);
+  assert.equal(breakdownSegments(null), null);
+  const b = breakdownSegments({ speed: { time_to_first_token_ms: 40 }, ttft_breakdown: { prefill_tokens: 12, other_ms: 40 } });
+  assert.deepEqual(b.segments.map((s) => s.key), ["other"]);
+  assert.equal(b.note, "12 prompt tokens processed");
+});
+
+test("details: identity, outcome, TTFT, output and the rate's source, all present", () => {
+  const d = callDetails(ollama, { timeZone: "UTC" });
+  assert.equal(d.title, "llama3.2:3b");
+  assert.equal(d.id, "c-000042");
+  assert.deepEqual(d.status, { text: "ok", kind: "ok" });
+  assert.deepEqual(
+    d.identity.map((r) => [r.label, r.value]),
+    [
+      ["ID", "c-000042"],
+      ["Route", "ollama"],
+      ["Model", "llama3.2:3b"],
+      ["API", "Ollama chat"],
+      ["Client", "ollama-python"],
+      ["Started", "2026-11-30 10:42:07.123"],
+      ["Settled", "2026-11-30 10:42:12.243"],
+    ],
+  );
+  assert.deepEqual(d.outcome.map((r) => [r.label, r.value]), [["Status", "ok"], ["HTTP status", "200"], ["Duration", "5.1 s"]]);
+  assert.equal(d.ttft, "700 ms");
+  assert.equal(d.breakdown.segments.length, 3);
+  assert.deepEqual(d.output.map((r) => [r.label, r.value]), [
+    ["Output tokens", "201"],
+    ["tok/s", "41.7 tok/s"],
+    ["Token source", "server"],
+    ["Input tokens", "26"],
+  ]);
+  assert.match(d.rateNote, /server's own generation timings/);
+  assert.deepEqual(d.flags, []);
+});
+
+test("details: only what is present (an in-flight call, an unmetered call)", () => {
+  const waiting = callDetails({
+    id: "c-7", route: "sim", api: "openai_chat", started_at: "2026-11-30T10:00:00.000Z", status: "in_flight",
+    speed: { phase: "awaiting_first_token", is_final: false, elapsed_ms: 900, output_tokens: 0, token_source: "estimated" },
+  }, { timeZone: "UTC" });
+  assert.equal(waiting.title, "Call");
+  assert.deepEqual(waiting.identity.map((r) => r.label), ["ID", "Route", "API", "Started"], "no model, client or settle time yet");
+  assert.deepEqual(waiting.outcome.map((r) => r.label), ["Status", "Duration"]);
+  assert.equal(waiting.ttft, null);
+  assert.equal(waiting.breakdown, null);
+  assert.deepEqual(waiting.output.map((r) => r.label), ["Output tokens", "Token source"]);
+  assert.match(waiting.rateNote, /No live rate yet/);
+
+  const unmetered = callDetails({ id: "c-8", route: "sim", api: "unknown", started_at: "x", status: "unmetered", http_status: 200 });
+  assert.equal(unmetered.title, "(no model named)");
+  assert.deepEqual(unmetered.identity.map((r) => r.label), ["ID", "Route", "API", "Started"]);
+  assert.equal(unmetered.identity[3].value, "–", "an unparsable time is shown as not known");
+  assert.deepEqual(unmetered.output, []);
+  assert.equal(unmetered.rateNote, "");
+  assert.equal(callDetails(null), null);
+});
+
+test("flags: one burst and unstreamed reasoning, only when set", () => {
+  assert.deepEqual(callFlags({}), []);
+  assert.deepEqual(callFlags({ one_burst: false, unstreamed_reasoning: false }), []);
+  assert.deepEqual(callFlags({ one_burst: true, unstreamed_reasoning: true }), [
+    { key: "one_burst", text: "Output came in one burst (no honest rate)" },
+    { key: "unstreamed_reasoning", text: "The server billed reasoning it never streamed" },
+  ]);
+  const d = callDetails({ ...ollama, one_burst: true, speed: { ...ollama.speed, output_tokens_per_second: undefined } });
+  assert.deepEqual(d.flags.map((f) => f.key), ["one_burst"]);
+  assert.deepEqual(d.output.map((r) => r.label), ["Output tokens", "Token source", "Input tokens"]);
+  assert.match(d.rateNote, /one burst/);
+});
+
+test("rate explanation follows the source and why a rate is missing", () => {
+  const settled = (speed, extra = {}) => ({ status: "ok", ...extra, speed: { is_final: true, ...speed } });
+  assert.match(rateExplanation(settled({ output_tokens_per_second: 40, token_source: "provider" })), /\(output tokens − 1\).*exact, from the API's usage receipt/);
+  assert.match(rateExplanation(settled({ output_tokens_per_second: 40, token_source: "estimated" })), /speedtap's estimate/);
+  assert.match(rateExplanation(settled({ output_tokens: 5 })), /at least 20 output tokens/);
+  assert.match(rateExplanation(settled({}, { status: "abandoned" })), /ended before/);
+  assert.match(rateExplanation(settled({}, { status: "upstream_error" })), /error/);
+  assert.match(rateExplanation({ status: "in_flight", speed: { is_final: false, output_tokens_per_second: 12 } }), /^Live: the rate over the last 2 seconds/);
+  assert.equal(rateExplanation({ status: "unmetered" }), "");
+});

@@ -1,0 +1,128 @@
+// Decode tok/s over time, one uPlot series per model (History view). Each
+// settled call is a point; a model's points are joined by a thin line.
+
+import uPlot from "../vendor/uPlot.esm.js";
+import { formatRate } from "../lib/format.js";
+import { rateRange, rateSeries } from "../lib/history.js";
+import { h } from "./dom.js";
+
+const HEIGHT = 220;
+/** Series colours, light and dark: distinct hues, readable on the card. */
+const PALETTE = {
+  light: ["#2563eb", "#16a34a", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#65a30d", "#dc2626", "#4b5563"],
+  dark: ["#58a6ff", "#3fb950", "#e3b341", "#bc8cff", "#f778ba", "#39c5cf", "#a5d6a7", "#ff7b72", "#9ca3af"],
+};
+const TIME = new Intl.DateTimeFormat("en-US", { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" });
+
+function cssVar(name, fallback) {
+  const v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  return v || fallback;
+}
+
+const dark = () => matchMedia("(prefers-color-scheme: dark)").matches;
+
+export function mountHistoryChart({ container, empty, note }) {
+  let plot = null;
+  let labels = null;
+  let last = { calls: [], range: "day", now: Date.now() };
+  const legend = h("ul", { class: "series-legend", "aria-label": "Models" });
+  container.after(legend);
+
+  function color(i) {
+    const p = dark() ? PALETTE.dark : PALETTE.light;
+    return p[i % p.length];
+  }
+
+  function options(width, names) {
+    const text = cssVar("--muted", "#6b7280");
+    const grid = cssVar("--grid", "rgba(0,0,0,.06)");
+    const axis = { stroke: text, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 }, font: "11px system-ui, sans-serif" };
+    return {
+      width,
+      height: HEIGHT,
+      legend: { show: false },
+      cursor: { y: false, points: { size: 8 } },
+      scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(10, Math.ceil((max ?? 0) * 1.15))] } },
+      axes: [{ ...axis, space: 80 }, { ...axis, size: 44, values: (u, splits) => splits.map((v) => v.toFixed(0)) }],
+      series: [
+        {},
+        ...names.map((name, i) => ({
+          label: name,
+          stroke: color(i),
+          width: 1.5,
+          // Every other model's points are nulls here: join this model's.
+          spanGaps: true,
+          points: { show: true, size: 6, fill: color(i) },
+        })),
+      ],
+      hooks: {
+        setCursor: [
+          (u) => {
+            const i = u.cursor.idx;
+            if (i === null || i === undefined) {
+              note.textContent = "";
+              return;
+            }
+            const s = u.data.slice(1).findIndex((ys) => ys[i] !== null && ys[i] !== undefined);
+            note.textContent =
+              s < 0 ? "" : `${names[s]}: ${formatRate(u.data[s + 1][i])} tok/s at ${TIME.format(new Date(u.data[0][i] * 1000))}`;
+          },
+        ],
+      },
+    };
+  }
+
+  function build(series) {
+    plot?.destroy();
+    labels = series.labels;
+    plot = new uPlot(options(Math.max(200, container.clientWidth), labels), series.data, container);
+  }
+
+  function draw() {
+    const series = rateSeries(last.calls);
+    const same = labels && labels.length === series.labels.length && labels.every((l, i) => l === series.labels[i]);
+    if (!plot || !same) build(series);
+    else plot.setData(series.data, false);
+    const range = rateRange(last.range, last.now, series.data[0]);
+    if (range) plot.setScale("x", { min: range[0], max: range[1] });
+    else plot.redraw();
+    empty.hidden = series.data[0].length > 0;
+    legend.replaceChildren(
+      ...series.labels.map((name, i) => {
+        const n = series.data[i + 1].filter((v) => v !== null).length;
+        return h(
+          "li",
+          { "data-series": name },
+          h("span", { class: "swatch", style: `background: ${color(i)}` }),
+          name,
+          h("span", { class: "muted" }, ` ${n} ${n === 1 ? "call" : "calls"}`),
+        );
+      }),
+    );
+  }
+
+  new ResizeObserver(() => {
+    if (plot && container.clientWidth > 0 && Math.abs(plot.width - container.clientWidth) > 1) {
+      plot.setSize({ width: Math.max(200, container.clientWidth), height: HEIGHT });
+    }
+  }).observe(container);
+  // Colours follow the theme.
+  matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => {
+    if (plot) {
+      labels = null;
+      draw();
+    }
+  });
+
+  return {
+    /** `calls`: the history list; `range`: the range key; `now`: unix ms. */
+    render(calls, { range, now }) {
+      last = { calls, range, now };
+      draw();
+    },
+    /** The container may have been hidden (width 0) when last drawn. */
+    resize() {
+      if (plot && container.clientWidth > 0) plot.setSize({ width: container.clientWidth, height: HEIGHT });
+    },
+  };
+}
