@@ -14,9 +14,11 @@
 //! Waiting is always "until this happens or a deadline passes": lines are
 //! read by threads and handed over through channels.
 
+mod raw_http;
+
 use std::collections::BTreeSet;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -25,6 +27,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use raw_http::{connect, read_body, read_chunk, read_head, request};
 
 const BIN: &str = env!("CARGO_BIN_EXE_speedtap");
 
@@ -270,112 +274,6 @@ fn url_addr(line: &str, prefix: &str) -> SocketAddr {
 // HTTP/1.1 by hand
 // ---------------------------------------------------------------------------
 
-struct Head {
-    status: u16,
-    headers: Vec<(String, String)>,
-}
-
-impl Head {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(40)))
-        .unwrap();
-    stream
-}
-
-fn read_head(r: &mut impl BufRead) -> io::Result<Head> {
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("bad status line {line:?}")))?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        if r.read_line(&mut line)? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            return Ok(Head { status, headers });
-        }
-        if let Some((n, v)) = l.split_once(':') {
-            headers.push((n.trim().to_string(), v.trim().to_string()));
-        }
-    }
-}
-
-/// One chunk of a chunked body; `None` after the last (empty) chunk.
-fn read_chunk(r: &mut impl BufRead) -> io::Result<Option<Vec<u8>>> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    let size = line.trim_end().split(';').next().unwrap_or("");
-    let size = usize::from_str_radix(size.trim(), 16)
-        .map_err(|_| io::Error::other(format!("bad chunk size {line:?}")))?;
-    if size == 0 {
-        // Trailers, then the final blank line.
-        loop {
-            line.clear();
-            if r.read_line(&mut line)? == 0 || line.trim_end().is_empty() {
-                return Ok(None);
-            }
-        }
-    }
-    let mut data = vec![0; size];
-    r.read_exact(&mut data)?;
-    let mut crlf = [0; 2];
-    r.read_exact(&mut crlf)?;
-    Ok(Some(data))
-}
-
-/// The body as far as it came, and whether it ended properly (a cut
-/// stream ends early).
-fn read_body(r: &mut impl BufRead, head: &Head) -> (Vec<u8>, bool) {
-    let mut body = Vec::new();
-    let chunked = head
-        .header("transfer-encoding")
-        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
-    if chunked {
-        loop {
-            match read_chunk(r) {
-                Ok(Some(data)) => body.extend_from_slice(&data),
-                Ok(None) => return (body, true),
-                Err(_) => return (body, false),
-            }
-        }
-    }
-    if let Some(len) = head.header("content-length") {
-        let len: usize = len.parse().unwrap();
-        body.resize(len, 0);
-        let complete = r.read_exact(&mut body).is_ok();
-        return (body, complete);
-    }
-    let complete = r.read_to_end(&mut body).is_ok();
-    (body, complete)
-}
-
-/// The request line and headers of a one-shot request.
-fn request(method: &str, addr: SocketAddr, path: &str, body: &str) -> String {
-    format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-}
-
 /// A streamed chat completion as a client sends it.
 fn chat_request_body() -> String {
     json!({
@@ -390,7 +288,13 @@ fn chat_request_body() -> String {
 fn stream_chat(proxy: SocketAddr) -> (u16, String, bool) {
     let mut stream = connect(proxy);
     stream
-        .write_all(request("POST", proxy, "/v1/chat/completions", &chat_request_body()).as_bytes())
+        .write_all(&request(
+            "POST",
+            proxy,
+            "/v1/chat/completions",
+            chat_request_body().as_bytes(),
+            &[],
+        ))
         .unwrap();
     let mut r = BufReader::new(stream);
     let head = read_head(&mut r).expect("a response head");

@@ -12,13 +12,13 @@ Run: `SPEEDTAP_BIN=target/debug/speedtap target/py/bin/python -m pytest -q tests
 import json
 import math
 import os
-import socket
 import subprocess
-import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from pyhelpers import free_port, get_json, get_text, wait_until
 
 BIN = os.environ.get("SPEEDTAP_BIN", "target/debug/speedtap")
 CALLS = 3
@@ -26,6 +26,7 @@ TOKENS = 60
 TTFT_MS = 120
 TPS = 50  # 60 tokens in ~1.2 s: long enough for 1 Hz readings with a rate
 MODEL = "sim-model"
+WAIT_S = 30.0  # how long each wait below may take before the test fails
 
 # The OTel GenAI conventions' recommended buckets (streaming-protocols.md E1).
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -54,30 +55,6 @@ EXPECTED = {
 }
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, what, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception as e:  # not up yet
-            last = e
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}: {last}")
-
-
-def get(url):
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read().decode()
-
-
 @pytest.fixture
 def stack(tmp_path):
     sim_port, proxy_port, api_port = free_port(), free_port(), free_port()
@@ -90,14 +67,14 @@ def stack(tmp_path):
             [BIN, "simulate", "--listen", f"127.0.0.1:{sim_port}", "--ttft-ms", str(TTFT_MS),
              "--tps", str(TPS), "--tokens", str(TOKENS), "--usage"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
-        wait_until(lambda: get(f"http://127.0.0.1:{sim_port}/health"), "simulate")
+        wait_until(lambda: get_text(f"http://127.0.0.1:{sim_port}/health"), "simulate", WAIT_S)
         procs.append(subprocess.Popen(
             [BIN, "run", "--no-db", "--json",
              "--route", f"sim=127.0.0.1:{proxy_port}=http://127.0.0.1:{sim_port}",
              "--api", f"127.0.0.1:{api_port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
         api = f"http://127.0.0.1:{api_port}"
-        wait_until(lambda: get(f"{api}/api/v1/stats"), "speedtap run")
+        wait_until(lambda: get_text(f"{api}/api/v1/stats"), "speedtap run", WAIT_S)
         yield {"api": api, "proxy": f"http://127.0.0.1:{proxy_port}", "sim_port": sim_port}
     finally:
         for p in reversed(procs):
@@ -124,7 +101,7 @@ def stream_chat(proxy):
 
 
 def settled(api):
-    calls = json.loads(get(f"{api}/api/v1/calls"))["calls"]
+    calls = get_json(f"{api}/api/v1/calls")["calls"]
     return [c for c in calls if c["status"] != "in_flight"]
 
 
@@ -147,12 +124,13 @@ def bounds(family, labels_without_le):
 def test_metrics_parse_with_the_prometheus_parser(stack):
     for _ in range(CALLS):
         stream_chat(stack["proxy"])
-    wait_until(lambda: len(settled(stack["api"])) >= CALLS, f"{CALLS} settled calls")
+    wait_until(lambda: len(settled(stack["api"])) >= CALLS, f"{CALLS} settled calls", WAIT_S)
     calls = settled(stack["api"])
     assert [c["status"] for c in calls] == ["ok"] * CALLS
     # The hourly high/low come with the next stats publication that saw a
     # rate; the calls streamed for over a second each, at 1 Hz readings.
-    wait_until(lambda: "high" in json.loads(get(f"{stack['api']}/api/v1/stats")), "an hourly high")
+    wait_until(lambda: "high" in get_json(f"{stack['api']}/api/v1/stats"), "an hourly high",
+               WAIT_S)
 
     families = scrape(stack["api"])
     for name, kind in EXPECTED.items():

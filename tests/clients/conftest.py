@@ -4,43 +4,22 @@ The clients under test are the published `openai` and `ollama` Python
 packages, used exactly as their docs show, with only the base URL pointed
 at speedtap.
 """
-import json
 import os
-import socket
 import subprocess
-import time
-import urllib.request
+import sys
+from pathlib import Path
 
 import pytest
+
+# `tests/pyhelpers.py` is one directory up, which pytest does not put on
+# `sys.path` for this directory's modules.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pyhelpers import free_port, get_json, wait_until  # noqa: E402
 
 BIN = os.environ.get("SPEEDTAP_BIN", "target/debug/speedtap")
 TOKENS = 40
 TTFT_MS = 120
 TPS = 50  # 40 tokens over 0.78 s: above the 500 ms a settled rate needs
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception as e:  # not up yet
-            last = e
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}: {last}")
-
-
-def get_json(url):
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.load(r)
 
 
 class Stack:

@@ -1,16 +1,18 @@
 //! Support for `tests/store_engine.rs`: the real `speedtap` binary as a
 //! child process (output captured byte for byte), and a minimal HTTP/1.1
-//! client over raw `TcpStream`s.
+//! client over raw `TcpStream`s (the wire itself is `tests/raw_http`,
+//! shared with `tests/cli.rs`; `tests/store_engine.rs` declares it).
 //!
 //! Patterns follow `tests/cli.rs` (port 0 everywhere, addresses read from
 //! what the process prints, XDG dirs in a scratch dir) without importing it:
-//! an integration test file can't be a library of another. The difference is
-//! that output is kept as raw bytes, not lines, because one test scans it
-//! for secrets and must see every byte, valid UTF-8 or not.
+//! an integration test file can't be a library of another, which is why the
+//! HTTP code both use is a module each declares. The difference is that
+//! output is kept as raw bytes, not lines, because one test scans it for
+//! secrets and must see every byte, valid UTF-8 or not.
 #![allow(dead_code)]
 
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{self, BufReader, Read, Write};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -19,6 +21,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use crate::raw_http::{header, read_body, read_head, request, try_connect};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_speedtap");
 
@@ -274,10 +278,7 @@ pub struct Reply {
 
 impl Reply {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        header(&self.headers, name)
     }
 
     pub fn json(&self) -> Value {
@@ -296,109 +297,22 @@ pub fn http(
     body: &[u8],
     headers: &[(&str, &str)],
 ) -> io::Result<Reply> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(40)))?;
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut request = head.into_bytes();
-    request.extend_from_slice(body);
-    stream.write_all(&request)?;
+    let mut stream = try_connect(addr)?;
+    stream.write_all(&request(method, addr, path, body, headers))?;
     let mut r = BufReader::new(stream);
-    let (status, headers) = read_head(&mut r)?;
-    let mut reply = Reply {
-        status,
-        headers,
-        body: Vec::new(),
-        complete: false,
-    };
-    let (body, complete) = read_body(&mut r, &reply);
-    reply.body = body;
-    reply.complete = complete;
-    Ok(reply)
+    let head = read_head(&mut r)?;
+    let (body, complete) = read_body(&mut r, &head);
+    Ok(Reply {
+        status: head.status,
+        headers: head.headers,
+        body,
+        complete,
+    })
 }
 
 /// `GET path`, which must answer.
 pub fn get(addr: SocketAddr, path: &str) -> Reply {
     http(addr, "GET", path, b"", &[]).unwrap_or_else(|e| panic!("GET {path} on {addr}: {e}"))
-}
-
-fn read_head(r: &mut impl BufRead) -> io::Result<(u16, Vec<(String, String)>)> {
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("bad status line {line:?}")))?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        if r.read_line(&mut line)? == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            return Ok((status, headers));
-        }
-        if let Some((n, v)) = l.split_once(':') {
-            headers.push((n.trim().to_string(), v.trim().to_string()));
-        }
-    }
-}
-
-/// One chunk of a chunked body; `None` after the last (empty) chunk.
-fn read_chunk(r: &mut impl BufRead) -> io::Result<Option<Vec<u8>>> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    let size = line.trim_end().split(';').next().unwrap_or("");
-    let size = usize::from_str_radix(size.trim(), 16)
-        .map_err(|_| io::Error::other(format!("bad chunk size {line:?}")))?;
-    if size == 0 {
-        loop {
-            line.clear();
-            if r.read_line(&mut line)? == 0 || line.trim_end().is_empty() {
-                return Ok(None);
-            }
-        }
-    }
-    let mut data = vec![0; size];
-    r.read_exact(&mut data)?;
-    let mut crlf = [0; 2];
-    r.read_exact(&mut crlf)?;
-    Ok(Some(data))
-}
-
-fn read_body(r: &mut impl BufRead, reply: &Reply) -> (Vec<u8>, bool) {
-    let mut body = Vec::new();
-    let chunked = reply
-        .header("transfer-encoding")
-        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
-    if chunked {
-        loop {
-            match read_chunk(r) {
-                Ok(Some(data)) => body.extend_from_slice(&data),
-                Ok(None) => return (body, true),
-                Err(_) => return (body, false),
-            }
-        }
-    }
-    if let Some(len) = reply.header("content-length") {
-        let len: usize = len.parse().unwrap();
-        body.resize(len, 0);
-        let complete = r.read_exact(&mut body).is_ok();
-        return (body, complete);
-    }
-    let complete = r.read_to_end(&mut body).is_ok();
-    (body, complete)
 }
 
 // ---------------------------------------------------------------------------
