@@ -22,7 +22,7 @@ use super::messages::*;
 use super::metrics::Metrics;
 use super::model::{Call, CallStatus, EngineEvent};
 use crate::meter::calibration::CalibrationTable;
-use crate::meter::global::{GlobalMeter, Stats};
+use crate::meter::global::{GlobalMeter, Stats, ACTIVE_CADENCE};
 use crate::meter::TokenSource;
 use crate::store::StoreWriter;
 
@@ -101,7 +101,15 @@ impl Supervisor {
         self.record_chart_point();
         let stats = self.last_stats.clone();
         self.broadcast(EngineEvent::Stats(stats));
-        self.schedule_publish(ctx, self.global.publish_interval(now));
+        // A call still waiting for its first token has had no token, so the
+        // meter alone would call this idle; but the tray's "waiting 3.2 s"
+        // must move each second, so any call in flight keeps 1 Hz.
+        let every = if self.active.is_empty() {
+            self.global.publish_interval(now)
+        } else {
+            ACTIVE_CADENCE
+        };
+        self.schedule_publish(ctx, every);
     }
 
     /// Appends the latest reading to the chart when it has a real tps,
@@ -193,7 +201,9 @@ impl Actor for Supervisor {
 
 impl Handler<CallOpened> for Supervisor {
     type Result = ();
-    fn handle(&mut self, msg: CallOpened, _: &mut Self::Context) {
+    fn handle(&mut self, msg: CallOpened, ctx: &mut Self::Context) {
+        // Leave the idle cadence: this call's wait should be visible.
+        self.schedule_publish(ctx, ACTIVE_CADENCE);
         if let Some(speed) = msg.call.speed.clone() {
             self.broadcast(EngineEvent::Speed {
                 call: msg.call.identity.clone(),
@@ -546,6 +556,28 @@ pub(crate) mod tests {
             open_with_output(&sup, 1, 5).await;
             let burst = stats_until(&mut rx, t0, 38_500).await;
             assert_eq!(times(&burst), vec![36_000, 37_000, 38_000]);
+        });
+    }
+
+    #[test]
+    fn a_call_waiting_for_its_first_token_keeps_the_1_hz_cadence() {
+        run_paused(async {
+            let t0 = Instant::now();
+            let sup = start();
+            let mut rx = subscribe(&sup, 64).await;
+            let _ = rx.try_recv();
+            advance_to(t0, 12_000).await;
+            // Opened, no token yet (a slow prefill): the tray's "waiting
+            // N s" must move every second, not every 10 s.
+            sup.send(CallOpened {
+                seq: 1,
+                call: call(1, "a", CallStatus::InFlight),
+            })
+            .await
+            .expect("supervisor");
+            let waiting = stats_until(&mut rx, t0, 16_500).await;
+            assert_eq!(times(&waiting), vec![13_000, 14_000, 15_000, 16_000]);
+            assert!(waiting.iter().all(|(_, tps)| !tps), "no rate while waiting");
         });
     }
 
