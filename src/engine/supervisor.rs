@@ -567,6 +567,8 @@ pub(crate) mod tests {
             let mut rx = subscribe(&sup, 64).await;
             let _ = rx.try_recv();
             advance_to(t0, 12_000).await;
+            // Drop the idle reading of 10 s.
+            while rx.try_recv().is_ok() {}
             // Opened, no token yet (a slow prefill): the tray's "waiting
             // N s" must move every second, not every 10 s.
             sup.send(CallOpened {
