@@ -97,3 +97,23 @@ async fn demo_traffic_flows_through_a_demo_route_and_is_metered() {
     }
     engine.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_route_never_takes_a_configured_routes_name() {
+    let route = RouteSpec::new("demo", "127.0.0.1:0", "http://127.0.0.1:9").unwrap();
+    let engine = Engine::start(EngineOptions::new(vec![route]))
+        .await
+        .unwrap();
+    let demo = engine.handle.start_demo().await.unwrap();
+    assert_eq!(demo.route.name, "demo-2");
+    let names: Vec<String> = engine
+        .handle
+        .routes()
+        .await
+        .routes
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, vec!["demo".to_owned(), "demo-2".to_owned()]);
+    engine.shutdown(Duration::from_secs(1)).await;
+}

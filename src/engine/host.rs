@@ -398,7 +398,13 @@ impl EngineQueries for EngineHandle {
             let sim = SimServer::start("127.0.0.1:0", SimConfig::default())
                 .await
                 .map_err(|e| format!("cannot start the simulator: {e}"))?;
-            let spec = RouteSpec::new("demo", "127.0.0.1:0", &sim.base_url())?;
+            // "demo", unless a configured route already has that name.
+            let taken: Vec<String> = self.bound_routes().into_iter().map(|r| r.name).collect();
+            let name = std::iter::once("demo".to_owned())
+                .chain((2..).map(|i| format!("demo-{i}")))
+                .find(|n| !taken.contains(n))
+                .unwrap_or_else(|| "demo".to_owned());
+            let spec = RouteSpec::new(&name, "127.0.0.1:0", &sim.base_url())?;
             let route = self.add_route(spec).await.map_err(|e| e.to_string())?;
             *demo = Some(Demo {
                 _sim: sim,
