@@ -45,7 +45,7 @@ impl CallTap {
         self.addr.do_send(Frame { bytes, at });
     }
 
-    fn end(&mut self, end: StreamEnd) {
+    fn finish(&mut self, end: StreamEnd) {
         if !self.ended {
             self.ended = true;
             self.addr.do_send(BodyEnded {
@@ -61,71 +61,28 @@ impl Drop for CallTap {
         // Dropped before the body ended: the client hung up. Dropping the
         // inner body at the same time closes the upstream connection, so
         // the server stops generating.
-        self.end(StreamEnd::ClientGone);
+        self.finish(StreamEnd::ClientGone);
     }
 }
 
-pin_project! {
-    /// The response body as the client receives it, tapped.
-    pub struct TapBody<B> {
-        #[pin]
-        inner: B,
-        tap: CallTap,
+impl FrameObserver for CallTap {
+    fn data(&mut self, data: &Bytes, arrived: Instant) {
+        self.frame(data.clone(), arrived);
+        // What the tap added to this frame's trip: arrival to here.
+        record_proxy_latency(arrived.elapsed());
+    }
+
+    fn end(&mut self) {
+        self.finish(StreamEnd::Complete);
+    }
+
+    fn failed(&mut self) {
+        self.finish(StreamEnd::UpstreamCut);
     }
 }
 
-impl<B> TapBody<B> {
-    pub fn new(inner: B, tap: CallTap) -> Self {
-        TapBody { inner, tap }
-    }
-}
-
-impl<B> Body for TapBody<B>
-where
-    B: Body<Data = Bytes>,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<HttpFrame<Bytes>, Self::Error>>> {
-        let mut this = self.project();
-        match this.inner.as_mut().poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                let arrived = Instant::now();
-                if let Some(data) = frame.data_ref() {
-                    this.tap.frame(data.clone(), arrived);
-                }
-                if this.inner.is_end_stream() {
-                    // The consumer may not poll again (exact Content-Length).
-                    this.tap.end(StreamEnd::Complete);
-                }
-                // What the tap added to this frame's trip: arrival to here.
-                record_proxy_latency(arrived.elapsed());
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                this.tap.end(StreamEnd::UpstreamCut);
-                Poll::Ready(Some(Err(e)))
-            }
-            Poll::Ready(None) => {
-                this.tap.end(StreamEnd::Complete);
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
+/// The response body as the client receives it, tapped.
+pub type TapBody<B> = Observed<B, CallTap>;
 
 /// Where the captured request prefix goes.
 pub struct Capture {
@@ -169,24 +126,56 @@ impl Drop for Capture {
     }
 }
 
+impl FrameObserver for Capture {
+    fn data(&mut self, data: &Bytes, _arrived: Instant) {
+        self.push(data);
+    }
+
+    fn end(&mut self) {
+        self.send();
+    }
+
+    fn failed(&mut self) {
+        self.send();
+    }
+}
+
+/// The request body on its way upstream, with its prefix copied.
+pub type CaptureBody<B> = Observed<B, Capture>;
+
+/// What a tapped body tells its observer. Each call is made from inside
+/// `poll_frame`, so implementations must not block or await.
+pub trait FrameObserver {
+    /// A data frame arrived at `arrived`; it is handed on unchanged.
+    fn data(&mut self, data: &Bytes, arrived: Instant);
+    /// The body ended cleanly: `None`, or a frame after which the inner
+    /// body reports its end (the consumer may not poll again, e.g. with an
+    /// exact Content-Length). May be called more than once.
+    fn end(&mut self);
+    /// The inner body failed mid-way.
+    fn failed(&mut self);
+}
+
 pin_project! {
-    /// The request body on its way upstream, with its prefix copied.
-    pub struct CaptureBody<B> {
+    /// A transparent body wrapper: every frame passes through unchanged
+    /// while its observer sees it (after tower-http's trace body).
+    pub struct Observed<B, O> {
         #[pin]
         inner: B,
-        capture: Capture,
+        observer: O,
     }
 }
 
-impl<B> CaptureBody<B> {
-    pub fn new(inner: B, capture: Capture) -> Self {
-        CaptureBody { inner, capture }
+impl<B, O> Observed<B, O> {
+    pub fn new(inner: B, observer: O) -> Self {
+        Observed { inner, observer }
     }
 }
 
-impl<B> Body for CaptureBody<B>
+impl<B, O> Body for Observed<B, O>
 where
     B: Body<Data = Bytes>,
+    O: FrameObserver,
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -200,13 +189,14 @@ where
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    this.capture.push(data);
+                    this.observer.data(data, Instant::now());
                 }
                 if this.inner.is_end_stream() {
-                    this.capture.send();
+                    this.observer.end();
                 }
             }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => this.capture.send(),
+            Poll::Ready(Some(Err(_))) => this.observer.failed(),
+            Poll::Ready(None) => this.observer.end(),
             Poll::Pending => {}
         }
         polled
