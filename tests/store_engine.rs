@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use speedtap::config::RouteSpec;
 use speedtap::engine::RunningEngine;
-use speedtap::engine::{Call, CallStatus, CallsQuery, Engine, EngineOptions, EngineQueries};
+use speedtap::engine::{
+    Call, CallStatus, CallsQuery, Engine, EngineEvent, EngineOptions, EngineQueries,
+};
 use speedtap::meter::TokenSource;
 use speedtap::simulate::{SimConfig, SimServer};
 use speedtap::store::{HistoryFilter, Store};
@@ -306,6 +308,8 @@ async fn chat_call(engine: &RunningEngine, headers: &[(&'static str, &'static st
     assert!(reply.complete, "the stream was cut");
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    // Subscribed before each check, so a settle can't slip between them.
+    let mut events = engine.handle.subscribe().await;
     loop {
         let calls = engine
             .handle
@@ -318,11 +322,13 @@ async fn chat_call(engine: &RunningEngine, headers: &[(&'static str, &'static st
         if calls[0].status.is_settled() {
             return calls[0].clone();
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the call did not settle: {calls:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        loop {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(EngineEvent::Settled(_))) => break,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => panic!("the call did not settle: {calls:#?}"),
+            }
+        }
     }
 }
 

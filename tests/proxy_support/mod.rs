@@ -277,9 +277,11 @@ pub async fn engine_with(upstream: &str, tweak: impl FnOnce(&mut EngineOptions))
 }
 
 /// Waits (up to 10 s) until `n` calls have settled; returns all calls,
-/// newest first.
+/// newest first. Subscribes first, then re-reads the calls after each
+/// `Settled` event, so no settle can slip between the check and the wait.
 pub async fn settled_calls(engine: &RunningEngine, n: usize) -> Vec<Call> {
     let deadline = Instant::now() + Duration::from_secs(10);
+    let mut events = engine.handle.subscribe().await;
     loop {
         let calls = engine
             .handle
@@ -291,11 +293,13 @@ pub async fn settled_calls(engine: &RunningEngine, n: usize) -> Vec<Call> {
         if calls.iter().filter(|c| c.status.is_settled()).count() >= n {
             return calls;
         }
-        assert!(
-            Instant::now() < deadline,
-            "calls did not settle: {calls:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        loop {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(EngineEvent::Settled(_))) => break,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => panic!("calls did not settle: {calls:#?}"),
+            }
+        }
     }
 }
 
