@@ -1,0 +1,77 @@
+//! Samples and the figures drawn from them.
+//!
+//! "Added" figures are differences of percentiles (an arm's p99 minus the
+//! direct connection's p99 in the same run), as `benches/proxy_latency.rs`
+//! does, not percentiles of paired differences: the chunks of two arms are
+//! different chunks. Percentiles are nearest-rank, so every reported value
+//! is one that was measured.
+
+use crate::client::Outcome;
+
+/// What one arm collected on one workload, over all rounds.
+#[derive(Default, Clone)]
+pub struct Samples {
+    /// Per chunk, arrival minus send, ns.
+    pub chunk_ns: Vec<u64>,
+    /// Per stream, connect to first stamped chunk, ns.
+    pub ttft_ns: Vec<u64>,
+    /// Streams that did not return 200 with every chunk and `[DONE]`.
+    pub bad: usize,
+    /// Streams run.
+    pub streams: usize,
+}
+
+impl Samples {
+    pub fn add(&mut self, o: Outcome) {
+        self.streams += 1;
+        if !o.complete {
+            self.bad += 1;
+        }
+        self.chunk_ns.extend(o.chunk_ns);
+        self.ttft_ns.extend(o.ttft_ns);
+    }
+
+    pub fn extend(&mut self, other: Samples) {
+        self.chunk_ns.extend(other.chunk_ns);
+        self.ttft_ns.extend(other.ttft_ns);
+        self.bad += other.bad;
+        self.streams += other.streams;
+    }
+
+    /// Sorted copies, for percentiles.
+    pub fn summary(&self) -> Summary {
+        let mut chunk = self.chunk_ns.clone();
+        let mut ttft = self.ttft_ns.clone();
+        chunk.sort_unstable();
+        ttft.sort_unstable();
+        Summary { chunk, ttft }
+    }
+}
+
+/// Sorted samples.
+#[derive(Default, Clone)]
+pub struct Summary {
+    pub chunk: Vec<u64>,
+    pub ttft: Vec<u64>,
+}
+
+impl Summary {
+    /// Per-chunk latency percentile, µs (NaN without samples).
+    pub fn chunk_us(&self, p: f64) -> f64 {
+        pct_us(&self.chunk, p)
+    }
+
+    /// TTFT percentile, µs (NaN without samples).
+    pub fn ttft_us(&self, p: f64) -> f64 {
+        pct_us(&self.ttft, p)
+    }
+}
+
+/// Nearest-rank percentile of sorted nanosecond values, in µs.
+pub fn pct_us(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1] as f64 / 1_000.0
+}
