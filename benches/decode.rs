@@ -1,0 +1,126 @@
+//! How fast the proxy's stream decoder turns response bytes into events,
+//! per API: SSE and NDJSON framing plus each protocol's JSON decoding,
+//! through the same `StreamDecoder` the call actors feed.
+//!
+//! One benchmark per metered API (all eight), each a whole response body
+//! fed read by read as the socket delivered it (see `bodies`: real
+//! llama-server / llama-cpp-python captures where one exists, simulator
+//! output for Ollama and TGI), then `finish`. Throughput is criterion's
+//! `Throughput::Bytes` of the body, so the figures read as MB/s of
+//! response stream one core can decode. A fresh decoder per iteration:
+//! its set-up is part of every call's cost.
+//!
+//! Token estimation is not in here (the meter buffers text and counts it
+//! per snapshot; `benches/estimator.rs` and `benches/meter.rs` cover it).
+//!
+//! With `--bench`, a Markdown table (MB/s and ns per read from a plain
+//! timed loop, easy to quote) follows criterion's output. Under
+//! `cargo test --benches` criterion runs each benchmark once and the table
+//! is skipped.
+
+mod bodies;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
+use speedtap::decode::{StreamDecoder, StreamEvent};
+
+use bodies::Body;
+
+/// How long the plain timed loop runs per body for the table.
+const TIMED_LOOP: Duration = Duration::from_millis(1500);
+
+/// Decodes `body` read by read with a fresh decoder; returns the number of
+/// events (kept alive so nothing is optimised away).
+fn decode(body: &Body, events: &mut Vec<StreamEvent>) -> usize {
+    events.clear();
+    let mut decoder = StreamDecoder::new(body.api, body.framing, Some(body.model));
+    for read in &body.reads {
+        decoder.feed(read, events);
+    }
+    decoder.finish(events);
+    events.len()
+}
+
+/// A body that does not decode to output and a terminal marker would make
+/// its figure meaningless: refuse it.
+fn check(body: &Body) {
+    let mut events = Vec::new();
+    decode(body, &mut events);
+    let outputs = events
+        .iter()
+        .filter(|e| matches!(e, StreamEvent::Output { .. }))
+        .count();
+    assert!(
+        outputs >= 20,
+        "{} ({}): only {outputs} outputs",
+        body.api,
+        body.source
+    );
+    assert_eq!(
+        events.last(),
+        Some(&StreamEvent::Done),
+        "{} ({}) must end with Done",
+        body.api,
+        body.source
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    let benchmarking = has("--bench") && !has("--test") && !has("--list");
+
+    let corpus = bodies::corpus();
+    assert_eq!(corpus.len(), 8, "one body per metered API");
+    for body in &corpus {
+        check(body);
+    }
+
+    let mut criterion = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .without_plots()
+        .configure_from_args();
+    let mut events = Vec::with_capacity(1024);
+    {
+        let mut group = criterion.benchmark_group("stream_decoder");
+        for body in &corpus {
+            group.throughput(Throughput::Bytes(body.len() as u64));
+            group.bench_function(body.api.as_str(), |b| {
+                b.iter(|| decode(black_box(body), &mut events))
+            });
+        }
+        group.finish();
+    }
+    criterion.final_summary();
+
+    if !benchmarking {
+        return;
+    }
+    println!();
+    println!("| API | body | bytes | reads | MB/s | ns per read |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for body in &corpus {
+        let start = Instant::now();
+        let mut runs = 0u64;
+        while start.elapsed() < TIMED_LOOP {
+            black_box(decode(black_box(body), &mut events));
+            runs += 1;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let mb_s = (body.len() as f64 * runs as f64) / secs / 1e6;
+        let ns_read = secs * 1e9 / (runs as f64 * body.reads.len() as f64);
+        println!(
+            "| {} | {} | {} | {} | {:.0} | {:.0} |",
+            body.api,
+            body.source,
+            body.len(),
+            body.reads.len(),
+            mb_s,
+            ns_read
+        );
+    }
+}
