@@ -308,6 +308,9 @@ pub struct Settings {
     pub notify_settled: bool,
     /// Desktop notifications at all (default true).
     pub notifications: bool,
+    /// Cut a response whose upstream sends nothing for this long
+    /// (`idle_timeout`, `--idle-timeout`); `None`, the default, never does.
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl Default for Settings {
@@ -321,6 +324,7 @@ impl Default for Settings {
             allow_remote: false,
             notify_settled: false,
             notifications: true,
+            idle_timeout: None,
         }
     }
 }
@@ -335,6 +339,7 @@ pub struct CliOverrides {
     pub slow_ttft_ms: Option<u64>,
     pub json: bool,
     pub allow_remote: bool,
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 // ---------------------------------------------------------------------------
@@ -401,6 +406,8 @@ struct RawConfig {
     allow_remote: Option<bool>,
     notifications: Option<bool>,
     notify_settled: Option<bool>,
+    /// A duration such as `"90s"` or `"5m"` (humantime).
+    idle_timeout: Option<Spanned<String>>,
     #[serde(default)]
     route: Vec<Spanned<RawRoute>>,
 }
@@ -444,6 +451,7 @@ pub struct ConfigFile {
     pub allow_remote: Option<bool>,
     pub notifications: Option<bool>,
     pub notify_settled: Option<bool>,
+    pub idle_timeout: Option<std::time::Duration>,
     pub routes: Vec<RouteSpec>,
     origin: Option<Origin>,
 }
@@ -456,6 +464,7 @@ impl PartialEq for ConfigFile {
             && self.allow_remote == other.allow_remote
             && self.notifications == other.notifications
             && self.notify_settled == other.notify_settled
+            && self.idle_timeout == other.idle_timeout
             && self.routes == other.routes
     }
 }
@@ -483,6 +492,8 @@ impl ConfigFile {
             notifications: Option<bool>,
             #[serde(skip_serializing_if = "Option::is_none")]
             notify_settled: Option<bool>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            idle_timeout: Option<String>,
             #[serde(skip_serializing_if = "Vec::is_empty")]
             route: Vec<OutRoute>,
         }
@@ -503,6 +514,9 @@ impl ConfigFile {
             allow_remote: self.allow_remote,
             notifications: self.notifications,
             notify_settled: self.notify_settled,
+            idle_timeout: self
+                .idle_timeout
+                .map(|d| humantime::format_duration(d).to_string()),
             route: self
                 .routes
                 .iter()
@@ -564,6 +578,14 @@ pub fn parse_config(text: &str, file_name: &str) -> Result<ConfigFile, ConfigErr
         }),
     };
 
+    let idle_timeout = match raw.idle_timeout {
+        None => None,
+        Some(v) => Some(
+            parse_idle_timeout(v.get_ref())
+                .map_err(|e| at(v.span().start, format!("idle_timeout: {e}")))?,
+        ),
+    };
+
     let mut routes: Vec<(RouteSpec, RouteLines)> = Vec::with_capacity(raw.route.len());
     for entry in raw.route {
         let r = entry.into_inner();
@@ -600,6 +622,7 @@ pub fn parse_config(text: &str, file_name: &str) -> Result<ConfigFile, ConfigErr
         allow_remote: raw.allow_remote,
         notifications: raw.notifications,
         notify_settled: raw.notify_settled,
+        idle_timeout,
         routes: routes.iter().map(|(r, _)| r.clone()).collect(),
         origin: Some(Origin {
             file: file_name.to_string(),
@@ -822,7 +845,19 @@ pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings
         allow_remote,
         notify_settled: file.notify_settled.unwrap_or(false),
         notifications: file.notifications.unwrap_or(true),
+        idle_timeout: flags.idle_timeout.or(file.idle_timeout),
     })
+}
+
+/// Parses an idle timeout (`"90s"`, `"5m"`, `"1h 30m"`): a humantime
+/// duration above zero. The config key and `--idle-timeout` share it.
+pub fn parse_idle_timeout(text: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not a duration such as \"90s\" or \"5m\" ({e})"))?;
+    if d.is_zero() {
+        return Err("must be above zero (leave it out to never cut a stream)".into());
+    }
+    Ok(d)
 }
 
 /// Whether binding both addresses would clash. See [`resolve`].

@@ -71,6 +71,10 @@ pub struct RunArgs {
     /// Cap the store's size; the oldest calls go first.
     #[arg(long, value_name = "MB", default_value_t = 1024)]
     pub max_db_mb: u64,
+    /// Cut a response when its upstream sends nothing for this long, e.g.
+    /// `5m` [default: off: a slow model is never cut].
+    #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_idle_timeout)]
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -75,6 +75,7 @@ pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
         slow_ttft_ms: args.slow_ttft_ms,
         json: args.json,
         allow_remote: args.allow_remote,
+        idle_timeout: args.idle_timeout,
     };
     Ok(config::resolve(file, flags)?)
 }

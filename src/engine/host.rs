@@ -16,10 +16,6 @@ use std::sync::{mpsc as std_mpsc, Arc, RwLock};
 use std::time::Duration;
 
 use actix::prelude::*;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -35,7 +31,8 @@ use super::messages::{
 use super::metrics::Metrics;
 use super::model::{Call, EngineEvent};
 use super::notifier::{Notifier, SlowFirstTokenHook};
-use super::proxy::{EngineLink, RouteProxy};
+use super::proxy::limits::ProxyLimits;
+use super::proxy::{listen, EngineLink, RouteProxy};
 use super::queries::{CallsQuery, EngineQueries};
 use super::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
 use crate::config::{self, ConfigFile, RouteSpec, Settings};
@@ -91,6 +88,8 @@ pub struct EngineOptions {
     /// How long settled calls are kept, and the store's size cap.
     pub retention: Duration,
     pub max_db_bytes: u64,
+    /// The proxy's connection limits and optional idle timeout.
+    pub proxy_limits: ProxyLimits,
 }
 
 /// Default retention of settled calls.
@@ -118,6 +117,7 @@ impl EngineOptions {
             store: None,
             retention: DEFAULT_RETENTION,
             max_db_bytes: DEFAULT_MAX_DB_BYTES,
+            proxy_limits: ProxyLimits::default(),
         }
     }
 
@@ -129,6 +129,7 @@ impl EngineOptions {
         options.slow_ttft = Duration::from_millis(settings.slow_ttft_ms);
         options.notifications = settings.notifications;
         options.notify_settled = settings.notify_settled;
+        options.proxy_limits.idle_timeout = settings.idle_timeout;
         options
     }
 }
@@ -473,11 +474,12 @@ async fn spawn_route(shared: &Arc<Shared>, route: RouteSpec, listener: TcpListen
         route.upstream,
         shared.link.clone(),
     ));
-    shared
-        .servers
-        .lock()
-        .await
-        .spawn(serve_route(listener, proxy, shared.stop.clone()));
+    shared.servers.lock().await.spawn(listen::serve_route(
+        listener,
+        proxy,
+        shared.stop.clone(),
+        shared.link.limits.clone(),
+    ));
     bound
 }
 
@@ -536,6 +538,7 @@ impl Engine {
             calibration,
             estimator: options.estimator,
             slow_ttft_ms: AtomicU64::new(options.slow_ttft.as_millis() as u64),
+            limits: options.proxy_limits,
         });
         let (stop_accepting, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -701,44 +704,4 @@ fn start_actors(
         .map_err(|e| EngineError::Actors(e.to_string()))?;
     rx.recv()
         .map_err(|_| EngineError::Actors("the actor thread died while starting".into()))
-}
-
-/// Accepts connections for one route until told to stop, then waits for
-/// the open connections to finish (the caller bounds that wait).
-async fn serve_route(
-    listener: TcpListener,
-    proxy: Arc<RouteProxy>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    // Connections live in this task's set, so aborting the route's task at
-    // the end of the drain drops them (and their taps) instead of leaving
-    // them streaming detached.
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                let proxy = proxy.clone();
-                let service = service_fn(move |req| {
-                    let proxy = proxy.clone();
-                    async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
-                });
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
-                let conn = graceful.watch(conn);
-                connections.spawn(async move {
-                    let _ = conn.await;
-                });
-            }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            _ = stop.wait_for(|s| *s) => break,
-        }
-    }
-    drop(listener);
-    graceful.shutdown().await;
-    while connections.join_next().await.is_some() {}
 }

@@ -3,17 +3,71 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Headers that describe one connection, not the message: never forwarded.
-const HOP_BY_HOP: [&str; 9] = [
+///
+/// `Trailer` is not among them: it is end-to-end (RFC 9110 §6.6.2), and
+/// hyper only writes a response's trailer fields that its `Trailer` header
+/// declares, so dropping it would drop the trailers.
+const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-connection",
     "proxy-authenticate",
     "proxy-authorization",
     "te",
-    "trailer",
     "transfer-encoding",
     "upgrade",
 ];
+
+/// Whether the client's `TE` header accepts trailers (`TE: trailers`).
+/// Read before [`strip_hop_by_hop`] removes it.
+pub fn accepts_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("trailers")
+        })
+}
+
+/// Says `TE: trailers` upstream on behalf of a client that accepts them:
+/// `TE` is hop-by-hop, but the proxy passes trailer frames through, so it
+/// may make the same promise on its own hop (RFC 9110 §10.1.4).
+pub fn request_trailers(headers: &mut HeaderMap) {
+    headers.insert(header::TE, HeaderValue::from_static("trailers"));
+}
+
+/// The media type the response tap should decode the body as.
+///
+/// A body with a `Content-Encoding` other than `identity` (gzip, br...) is
+/// opaque bytes to the decoders, whatever its `Content-Type` says. It is
+/// reported as `application/octet-stream`, which the metering classes as
+/// not understood: the bytes pass through untouched and the call is listed
+/// `unmetered`. Decompressing in the tap was the alternative; it was not
+/// chosen because a compressed stream only decodes at the compressor's
+/// flush points, which would distort the very timings measured, and metered
+/// requests already ask for `identity` ([`request_identity_encoding`]).
+pub fn tap_content_type(headers: &HeaderMap) -> Option<String> {
+    let encoded = headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .any(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"));
+    if encoded {
+        return Some("application/octet-stream".to_owned());
+    }
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
 
 /// Removes hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -70,5 +124,36 @@ mod tests {
         assert_eq!(h.len(), 2);
         assert!(h.contains_key("content-type"));
         assert!(h.contains_key("authorization"));
+    }
+
+    #[test]
+    fn trailer_declarations_pass_and_te_trailers_is_recognised() {
+        let mut h = HeaderMap::new();
+        h.insert("trailer", HeaderValue::from_static("x-checksum"));
+        h.insert("te", HeaderValue::from_static("gzip;q=0.5, Trailers"));
+        assert!(accepts_trailers(&h));
+        strip_hop_by_hop(&mut h);
+        assert!(h.contains_key("trailer"));
+        assert!(!h.contains_key("te"));
+        assert!(!accepts_trailers(&h));
+        h.insert("te", HeaderValue::from_static("deflate"));
+        assert!(!accepts_trailers(&h));
+    }
+
+    #[test]
+    fn an_encoded_body_is_opaque_to_the_tap() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        assert_eq!(tap_content_type(&h).as_deref(), Some("text/event-stream"));
+        h.insert("content-encoding", HeaderValue::from_static("identity"));
+        assert_eq!(tap_content_type(&h).as_deref(), Some("text/event-stream"));
+        h.insert("content-encoding", HeaderValue::from_static("gzip"));
+        assert_eq!(
+            tap_content_type(&h).as_deref(),
+            Some("application/octet-stream")
+        );
     }
 }

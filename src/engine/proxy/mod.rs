@@ -12,8 +12,17 @@
 //! keep-alive connections per host). Dropping a response body that has not
 //! ended (the client hung up) drops the upstream body too, which closes
 //! that upstream connection at once, so the server stops generating.
+//!
+//! A request that fails on the client's side (the client breaks off while
+//! sending its body) ends `abandoned`, not `upstream_error`: the upstream
+//! did nothing wrong. Response trailers pass through when the client sent
+//! `TE: trailers`. An encoded response (`Content-Encoding: gzip`...) passes
+//! through untouched and is `unmetered` (see [`headers::tap_content_type`]).
 
 pub mod headers;
+pub mod idle;
+pub mod limits;
+pub mod listen;
 pub mod tap;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,15 +40,18 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
 use super::call_actor::{CallActor, CallSetup};
-use super::messages::{FirstTokenLate, PassedThrough, ResponseStarted, UpstreamFailed};
+use super::messages::{BodyEnded, FirstTokenLate, PassedThrough, ResponseStarted, UpstreamFailed};
 use super::model::{Call, CallDetails, CallIdentity, CallStatus};
 use super::supervisor::Supervisor;
 use crate::config::Upstream;
 use crate::decode::detect::detect_request;
 use crate::decode::ApiKind;
 use crate::meter::calibration::CalibrationTable;
+use crate::metering::StreamEnd;
 use crate::tokens::TokenEstimator;
-use tap::{CallTap, Capture, CaptureBody, TapBody};
+use idle::IdleTimeout;
+use limits::ProxyLimits;
+use tap::{CallTap, Capture, CaptureBody, ClientBodyFailed, Observed, TapBody};
 
 /// Any error a body may carry on its way through.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -59,6 +71,8 @@ pub struct EngineLink {
     pub estimator: Arc<dyn TokenEstimator>,
     /// The slow-first-token threshold in ms; settings may change it live.
     pub slow_ttft_ms: AtomicU64,
+    /// Per-connection limits and the optional idle timeout.
+    pub limits: ProxyLimits,
 }
 
 impl EngineLink {
@@ -125,7 +139,11 @@ impl RouteProxy {
             .and_then(|v| v.to_str().ok())
             .and_then(super::details::client_app);
         let mut headers = parts.headers;
+        let trailers = headers::accepts_trailers(&headers);
         headers::strip_hop_by_hop(&mut headers);
+        if trailers {
+            headers::request_trailers(&mut headers);
+        }
         if let Ok(host) = HeaderValue::from_str(&self.upstream.authority()) {
             headers.insert(header::HOST, host);
         }
@@ -154,6 +172,8 @@ impl RouteProxy {
             };
             CallActor::start_in_arbiter(self.link.arbiter(), move |_| CallActor::new(setup))
         });
+        let client_failed = ClientBodyFailed::default();
+        let body = Observed::new(body, client_failed.clone());
         let body = match &actor {
             Some(addr) => CaptureBody::new(body, Capture::new(addr.clone())).boxed(),
             None => body.boxed(),
@@ -166,14 +186,25 @@ impl RouteProxy {
         match self.client.request(upstream_req).await {
             Err(e) => {
                 let cause = error_chain(&e);
+                // The client broke off its own request body: its call is
+                // abandoned, and nobody is left to read the 502.
+                let client_gone = client_failed.is_set();
                 match &actor {
+                    Some(addr) if client_gone => addr.do_send(BodyEnded {
+                        end: StreamEnd::ClientGone,
+                        at: Instant::now(),
+                    }),
                     Some(addr) => addr.do_send(UpstreamFailed { at: Instant::now() }),
                     None => self.link.supervisor.do_send(PassedThrough {
                         seq,
                         call: Call {
                             identity,
-                            status: CallStatus::UpstreamError,
-                            http_status: Some(502),
+                            status: if client_gone {
+                                CallStatus::Abandoned
+                            } else {
+                                CallStatus::UpstreamError
+                            },
+                            http_status: (!client_gone).then_some(502),
                             speed: None,
                             input_tokens: None,
                             details: passthrough_details(client.clone()),
@@ -185,21 +216,15 @@ impl RouteProxy {
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 headers::strip_hop_by_hop(&mut parts.headers);
+                let body = IdleTimeout::new(body, self.link.limits.idle_timeout);
                 let body = match actor {
                     Some(addr) => {
-                        let content_type = parts
-                            .headers
-                            .get(header::CONTENT_TYPE)
-                            .and_then(|v| v.to_str().ok())
-                            .map(str::to_owned);
                         addr.do_send(ResponseStarted {
                             status: parts.status.as_u16(),
-                            content_type,
+                            content_type: headers::tap_content_type(&parts.headers),
                             at: Instant::now(),
                         });
-                        TapBody::new(body, CallTap::new(addr))
-                            .map_err(BoxError::from)
-                            .boxed()
+                        TapBody::new(body, CallTap::new(addr)).boxed()
                     }
                     None => {
                         self.link.supervisor.do_send(PassedThrough {
@@ -213,7 +238,7 @@ impl RouteProxy {
                                 details: passthrough_details(client),
                             },
                         });
-                        body.map_err(BoxError::from).boxed()
+                        body.boxed()
                     }
                 };
                 Response::from_parts(parts, body)

@@ -14,6 +14,8 @@
 //!   is where `model` and `stream` are read from.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use actix::Addr;
@@ -143,14 +145,38 @@ impl FrameObserver for Capture {
 /// The request body on its way upstream, with its prefix copied.
 pub type CaptureBody<B> = Observed<B, Capture>;
 
+/// Raises a flag when the client's request body fails (the client hung
+/// up or broke off mid-body), so the forwarder can tell a request that
+/// failed on the client's side from an unreachable upstream.
+#[derive(Clone, Default)]
+pub struct ClientBodyFailed(Arc<AtomicBool>);
+
+impl ClientBodyFailed {
+    /// Whether the request body failed.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl FrameObserver for ClientBodyFailed {
+    fn data(&mut self, _data: &Bytes, _arrived: Instant) {}
+
+    fn end(&mut self) {}
+
+    fn failed(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// What a tapped body tells its observer. Each call is made from inside
 /// `poll_frame`, so implementations must not block or await.
 pub trait FrameObserver {
     /// A data frame arrived at `arrived`; it is handed on unchanged.
     fn data(&mut self, data: &Bytes, arrived: Instant);
-    /// The body ended cleanly: `None`, or a frame after which the inner
-    /// body reports its end (the consumer may not poll again, e.g. with an
-    /// exact Content-Length). May be called more than once.
+    /// The body ended cleanly: `None`, a trailers frame, or a frame after
+    /// which the inner body reports its end (the consumer may not poll
+    /// again, e.g. with an exact Content-Length). May be called more than
+    /// once.
     fn end(&mut self);
     /// The inner body failed mid-way.
     fn failed(&mut self);
@@ -191,7 +217,11 @@ where
                 if let Some(data) = frame.data_ref() {
                     this.observer.data(data, Instant::now());
                 }
-                if this.inner.is_end_stream() {
+                // Trailers are always a body's last frame, and hyper's
+                // server stops polling once it has them (hyper's `Incoming`
+                // doesn't report its end after chunked trailers), so they
+                // end the body here.
+                if frame.is_trailers() || this.inner.is_end_stream() {
                     this.observer.end();
                 }
             }

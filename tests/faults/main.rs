@@ -1,0 +1,79 @@
+//! Fault injection: each test puts one fault between a client, the proxy
+//! (an in-process engine with one route) and an upstream, and checks that
+//! the bytes that can still get through are exact, that the call ends with
+//! the status `metering-semantics.md` gives it, and that nothing leaks
+//! (calls in flight, sockets, descriptors). The table in
+//! `docs/reliability.md` ("Fault injection") lists them.
+//!
+//! - `upstream`: what a broken or unusual upstream does (reset, invalid
+//!   UTF-8, a 10 MB line, gzip, HTTP/1.0, 1xx, trailers).
+//! - `stall`: a stalled upstream, on paused time (no real minute is slept).
+//! - `client`: clients that go away at each stage of a call.
+//! - `connections`: slowloris heads and connection floods.
+//! - `store`: a history database that can't be written.
+//!
+//! The upstream here is a raw socket ([`wire::RawUpstream`]) so a test
+//! controls every byte and every way a connection ends.
+
+#[path = "../proxy_support/mod.rs"]
+mod proxy_support;
+
+mod client;
+mod connections;
+mod stall;
+mod store;
+mod upstream;
+mod wire;
+
+use std::time::Duration;
+
+use speedtap::engine::{Call, CallsQuery, EngineEvent, EngineQueries, RunningEngine};
+use tokio::time::Instant;
+
+/// How long a test waits for the engine to settle calls (real time).
+pub const SETTLE: Duration = Duration::from_secs(20);
+
+/// Every call the engine knows, newest first.
+pub async fn all_calls(engine: &RunningEngine) -> Vec<Call> {
+    engine
+        .handle
+        .calls(CallsQuery {
+            limit: usize::MAX,
+            route: None,
+        })
+        .await
+}
+
+/// Waits until the engine knows at least `n` calls and none is in flight
+/// (the "active calls back to 0" check); returns them, newest first.
+/// Subscribes before each check, so a settle can't slip in between.
+pub async fn quiescent(engine: &RunningEngine, n: usize) -> Vec<Call> {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let mut events = engine.handle.subscribe().await;
+        let calls = all_calls(engine).await;
+        if calls.len() >= n && calls.iter().all(|c| c.status.is_settled()) {
+            return calls;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "calls did not settle: {calls:#?}"
+        );
+        loop {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(EngineEvent::Settled(_))) => break,
+                Ok(Some(_)) => {}
+                // A lagging subscriber is dropped: subscribe again.
+                Ok(None) => break,
+                Err(_) => panic!("calls did not settle: {calls:#?}"),
+            }
+        }
+    }
+}
+
+/// Open file descriptors of this process (Linux `/proc/self/fd`).
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
