@@ -229,6 +229,9 @@ async fn an_http_1_0_close_delimited_body_passes_and_settles() {
     let engine = engine_for(&up).await;
     let (head, body) = chat(&engine, &[]).await;
     assert_eq!(head.status(), 200);
+    // The client's hop stays HTTP/1.1, chunked and open.
+    assert!(head.line.starts_with("HTTP/1.1 "), "{head:?}");
+    assert_eq!(head.header("transfer-encoding"), Some("chunked"));
     assert!(body.complete, "a close-delimited end is a clean end");
     assert_eq!(body.bytes, sent);
     let calls = quiescent(&engine, 1).await;

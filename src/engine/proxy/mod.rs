@@ -216,6 +216,11 @@ impl RouteProxy {
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 headers::strip_hop_by_hop(&mut parts.headers);
+                // The version is hop-by-hop too (RFC 9110 §6.2): the client
+                // gets our own, so an HTTP/1.0 upstream's close-delimited
+                // body reaches an HTTP/1.1 client chunked, on a connection
+                // that stays open, instead of ending it.
+                parts.version = http::Version::default();
                 let body = IdleTimeout::new(body, self.link.limits.idle_timeout);
                 let body = match actor {
                     Some(addr) => {
