@@ -186,3 +186,47 @@ async fn idle_timeout_from_settings_cuts_on_real_time() {
     assert_eq!(calls[0].status, CallStatus::Abandoned);
     engine.shutdown(Duration::from_secs(1)).await;
 }
+
+/// The option's two spellings: `idle_timeout = "..."` in the config file
+/// and `--idle-timeout` (the flag wins), both humantime, both refusing 0.
+#[test]
+fn idle_timeout_is_configurable_by_file_and_flag() {
+    use clap::Parser;
+    use speedtap::cli::args::{Cli, Command};
+    use speedtap::config::{parse_config, resolve, CliOverrides};
+
+    let file = parse_config("idle_timeout = \"5m\"\n", "t.toml").unwrap();
+    assert_eq!(file.idle_timeout, Some(Duration::from_secs(300)));
+    let s = resolve(Some(file.clone()), CliOverrides::default()).unwrap();
+    assert_eq!(s.idle_timeout, Some(Duration::from_secs(300)));
+    let flags = CliOverrides {
+        idle_timeout: Some(Duration::from_secs(90)),
+        ..Default::default()
+    };
+    assert_eq!(
+        resolve(Some(file.clone()), flags).unwrap().idle_timeout,
+        Some(Duration::from_secs(90))
+    );
+    // Saved and read back unchanged (the tray rewrites the file).
+    let again = parse_config(&file.to_toml(), "t.toml").unwrap();
+    assert_eq!(again.idle_timeout, file.idle_timeout);
+    // Off unless set.
+    assert_eq!(
+        resolve(None, CliOverrides::default()).unwrap().idle_timeout,
+        None
+    );
+
+    let e = parse_config("slow_ttft_ms = 10\nidle_timeout = \"0s\"\n", "t.toml").unwrap_err();
+    assert_eq!(e.line(), Some(2), "{e}");
+    assert!(e.to_string().contains("idle_timeout"), "{e}");
+    assert!(parse_config("idle_timeout = \"soon\"\n", "t.toml").is_err());
+
+    let Command::Run(args) = Cli::try_parse_from(["speedtap", "run", "--idle-timeout", "2m"])
+        .unwrap()
+        .command
+    else {
+        panic!("not run");
+    };
+    assert_eq!(args.idle_timeout, Some(Duration::from_secs(120)));
+    assert!(Cli::try_parse_from(["speedtap", "run", "--idle-timeout", "0"]).is_err());
+}
