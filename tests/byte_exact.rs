@@ -40,7 +40,7 @@ use wire::{Conn, RawUpstream};
 const CASES: usize = 10_000;
 const BATCH: usize = 1_000;
 /// Client connections streaming at once.
-const WORKERS: usize = 48;
+const WORKERS: usize = 64;
 /// Cases that carry one 10 MiB line.
 const HUGE: [usize; 4] = [17, 2_503, 5_011, 9_973];
 const HUGE_LINE: usize = 10 * 1024 * 1024;
@@ -374,7 +374,7 @@ fn splits(rng: &mut Rng, body: &[u8]) -> Vec<usize> {
             out.push(at);
         }
     }
-    let k = rng.below(1 + body.len().min(48));
+    let k = rng.below(1 + body.len().min(32));
     for _ in 0..k {
         let at = 1 + rng.below(body.len() - 1);
         let at = match rng.below(3) {
