@@ -878,6 +878,64 @@ fn taken_ports_exit_1_naming_the_address() {
     drop(taken);
 }
 
+/// A store that can't be opened (here its directory is a regular file, the
+/// same `open` failure a read-only or full disk gives, and one that holds
+/// for root too) leaves history off with one warning naming the file; the
+/// proxy still starts and meters in memory.
+#[cfg(unix)]
+#[test]
+fn an_unopenable_store_warns_and_the_proxy_still_runs() {
+    let dir = scratch("unopenable_store");
+    let (_sim, upstream) =
+        start_simulate(&dir, &["--tokens", "20", "--tps", "500", "--ttft-ms", "0"]);
+    let blocker = dir.join("not-a-dir");
+    std::fs::write(&blocker, b"a file where the data dir should be").unwrap();
+    let db = blocker.join("speedtap.sqlite3");
+    let route = format!("sim=127.0.0.1:0=http://{upstream}");
+    let mut p = Proc::spawn(speedtap(
+        &dir,
+        &[
+            "run",
+            "--json",
+            "--db",
+            db.to_str().unwrap(),
+            "--api",
+            "127.0.0.1:0",
+            "--route",
+            &route,
+        ],
+    ));
+    let (proxy, api) = read_announcement(&p, "sim");
+    let warning = p
+        .stderr
+        .all()
+        .into_iter()
+        .find(|l| l.contains("history is off"))
+        .expect("a warning that history is off");
+    assert!(warning.contains(db.to_str().unwrap()), "{warning}");
+
+    let (status, body, complete) = stream_chat(proxy);
+    assert_eq!(status, 200);
+    assert!(complete && body.contains("[DONE]"), "{body}");
+    let settled = p.stdout.wait_for("the settled call line", STARTUP, |l| {
+        serde_json::from_str::<Value>(l).is_ok_and(|v| is_final(&v))
+    });
+    let settled: Value = serde_json::from_str(&settled).unwrap();
+    assert_eq!(settled["speed"]["phase"], "complete", "{settled}");
+    assert_eq!(settled["speed"]["output_tokens"], 20, "{settled}");
+
+    let mut s = connect(api);
+    s.write_all(&request("GET", api, "/api/v1/history", b"", &[]))
+        .unwrap();
+    let mut r = BufReader::new(s);
+    let head = read_head(&mut r).unwrap();
+    assert_ne!(head.status, 200, "no history without a store");
+
+    p.signal("TERM");
+    let (status, _) = p.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "stderr {:?}", p.stderr.finish());
+}
+
 // ---------------------------------------------------------------------------
 // A real stream through `speedtap run`
 // ---------------------------------------------------------------------------

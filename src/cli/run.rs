@@ -154,8 +154,13 @@ pub const OTLP_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The engine options `speedtap run` and the tray app derive from their
 /// flags and settings: routes, API, thresholds, the config file to save
-/// settings to, and the store (opened here, so a bad path is an error
-/// before anything listens).
+/// settings to, and the store.
+///
+/// A store that can't be opened (a read-only or full disk, a path under a
+/// file) doesn't stop the monitor: the proxy matters more than history, so
+/// speedtap warns once, names the file and runs with calls metered in
+/// memory only, as it does with `--no-db`. The same choice is made when
+/// the store fails later (see `StoreWriter`).
 pub fn engine_options(args: &RunArgs, settings: &Settings) -> Result<EngineOptions, RunError> {
     let mut options = EngineOptions::from_settings(settings);
     options.config_path = Some(
@@ -166,15 +171,25 @@ pub fn engine_options(args: &RunArgs, settings: &Settings) -> Result<EngineOptio
     options.retention = Duration::from_secs(args.retention_days.max(1) * 24 * 3600);
     options.max_db_bytes = args.max_db_mb.max(1) * 1024 * 1024;
     if let Some(path) = settings.db.path() {
-        let store = Store::open(&path).map_err(|e| {
-            RunError::Runtime(format!(
-                "cannot open the store {}: {e} (use --db FILE, or --no-db for memory only)",
-                path.display()
-            ))
-        })?;
-        options.store = Some(store);
+        match Store::open(&path) {
+            Ok(store) => options.store = Some(store),
+            Err(e) => {
+                let warning = store_unavailable_warning(&path, &e);
+                tracing::warn!("{warning}");
+                eprintln!("speedtap: warning: {warning}");
+            }
+        }
     }
     Ok(options)
+}
+
+/// The one warning shown when the store can't be opened at start.
+fn store_unavailable_warning(path: &std::path::Path, error: &dyn std::fmt::Display) -> String {
+    format!(
+        "history is off: cannot open the store {}: {error}; calls are still proxied and \
+         metered in memory (fix the path or permissions, or pass --no-db to silence this)",
+        path.display()
+    )
 }
 
 fn announce(engine: &RunningEngine) {
