@@ -22,8 +22,12 @@ impl NdjsonFramer {
         Self::default()
     }
 
-    #[cfg(test)]
-    fn with_max_line_bytes(max: usize) -> Self {
+    /// A framer with another line cap than
+    /// [`MAX_LINE_BYTES`](crate::decode::sse::MAX_LINE_BYTES). Public only
+    /// so the unit tests and the fuzz targets (`fuzz/`) can exercise the
+    /// cap with small inputs; production code uses [`NdjsonFramer::new`].
+    #[doc(hidden)]
+    pub fn with_max_line_bytes(max: usize) -> Self {
         Self {
             line: LineBuffer::with_max(max),
         }

@@ -17,10 +17,12 @@
 
 use memchr::{memchr, memchr2};
 
-/// The longest line either framer buffers. A longer line is discarded (and
-/// counted) rather than held: a tap must never let a misbehaving upstream
-/// grow its memory without bound. 16 MiB is far above any real event (the
-/// largest llama.cpp final chunk with `generation_settings` is a few KiB).
+/// The longest line either framer buffers, and the most data one SSE event
+/// may gather over its `data:` lines. A longer line (or event) is discarded
+/// (and counted) rather than held: a tap must never let a misbehaving
+/// upstream grow its memory without bound. 16 MiB is far above any real
+/// event (the largest llama.cpp final chunk with `generation_settings` is a
+/// few KiB).
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// After a line longer than this has been handled, the line buffer gives
@@ -154,9 +156,11 @@ impl SseFramer {
         Self::default()
     }
 
-    /// A framer with a smaller line cap, so tests of the cap stay cheap.
-    #[cfg(test)]
-    fn with_max_line_bytes(max: usize) -> Self {
+    /// A framer with another line cap than [`MAX_LINE_BYTES`]. Public only
+    /// so the unit tests and the fuzz targets (`fuzz/`) can exercise the
+    /// cap with small inputs; production code uses [`SseFramer::new`].
+    #[doc(hidden)]
+    pub fn with_max_line_bytes(max: usize) -> Self {
         Self {
             line: LineBuffer::with_max(max),
             ..Self::default()
@@ -209,7 +213,8 @@ impl SseFramer {
         };
     }
 
-    /// Lines discarded because they exceeded [`MAX_LINE_BYTES`].
+    /// Lines discarded because they exceeded [`MAX_LINE_BYTES`], plus
+    /// events discarded because their data did.
     pub fn dropped_lines(&self) -> u64 {
         self.line.dropped()
     }
@@ -284,6 +289,21 @@ impl SseFramer {
         };
         match field {
             "data" => {
+                // The event's data is capped like a line: without this, an
+                // upstream that never sends the blank line would grow it
+                // forever, each line under the line cap (found by fuzzing:
+                // fuzz/regressions/sse). An event over the cap is poisoned
+                // (dropped at dispatch) and counted once; its later lines
+                // are not kept.
+                if self.poisoned {
+                    return;
+                }
+                if self.data.len() + value.len() > self.line.max {
+                    self.poisoned = true;
+                    self.line.dropped += 1;
+                    self.data = String::new();
+                    return;
+                }
                 self.data.push_str(value);
                 self.data.push('\n');
             }
@@ -655,6 +675,32 @@ mod tests {
         f.feed(b"data: 0123456789012345", &mut out);
         f.finish(&mut out);
         assert_eq!(out, vec![msg(None, "fine")]);
+        assert_eq!(f.dropped_lines(), 2);
+    }
+
+    /// Found by the `sse` fuzz target (fuzz/regressions/sse): many short
+    /// `data:` lines and no blank line grew the event's data past the cap.
+    #[test]
+    fn event_data_is_capped_like_a_line() {
+        let mut f = SseFramer::with_max_line_bytes(16);
+        let mut out = Vec::new();
+        f.feed(b"data: 0123456789\n", &mut out);
+        f.feed(b"data: 01234\n", &mut out); // 10 + 1 + 5 = 16: still fits
+        f.feed(b"\ndata: 0123456789\n", &mut out);
+        for _ in 0..1000 {
+            f.feed(b"data: 0123456789\n", &mut out);
+            assert!(f.data.len() <= 16, "pending data bounded by the cap");
+        }
+        f.feed(b"\ndata: after\n\n", &mut out);
+        assert_eq!(
+            out,
+            vec![msg(None, "0123456789\n01234"), msg(None, "after")]
+        );
+        assert_eq!(f.dropped_lines(), 1, "the oversized event counts once");
+        // The same at end of body, with no blank line at all.
+        f.feed(b"data: 0123456789\ndata: 0123456789", &mut out);
+        f.finish(&mut out);
+        assert_eq!(out.len(), 2);
         assert_eq!(f.dropped_lines(), 2);
     }
 

@@ -161,7 +161,7 @@ pub fn error_message(v: &Value) -> String {
                 // `{"error": "...", "error_type": "validation"}` (TGI): the
                 // type names the error better than its prose.
                 if inner.is_string() {
-                    if let Some(t) = nonempty_str(v, "error_type") {
+                    if let Some(t) = nonblank_str(v, "error_type") {
                         return short(t);
                     }
                 }
@@ -171,7 +171,11 @@ pub fn error_message(v: &Value) -> String {
                 match map.get(key) {
                     // Anthropic/Responses wrap errors as `{"type": "error", ...}`:
                     // that type says nothing, keep looking.
-                    Some(Value::String(s)) if !s.is_empty() && s != "error" => return short(s),
+                    // A blank one says nothing either (and made the message
+                    // empty: fuzz/regressions/openai_chat).
+                    Some(Value::String(s)) if !s.trim().is_empty() && s.trim() != "error" => {
+                        return short(s)
+                    }
                     Some(Value::Number(n)) => return short(&n.to_string()),
                     _ => {}
                 }
@@ -182,7 +186,7 @@ pub fn error_message(v: &Value) -> String {
                 // `input` may quote the request, so only the type is kept.
                 Some(Value::Array(items)) => items
                     .first()
-                    .and_then(|i| nonempty_str(i, "type"))
+                    .and_then(|i| nonblank_str(i, "type"))
                     .map(short)
                     .unwrap_or_else(|| "validation_error".to_owned()),
                 _ => "error".to_owned(),
@@ -190,11 +194,17 @@ pub fn error_message(v: &Value) -> String {
         }
         Value::Array(items) => items
             .first()
-            .and_then(|i| nonempty_str(i, "type"))
+            .and_then(|i| nonblank_str(i, "type"))
             .map(short)
             .unwrap_or_else(|| "error".to_owned()),
         _ => "error".to_owned(),
     }
+}
+
+/// A string field with something besides whitespace: what [`short`] is
+/// given, so the message it makes is never empty.
+fn nonblank_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key)?.as_str().filter(|s| !s.trim().is_empty())
 }
 
 /// Trims and cuts a message to [`MAX_ERROR_CHARS`] characters.
@@ -346,6 +356,27 @@ mod tests {
         );
         assert_eq!(error_message(&json!({})), "error");
         assert_eq!(error_message(&json!(3)), "error");
+    }
+
+    /// Broke the protocol fuzz targets' "error messages are never empty"
+    /// check (input in fuzz/regressions/openai_chat): a blank `type` (or
+    /// `error_type`, or FastAPI item `type`) was taken as the name and
+    /// trimmed to an empty message.
+    #[test]
+    fn blank_error_names_are_skipped_never_empty() {
+        let cases = [
+            json!({"error": {"type": " "}}),
+            json!({"error": {"type": "\t", "message": "boom"}}),
+            json!({"error": " ", "error_type": "  "}),
+            json!({"detail": [{"type": " "}]}),
+            json!([{"type": "\n"}]),
+            json!({"type": " error "}),
+        ];
+        for v in &cases {
+            let m = error_message(v);
+            assert!(!m.trim().is_empty(), "{v}: empty message");
+        }
+        assert_eq!(error_message(&cases[1]), "boom");
     }
 
     #[test]
