@@ -105,6 +105,11 @@ impl Arm {
         self.pid().map(procfs::tree_cpu_secs).unwrap_or(0.0)
     }
 
+    /// Context switches of the process tree so far (0 for direct).
+    pub fn ctx_switches(&self) -> u64 {
+        self.pid().map(procfs::tree_ctx_switches).unwrap_or(0)
+    }
+
     /// Peak RSS of the process tree, bytes (None for direct).
     pub fn peak_rss(&self) -> Option<u64> {
         self.pid().map(procfs::tree_peak_rss)
@@ -240,7 +245,19 @@ pub fn start_speedtap(upstream: SocketAddr, dir: &Path) -> Result<Arm, String> {
         ),
     )
     .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_speedtap"));
+    let wrap: Vec<String> = std::env::var("SPEEDTAP_BENCH_WRAP")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let mut cmd = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(env!("CARGO_BIN_EXE_speedtap"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_speedtap")),
+    };
     cmd.arg("run")
         .arg("--config")
         .arg(&config)

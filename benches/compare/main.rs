@@ -24,6 +24,11 @@
 //!   its numbers, no stream failed, and speedtap metered every stream
 //!   within 2%. `SPEEDTAP_BENCH_REQUIRE=nginx,litellm,speedtap` also fails
 //!   the run when one of those arms was skipped.
+//!
+//! For exploring and profiling, `SPEEDTAP_BENCH_ROUNDS=N` sets the rounds,
+//! `SPEEDTAP_BENCH_LEVELS=100,2000` the sweep's levels, and
+//! `SPEEDTAP_BENCH_WRAP="perf record -g -o FILE --"` runs speedtap under a
+//! wrapper command (its CPU figures then include the wrapper's).
 
 mod arms;
 mod client;
@@ -71,6 +76,16 @@ fn main() {
 
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1")
+}
+
+/// A comma-separated list of numbers from the environment (empty when
+/// unset or unparsable).
+fn env_list(name: &str) -> Vec<usize> {
+    std::env::var(name)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
 }
 
 /// Arms named in `SPEEDTAP_BENCH_REQUIRE` (comma-separated).
@@ -135,11 +150,19 @@ async fn run(full: bool) -> i32 {
     let install_allowed = full || env_flag("SPEEDTAP_BENCH_INSTALL");
     let required = required_arms();
     let load_before = report::load();
-    let (plan, sweep_plan) = if full {
+    let (mut plan, mut sweep_plan) = if full {
         (Plan::full(), SweepPlan::full())
     } else {
         (Plan::smoke(), SweepPlan::smoke())
     };
+    // For exploring and profiling: fewer rounds, other sweep levels.
+    if let Some(n) = env_list("SPEEDTAP_BENCH_ROUNDS").first() {
+        plan.rounds = *n;
+    }
+    let levels = env_list("SPEEDTAP_BENCH_LEVELS");
+    if !levels.is_empty() {
+        sweep_plan.levels = levels;
+    }
     println!(
         "compare: {} run, load average {load_before}{}",
         if full { "full" } else { "smoke" },

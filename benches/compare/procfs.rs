@@ -87,6 +87,29 @@ pub fn tree_peak_rss(root: u32) -> u64 {
         .sum()
 }
 
+/// Context switches (voluntary and not) of every thread in the tree so
+/// far: a proxy that hands each chunk to another thread pays a wake-up per
+/// chunk, which shows here.
+pub fn tree_ctx_switches(root: u32) -> u64 {
+    let mut total = 0;
+    for pid in tree(root) {
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(status) = fs::read_to_string(task.path().join("status")) else {
+                continue;
+            };
+            total += status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+    }
+    total
+}
+
 /// This process's own CPU seconds (client and upstream), without its
 /// children (the proxies).
 pub fn self_cpu_secs() -> f64 {

@@ -226,6 +226,7 @@ impl Report {
              `direct` shows absolute values; the other rows are added vs direct (difference of \
              percentiles). CPU is the proxy's process tree (utime+stime, children included) over \
              the two streaming workloads, per million streamed tokens (one token per chunk); \
+             context switches are all its threads' (voluntary and not) over the same workloads; \
              peak RSS is VmHWM summed over the tree.\n",
             p.ttft_streams,
             p.single_duration.as_secs_f64(),
@@ -234,12 +235,12 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "| arm | TTFT p50 | TTFT p90 | chunk p50, 1×500/s | chunk p99, 1×500/s | chunk p50, {m}×40/s | chunk p99, {m}×40/s | CPU s / M tokens | peak RSS | incomplete streams |\n|---|---|---|---|---|---|---|---|---|---|",
+            "| arm | TTFT p50 | TTFT p90 | chunk p50, 1×500/s | chunk p99, 1×500/s | chunk p50, {m}×40/s | chunk p99, {m}×40/s | CPU s / M tokens | context switches / token | peak RSS | incomplete streams |\n|---|---|---|---|---|---|---|---|---|---|---|",
             m = p.multi_streams
         );
         for a in &self.arms {
             let Some((r, sums)) = self.row(a.kind) else {
-                let _ = writeln!(s, "| {} | skipped |||||||||", a.kind.name());
+                let _ = writeln!(s, "| {} | skipped ||||||||||", a.kind.name());
                 continue;
             };
             let direct = a.kind == ArmKind::Direct;
@@ -251,7 +252,7 @@ impl Report {
             let cells: Vec<String> = f.iter().map(|v| dur(*v, !direct)).collect();
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 a.kind.name(),
                 cells[0],
                 cells[1],
@@ -263,6 +264,11 @@ impl Report {
                     "(harness)".into()
                 } else {
                     num(r.cpu_per_m(a.kind), 1)
+                },
+                if direct {
+                    "(harness)".into()
+                } else {
+                    num(r.switches_per_token(a.kind), 2)
                 },
                 if direct {
                     "(harness)".into()

@@ -88,6 +88,8 @@ pub struct ArmResult {
     pub cpu_secs: f64,
     /// Chunks that arrived in the streaming workloads.
     pub chunks: u64,
+    /// Proxy context switches over the streaming workloads.
+    pub ctx_switches: u64,
     pub peak_rss: Option<u64>,
     /// speedtap only.
     pub meter: Option<MeterCheck>,
@@ -101,6 +103,15 @@ impl ArmResult {
             f64::NAN
         } else {
             self.cpu_secs / self.chunks as f64 * 1e6
+        }
+    }
+
+    /// Proxy context switches per streamed token (NaN for direct).
+    pub fn switches_per_token(&self, kind: ArmKind) -> f64 {
+        if kind == ArmKind::Direct || self.chunks == 0 {
+            f64::NAN
+        } else {
+            self.ctx_switches as f64 / self.chunks as f64
         }
     }
 }
@@ -124,6 +135,7 @@ pub async fn run(plan: &Plan, arms: &mut [Arm], sent: &Sent) -> Vec<ArmResult> {
             let [ttft, single, multi] = plan.shapes(arm.kind);
             client::run_sequential(arm.addr, plan.ttft_streams, &ttft, &mut r.ttft).await;
             let cpu0 = arm.cpu_secs();
+            let cs0 = arm.ctx_switches();
             let before = r.single.chunk_ns.len() + r.multi.chunk_ns.len();
             client::run_batch(arm.addr, 1, &single, Duration::ZERO, &mut r.single).await;
             client::run_batch(
@@ -135,6 +147,7 @@ pub async fn run(plan: &Plan, arms: &mut [Arm], sent: &Sent) -> Vec<ArmResult> {
             )
             .await;
             r.cpu_secs += arm.cpu_secs() - cpu0;
+            r.ctx_switches += arm.ctx_switches().saturating_sub(cs0);
             r.chunks += (r.single.chunk_ns.len() + r.multi.chunk_ns.len() - before) as u64;
         }
     }
