@@ -8,10 +8,17 @@
 //! frame by frame through a [`tap::TapBody`]. Requests the decoders don't
 //! know pass through untouched and are recorded as `unmetered`.
 //!
-//! Upstream connections are pooled (hyper-util's legacy client keeps
-//! keep-alive connections per host). Dropping a response body that has not
-//! ended (the client hung up) drops the upstream body too, which closes
-//! that upstream connection at once, so the server stops generating.
+//! Every call opens a fresh upstream connection; none is kept idle for
+//! reuse. Model servers close keep-alive connections when they please:
+//! llama-server advertises `Keep-Alive: timeout=5` yet closes right after
+//! each streamed response, and a pooled connection reused in that instant
+//! fails with "connection closed before message completed", which the
+//! client would see as a 502 for a request that may already have reached
+//! the model (a POST, so not safely retried). A loopback connect costs
+//! about 0.1 ms against a time to first token of tens of milliseconds or
+//! more, so correctness wins. Dropping a response body that has not ended
+//! (the client hung up) drops the upstream body too, which closes that
+//! upstream connection at once, so the server stops generating.
 //!
 //! A request that fails on the client's side (the client breaks off while
 //! sending its body) ends `abandoned`, not `upstream_error`: the upstream
@@ -103,8 +110,10 @@ impl RouteProxy {
     pub fn new(name: String, upstream: Upstream, link: Arc<EngineLink>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        // No idle pool: see the module doc (a reused connection can race
+        // the server's close and turn a good call into a 502).
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(0)
             .build(connector);
         RouteProxy {
             name,
