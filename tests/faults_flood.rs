@@ -96,7 +96,7 @@ async fn ten_thousand_dropped_connections_leak_nothing() {
     })
     .await;
     let addr = engine.routes[0].listen;
-    // Warm up (pooled upstream connection, lazily opened files), then
+    // Warm up (lazily opened files, the first call's actors), then
     // take the baseline.
     normal_call(&engine).await;
     let baseline = open_fds();
@@ -145,8 +145,8 @@ async fn ten_thousand_dropped_connections_leak_nothing() {
         calls.iter().map(|c| c.status).collect::<Vec<_>>()
     );
 
-    // Descriptors back to the baseline (a few pooled upstream connections
-    // may come and go).
+    // Descriptors back to the baseline (upstream connections close as their
+    // calls settle, the sockets of dropped clients as the proxy sees them go).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = open_fds();
