@@ -192,12 +192,18 @@ fn split_host_port(authority: &str) -> Result<(String, Option<u16>), String> {
     if host.is_empty() {
         return Err("no host".into());
     }
-    if !host.contains(':')
+    // A bracketed host was checked as IPv6 above. Any other host must be a
+    // plain name or IPv4 address: an unbracketed one with a `:` in it used
+    // to pass unchecked and print back as an invalid `[...]` URL
+    // (fuzz/regressions/config).
+    if !authority.starts_with('[')
         && !host
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
     {
-        return Err(format!("{host:?} is not a valid host"));
+        return Err(format!(
+            "{host:?} is not a valid host (an IPv6 address goes in brackets: [::1])"
+        ));
     }
     let port = match port {
         None => None,
@@ -1029,6 +1035,31 @@ mod tests {
         ] {
             let e = Upstream::parse(bad).unwrap_err();
             assert!(e.contains(fragment), "{bad}: {e}");
+        }
+    }
+
+    /// Found by the `config` fuzz target (fuzz/regressions/config): an
+    /// unbracketed host with a `:` was accepted unchecked, and the config
+    /// the tray saves back (`to_toml`) then held an upstream that does not
+    /// parse.
+    #[test]
+    fn unbracketed_host_with_colon_is_rejected() {
+        for bad in [
+            "http://local>>:1]:1337",
+            "http://127.0.0.*:808:8081",
+            "http://::1",
+            "http://::1:8080",
+        ] {
+            let e = Upstream::parse(bad).unwrap_err();
+            assert!(e.contains("not a valid host"), "{bad}: {e}");
+        }
+        for good in [
+            "http://[::1]:8080/v1",
+            "http://h_1.local:80",
+            "http://10.0.0.1",
+        ] {
+            let u = Upstream::parse(good).unwrap();
+            assert_eq!(Upstream::parse(&u.base_url()), Ok(u), "{good} round trip");
         }
     }
 
