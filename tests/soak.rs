@@ -114,6 +114,11 @@ const WARMUP_SHARE: f64 = 0.2;
 /// Debug builds on a busy shared 2-core machine start slowly.
 const STARTUP: Duration = Duration::from_secs(60);
 
+/// The longest a client call may take. The longest scripted call is
+/// 10 s (400 tokens at 40/s, the client hang-up kinds); the rest is room
+/// for a busy machine.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How long, after the traffic stops, every call has to settle.
 const SETTLE: Duration = Duration::from_secs(60);
 
@@ -200,6 +205,10 @@ struct Sent {
 
 type Ledger = Arc<Mutex<HashMap<u64, Sent>>>;
 
+/// The ids of requests marked `x-soak-report-arrival` that reached the
+/// relay (so speedtap had dispatched them upstream).
+type Arrivals = Arc<Mutex<std::collections::HashSet<u64>>>;
+
 /// A response body that hashes every data frame on its way out and files
 /// the total under the call's id when it ends, fails or is dropped.
 struct Recording {
@@ -263,7 +272,7 @@ impl Drop for Recording {
 }
 
 /// Starts the relay in front of `upstream`; returns its address.
-async fn start_relay(upstream: SocketAddr, ledger: Ledger) -> SocketAddr {
+async fn start_relay(upstream: SocketAddr, ledger: Ledger, arrived: Arrivals) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let client: Client<HttpConnector, Incoming> =
@@ -276,9 +285,16 @@ async fn start_relay(upstream: SocketAddr, ledger: Ledger) -> SocketAddr {
             let _ = stream.set_nodelay(true);
             let client = client.clone();
             let ledger = ledger.clone();
+            let arrived = arrived.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    relay_one(client.clone(), upstream, ledger.clone(), req)
+                    relay_one(
+                        client.clone(),
+                        upstream,
+                        ledger.clone(),
+                        arrived.clone(),
+                        req,
+                    )
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -293,6 +309,7 @@ async fn relay_one(
     client: Client<HttpConnector, Incoming>,
     upstream: SocketAddr,
     ledger: Ledger,
+    arrived: Arrivals,
     req: Request<Incoming>,
 ) -> Result<Response<Recording>, hyper::Error> {
     let id = req
@@ -300,6 +317,9 @@ async fn relay_one(
         .get("x-soak-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    if let (Some(id), true) = (id, req.headers().contains_key("x-soak-report-arrival")) {
+        arrived.lock().unwrap().insert(id);
+    }
     let (mut parts, body) = req.into_parts();
     let path = parts
         .uri
@@ -487,6 +507,7 @@ struct ClientCtx {
     sim: SocketAddr,
     dead: SocketAddr,
     ledger: Ledger,
+    arrived: Arrivals,
     tally: Shared,
     deadline: tokio::time::Instant,
     made: Arc<AtomicU64>,
@@ -499,7 +520,11 @@ async fn client_loop(ctx: Arc<ClientCtx>, index: u64) {
         seq += 1;
         let id = (index << 32) | seq;
         let kind = Kind::pick(&mut rng);
-        let outcome = one_call(&ctx, &mut rng, kind, id).await;
+        // Bounded, so a call speedtap never finishes fails the soak instead
+        // of hanging it.
+        let outcome = tokio::time::timeout(CALL_TIMEOUT, one_call(&ctx, &mut rng, kind, id))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {CALL_TIMEOUT:?}")));
         ctx.made.fetch_add(1, Ordering::Relaxed);
         {
             let mut tally = ctx.tally.lock().unwrap();
@@ -554,9 +579,16 @@ async fn one_call(ctx: &ClientCtx, rng: &mut Lcg, kind: Kind, id: u64) -> Result
         req = req.method("POST").uri(format!("http://{target}{path}"));
         Bytes::from((proto.body)(model, streamed).to_string())
     };
-    let ttft = rng.range(0, 800);
-    let tps = rng.range(20, 300);
-    let tokens = rng.range(5, 150);
+    let (mut ttft, mut tps, mut tokens) =
+        (rng.range(0, 800), rng.range(20, 300), rng.range(5, 150));
+    if matches!(
+        kind,
+        Kind::AbortMidStream | Kind::AbortInWait | Kind::AbortBeforeHead
+    ) {
+        // 10 s long: the hang-up is surely before the end. (Each x-sim-*
+        // header is sent once: the simulator reads the first of repeats.)
+        (ttft, tps, tokens) = (600, 40, 400);
+    }
     req = req
         .header("x-sim-ttft-ms", ttft.to_string())
         .header("x-sim-tps", tps.to_string())
@@ -568,29 +600,39 @@ async fn one_call(ctx: &ClientCtx, rng: &mut Lcg, kind: Kind, id: u64) -> Result
     }
     match kind {
         Kind::Status503 => req = req.header("x-sim-status", "503"),
+        Kind::AbortBeforeHead => req = req.header("x-soak-report-arrival", "1"),
         Kind::ErrorEvent => {
             req = req.header("x-sim-error-after", rng.range(1, tokens - 1).to_string())
         }
         Kind::UpstreamCut => {
             req = req.header("x-sim-cut-after", rng.range(1, tokens - 1).to_string())
         }
-        Kind::AbortMidStream | Kind::AbortInWait | Kind::AbortBeforeHead => {
-            // Long enough that the hang-up is surely before the end.
-            req = req
-                .header("x-sim-tokens", "400")
-                .header("x-sim-tps", "40")
-                .header("x-sim-ttft-ms", "600");
-        }
         _ => {}
     }
     let req = req.body(Full::new(body)).unwrap();
 
     if kind == Kind::AbortBeforeHead {
+        // Hang up once the request is known to have reached the upstream
+        // (so speedtap has a call to settle), long before the head, which
+        // comes with the whole body 10 s later.
         let pending = ctx.http.request(req);
-        return match tokio::time::timeout(Duration::from_millis(100), pending).await {
-            Err(_) => Ok(false),
-            Ok(r) => Err(format!("a head arrived before the scripted end: {r:?}")),
-        };
+        tokio::pin!(pending);
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            tokio::select! {
+                r = &mut pending => {
+                    return Err(format!("a head arrived before the scripted end: {r:?}"));
+                }
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {
+                    if ctx.arrived.lock().unwrap().remove(&id) {
+                        return Ok(false);
+                    }
+                    if tokio::time::Instant::now() > until {
+                        return Err("the request never reached the upstream".into());
+                    }
+                }
+            }
+        }
     }
     let resp = ctx
         .http
@@ -783,11 +825,9 @@ struct Sample {
     calls: u64,
     /// The store's file and its write-ahead log.
     db_kb: u64,
-}
-
-fn rss_kb(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status_field(&status, "VmRSS:")
+    /// The child's threads (a new thread can bring a new malloc arena,
+    /// which shows as a step in RSS).
+    threads: u64,
 }
 
 fn status_field(status: &str, field: &str) -> Option<u64> {
@@ -823,8 +863,13 @@ fn start_sampler(
         let mut samples = Vec::new();
         let mut next = Instant::now();
         while !stop.load(Ordering::Relaxed) {
-            if let (Some(rss_kb), Some(fds)) = (rss_kb(pid), fd_count(pid)) {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
+            let field = |name| status.as_deref().and_then(|s| status_field(s, name));
+            if let (Some(rss_kb), Some(threads), Some(fds)) =
+                (field("VmRSS:"), field("Threads:"), fd_count(pid))
+            {
                 samples.push(Sample {
+                    threads,
                     t_s: t0.elapsed().as_secs_f64(),
                     rss_kb,
                     fds,
@@ -861,7 +906,7 @@ fn write_csv(path: &Path, samples: &[Sample], warmup_end: f64, traffic_end: f64)
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).unwrap();
     }
-    let mut text = String::from("t_s,rss_kb,fds,calls_made,db_kb,phase\n");
+    let mut text = String::from("t_s,rss_kb,fds,calls_made,db_kb,threads,phase\n");
     for s in samples {
         let phase = if s.t_s < warmup_end {
             "warmup"
@@ -871,8 +916,8 @@ fn write_csv(path: &Path, samples: &[Sample], warmup_end: f64, traffic_end: f64)
             "drain"
         };
         text.push_str(&format!(
-            "{:.1},{},{},{},{},{phase}\n",
-            s.t_s, s.rss_kb, s.fds, s.calls, s.db_kb
+            "{:.1},{},{},{},{},{},{phase}\n",
+            s.t_s, s.rss_kb, s.fds, s.calls, s.db_kb, s.threads
         ));
     }
     std::fs::write(path, text).unwrap();
@@ -942,7 +987,8 @@ async fn run_soak(settings: Settings, dir: PathBuf) {
         .await
         .unwrap();
     let ledger: Ledger = Arc::default();
-    let relay = start_relay(sim.local_addr(), ledger.clone()).await;
+    let arrived: Arrivals = Arc::default();
+    let relay = start_relay(sim.local_addr(), ledger.clone(), arrived.clone()).await;
     // A port nothing listens on: bound to learn a free one, then closed.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -967,6 +1013,7 @@ async fn run_soak(settings: Settings, dir: PathBuf) {
         sim: child.sim_route,
         dead: child.dead_route,
         ledger: ledger.clone(),
+        arrived,
         tally: tally.clone(),
         deadline: tokio::time::Instant::now() + settings.traffic,
         made: made.clone(),
@@ -1109,6 +1156,21 @@ async fn run_soak(settings: Settings, dir: PathBuf) {
     println!("| store size at the end (db + WAL) | {db_kb_end} KB | |");
     println!("| peak RSS (VmHWM) | {peak_rss_kb} KB | |");
     println!("| peak open fds | {peak_fds} | |");
+    if let (Some(first), Some(last)) = (samples.first(), samples.last()) {
+        println!(
+            "| open fds: before traffic → after settling | {} → {} | |",
+            first.fds, last.fds
+        );
+        println!(
+            "| RSS: before traffic → after settling | {} → {} KB | |",
+            first.rss_kb, last.rss_kb
+        );
+        let peak_threads = samples.iter().map(|s| s.threads).max().unwrap_or(0);
+        println!(
+            "| threads: before traffic → peak → after settling | {} → {peak_threads} → {} | |",
+            first.threads, last.threads
+        );
+    }
     println!(
         "| stdout written (JSON lines) | {} KB | |",
         child.stdout_bytes.load(Ordering::Relaxed) / 1024
@@ -1119,14 +1181,17 @@ async fn run_soak(settings: Settings, dir: PathBuf) {
         settings.csv.display()
     );
 
-    let tail = child.stderr_tail.lock().unwrap().clone();
-    assert!(
-        tally.failures.is_empty(),
-        "{} proxy errors, first ones: {:#?}\nspeedtap stderr tail: {tail:#?}",
-        tally.failed,
-        tally.failures
-    );
-    assert!(tally.identical > 0, "no body was compared");
+    // Every problem at once, so one run tells everything that went wrong.
+    let mut problems: Vec<String> = Vec::new();
+    if tally.failed > 0 {
+        problems.push(format!(
+            "{} proxy errors, first ones: {:#?}",
+            tally.failed, tally.failures
+        ));
+    }
+    if tally.identical == 0 {
+        problems.push("no body was compared".into());
+    }
     let mut mismatched: Vec<String> = expected
         .keys()
         .chain(counted.keys())
@@ -1143,19 +1208,32 @@ async fn run_soak(settings: Settings, dir: PathBuf) {
         .collect();
     mismatched.sort();
     mismatched.dedup();
+    if !mismatched.is_empty() {
+        problems.push(format!(
+            "settled counts differ from the calls made: {mismatched:#?}"
+        ));
+    }
+    if in_flight != 0 {
+        problems.push(format!("{in_flight} calls still in flight"));
+    }
+    if stats["active"] != 0 {
+        problems.push(format!("stats still show active calls: {stats}"));
+    }
+    if rss_slope >= rss_limit {
+        problems.push(format!(
+            "RSS grows {rss_slope:.0} KB/min from {rss_from:.0} s (limit {rss_limit}: {rss_basis})"
+        ));
+    }
+    if fd_slope >= MAX_FDS_PER_MIN {
+        problems.push(format!(
+            "fds grow {fd_slope:.2}/min after warm-up (limit {MAX_FDS_PER_MIN})"
+        ));
+    }
+    let tail = child.stderr_tail.lock().unwrap().clone();
     assert!(
-        mismatched.is_empty(),
-        "settled counts differ from the calls made: {mismatched:#?}"
-    );
-    assert_eq!(in_flight, 0, "calls still in flight");
-    assert_eq!(stats["active"], 0, "stats: {stats}");
-    assert!(
-        rss_slope < rss_limit,
-        "RSS grows {rss_slope:.0} KB/min from {rss_from:.0} s (limit {rss_limit}: {rss_basis})"
-    );
-    assert!(
-        fd_slope < MAX_FDS_PER_MIN,
-        "fds grow {fd_slope:.2}/min after warm-up (limit {MAX_FDS_PER_MIN})"
+        problems.is_empty(),
+        "{}\nspeedtap stderr tail: {tail:#?}",
+        problems.join("\n")
     );
     drop(sim);
 }
