@@ -10,8 +10,9 @@
 //!   every settled call, and stdout (not a terminal, so one JSON line per
 //!   snapshot) goes to /dev/null, as it would under a service manager
 //!   that discards it.
-//! - `nginx`: a plain streaming reverse proxy, the reference's exact config
-//!   (`proxy_buffering off`, one worker), in the foreground.
+//! - `nginx`: a plain streaming reverse proxy, the reference's config
+//!   (`proxy_buffering off`, one worker; `worker_connections` raised for
+//!   the 2,000-stream level), in the foreground.
 //! - `litellm`: LiteLLM's proxy from the venv, the reference's recipe (one
 //!   worker, no database, local cost map).
 //!
@@ -336,7 +337,10 @@ pub fn start_speedtap(upstream: SocketAddr, dir: &Path) -> Result<Arm, String> {
     Ok(arm)
 }
 
-/// Starts nginx with the reference config.
+/// Starts nginx with the reference config, except `worker_connections`:
+/// 8192 instead of 4096, because every proxied stream holds two
+/// connections (client and upstream) and with 4096 nginx resets about 80
+/// of 2,000 concurrent streams.
 pub async fn start_nginx(bin: &Path, upstream: SocketAddr, dir: &Path) -> Result<Arm, String> {
     let port = free_port()?;
     let conf = dir.join("nginx.conf");
@@ -344,7 +348,7 @@ pub async fn start_nginx(bin: &Path, upstream: SocketAddr, dir: &Path) -> Result
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     let text = format!(
         "worker_processes 1; pid {pid}; error_log {err};\n\
-         events {{ worker_connections 4096; }}\n\
+         events {{ worker_connections 8192; }}\n\
          http {{ access_log off; client_body_temp_path {tmp}; proxy_temp_path {tmp};\n\
          \x20 upstream u {{ server {upstream}; keepalive 64; }}\n\
          \x20 server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://u; proxy_http_version 1.1;\n\

@@ -35,6 +35,8 @@ pub struct Outcome {
     pub ttft_ns: Option<u64>,
     /// 200, `[DONE]` seen, and every chunk arrived.
     pub complete: bool,
+    /// Why not, when not complete.
+    pub failure: Option<String>,
 }
 
 /// The stamp in one SSE event's `delta.content`, as nanoseconds since the
@@ -56,10 +58,11 @@ pub fn stamp_of(event: &[u8]) -> Option<u64> {
 
 /// Streams one chat completion of `shape` from `addr`.
 pub async fn stream_once(addr: SocketAddr, shape: &Shape) -> Outcome {
-    let failed = Outcome {
+    let failed = |why: &str| Outcome {
         chunk_ns: Vec::new(),
         ttft_ns: None,
         complete: false,
+        failure: Some(why.to_owned()),
     };
     let body = format!(
         r#"{{"model":"{}","stream":true,"messages":[{{"role":"user","content":"count"}}]}}"#,
@@ -72,26 +75,36 @@ pub async fn stream_once(addr: SocketAddr, shape: &Shape) -> Outcome {
         .body(Full::new(Bytes::from(body)))
         .expect("request");
     let started = now_ns();
-    let Ok(stream) = TcpStream::connect(addr).await else {
-        return failed;
+    let stream = match TcpStream::connect(addr).await {
+        Ok(s) => s,
+        Err(e) => return failed(&format!("connect: {}", e.kind())),
     };
     let _ = stream.set_nodelay(true);
     let Ok((mut sender, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
     else {
-        return failed;
+        return failed("handshake");
     };
     tokio::spawn(conn);
-    let Ok(resp) = sender.send_request(req).await else {
-        return failed;
+    let resp = match sender.send_request(req).await {
+        Ok(r) => r,
+        Err(e) => return failed(&format!("request: {e}")),
     };
+    let status = resp.status();
     let ok_status = resp.status() == http::StatusCode::OK;
     let mut body = resp.into_body();
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk_ns = Vec::with_capacity(shape.chunks);
     let mut ttft_ns = None;
     let mut done = false;
+    let mut body_error = None;
     while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else { break };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                body_error = Some(format!("body: {e}"));
+                break;
+            }
+        };
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -112,10 +125,25 @@ pub async fn stream_once(addr: SocketAddr, shape: &Shape) -> Outcome {
         buf.drain(..start);
     }
     let complete = ok_status && done && chunk_ns.len() == shape.chunks;
+    let failure = (!complete).then(|| {
+        if !ok_status {
+            format!("status {}", status.as_u16())
+        } else {
+            body_error.unwrap_or_else(|| {
+                format!(
+                    "{} of {} chunks, [DONE] {}",
+                    chunk_ns.len(),
+                    shape.chunks,
+                    done
+                )
+            })
+        }
+    });
     Outcome {
         chunk_ns,
         ttft_ns,
         complete,
+        failure,
     }
 }
 

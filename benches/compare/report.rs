@@ -343,8 +343,10 @@ impl Report {
             let cpu = |k: ArmKind| {
                 cell(k).map_or("n/a".into(), |c| {
                     let n = c.samples.chunk_ns.len();
-                    if n == 0 {
-                        "n/a".into()
+                    // Under 0.1 s (10 clock ticks) the figure is mostly
+                    // rounding: too few tokens at this level.
+                    if n == 0 || c.cpu_secs < 0.1 {
+                        "(too short)".into()
                     } else {
                         num(c.cpu_secs / n as f64 * 1e6, 1)
                     }
@@ -505,7 +507,15 @@ impl Report {
             }
             let bad = r.ttft.bad + r.single.bad + r.multi.bad;
             if bad > 0 {
-                out.push(format!("{name}: {bad} incomplete stream(s)"));
+                let why: Vec<String> = [&r.ttft, &r.single, &r.multi]
+                    .iter()
+                    .map(|s| s.failure_text())
+                    .filter(|t| !t.is_empty())
+                    .collect();
+                out.push(format!(
+                    "{name}: {bad} incomplete stream(s): {}",
+                    why.join("; ")
+                ));
             }
             if a.kind != ArmKind::Direct {
                 if r.cpu_per_m(a.kind).is_nan() {
@@ -534,10 +544,11 @@ impl Report {
                 }
                 if cell.samples.bad > 0 {
                     out.push(format!(
-                        "sweep {} streams, {}: {} incomplete stream(s)",
+                        "sweep {} streams, {}: {} incomplete stream(s): {}",
                         level.streams,
                         kind.name(),
-                        cell.samples.bad
+                        cell.samples.bad,
+                        cell.samples.failure_text()
                     ));
                 }
                 if *kind == ArmKind::Speedtap

@@ -19,6 +19,8 @@ pub struct Samples {
     pub bad: usize,
     /// Streams run.
     pub streams: usize,
+    /// Failure reasons of the incomplete streams, with counts.
+    pub failures: std::collections::BTreeMap<String, usize>,
 }
 
 impl Samples {
@@ -26,6 +28,8 @@ impl Samples {
         self.streams += 1;
         if !o.complete {
             self.bad += 1;
+            let why = o.failure.unwrap_or_else(|| "unknown".into());
+            *self.failures.entry(why).or_default() += 1;
         }
         self.chunk_ns.extend(o.chunk_ns);
         self.ttft_ns.extend(o.ttft_ns);
@@ -36,6 +40,9 @@ impl Samples {
         self.ttft_ns.extend(other.ttft_ns);
         self.bad += other.bad;
         self.streams += other.streams;
+        for (why, n) in other.failures {
+            *self.failures.entry(why).or_default() += n;
+        }
     }
 
     /// Sorted copies, for percentiles.
@@ -45,6 +52,15 @@ impl Samples {
         chunk.sort_unstable();
         ttft.sort_unstable();
         Summary { chunk, ttft }
+    }
+
+    /// The failure reasons, for messages (`"status 500" x3; ...`).
+    pub fn failure_text(&self) -> String {
+        self.failures
+            .iter()
+            .map(|(why, n)| format!("{why} x{n}"))
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 

@@ -90,6 +90,7 @@ pub async fn run(plan: &SweepPlan, arms: &mut [&mut Arm], sent: &Sent) -> Vec<Le
                 cell.cpu_secs += arm.cpu_secs() - cpu0;
                 let streams = samples.streams;
                 let bad = samples.bad;
+                let why = samples.failure_text();
                 cell.samples.extend(samples);
                 let contents = sent.take(&shape.model());
                 if let (ArmKind::Speedtap, Some(api)) = (arm.kind, arm.api) {
@@ -104,10 +105,15 @@ pub async fn run(plan: &SweepPlan, arms: &mut [&mut Arm], sent: &Sent) -> Vec<Le
                     cell.meter.get_or_insert_with(Default::default).merge(&c);
                 }
                 println!(
-                    "compare: sweep {n} streams, {}, round {}: {} incomplete",
+                    "compare: sweep {n} streams, {}, round {}: {} incomplete{}",
                     arm.kind.name(),
                     round + 1,
-                    bad
+                    bad,
+                    if bad > 0 {
+                        format!(" ({why})")
+                    } else {
+                        String::new()
+                    }
                 );
             }
         }
