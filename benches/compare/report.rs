@@ -182,11 +182,19 @@ impl Report {
         ))
     }
 
-    /// Points (streams, added p99 µs) for the sweep plot.
+    /// Points (streams, absolute per-chunk p99 µs) for the sweep plot.
     pub fn sweep_series(&self, kind: ArmKind) -> Vec<(usize, f64)> {
+        let Some(col) = self.sweep_col(kind) else {
+            return Vec::new();
+        };
         self.sweep
             .iter()
-            .filter_map(|l| Some((l.streams, self.sweep_added(l, kind)?.1)))
+            .filter_map(|l| {
+                Some((
+                    l.streams,
+                    l.cells.get(col)?.samples.summary().chunk_us(99.0),
+                ))
+            })
             .filter(|(_, v)| !v.is_nan())
             .collect()
     }
