@@ -965,15 +965,9 @@ fn the_store_and_saved_settings_are_user_only_under_a_permissive_umask() {
     let path = PathBuf::from(saved.json()["config_path"].as_str().unwrap());
     assert!(path.starts_with(&dir), "{}", path.display());
     assert_eq!(mode(&path), 0o600, "{}", path.display());
-    // The directory it created: not writable (nor listable) by others.
+    // The directory it created: user-only, like the data dir.
     let parent = path.parent().unwrap();
-    assert_eq!(
-        mode(parent) & 0o022,
-        0,
-        "{:o} {}",
-        mode(parent),
-        parent.display()
-    );
+    assert_eq!(mode(parent), 0o700, "{}", parent.display());
 
     run.proc.signal("TERM");
     assert_eq!(run.proc.wait_exit(Duration::from_secs(10)).code(), Some(0));
