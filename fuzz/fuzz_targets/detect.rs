@@ -18,7 +18,9 @@ use speedtap_fuzz::decode::detect::{detect_framing, detect_request};
 use speedtap_fuzz::decode::ApiKind;
 use speedtap_fuzz::Input;
 
-const METHODS: [&str; 8] = ["POST", "post", "PoSt", "GET", "PUT", "DELETE", "OPTIONS", ""];
+const METHODS: [&str; 8] = [
+    "POST", "post", "PoSt", "GET", "PUT", "DELETE", "OPTIONS", "",
+];
 
 fuzz_target!(|data: &[u8]| {
     let input = Input::parse(data);
@@ -36,10 +38,18 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(detect_request("POST", &path, body), facts, "method case");
     }
     let with_query = format!("{path}?stream=true#x");
-    assert_eq!(detect_request(method, &with_query, body), facts, "query changed the API");
+    assert_eq!(
+        detect_request(method, &with_query, body),
+        facts,
+        "query changed the API"
+    );
     if !path.contains(['?', '#']) {
         let slash = format!("{path}/");
-        assert_eq!(detect_request(method, &slash, body), facts, "trailing slash");
+        assert_eq!(
+            detect_request(method, &slash, body),
+            facts,
+            "trailing slash"
+        );
     }
     // A prefix of the body (the proxy reads at most 256 KiB) never panics.
     let cut = usize::from(input.seed) * body.len() / 255;
@@ -49,12 +59,24 @@ fuzz_target!(|data: &[u8]| {
     let framing = detect_framing(facts.api, facts.stream, ct);
     if let Some(ct) = ct {
         let upper = ct.to_ascii_uppercase();
-        assert_eq!(detect_framing(facts.api, facts.stream, Some(&upper)), framing, "case");
+        assert_eq!(
+            detect_framing(facts.api, facts.stream, Some(&upper)),
+            framing,
+            "case"
+        );
         if !ct.contains(';') {
             let param = format!("{ct}; charset=utf-8");
-            assert_eq!(detect_framing(facts.api, facts.stream, Some(&param)), framing, "params");
+            assert_eq!(
+                detect_framing(facts.api, facts.stream, Some(&param)),
+                framing,
+                "params"
+            );
         }
     } else {
-        assert_eq!(detect_framing(facts.api, facts.stream, Some("")), framing, "empty type");
+        assert_eq!(
+            detect_framing(facts.api, facts.stream, Some("")),
+            framing,
+            "empty type"
+        );
     }
 });

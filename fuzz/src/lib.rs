@@ -108,7 +108,10 @@ pub fn decode(api: ApiKind, framing: BodyFraming, model: Option<&str>, reads: &[
     }
     d.finish(&mut events);
     let n = events.len();
-    d.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n", &mut events);
+    d.feed(
+        b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n",
+        &mut events,
+    );
     d.finish(&mut events);
     assert_eq!(events.len(), n, "events after finish");
     Decoded {
@@ -124,7 +127,10 @@ pub fn normalize(events: &[StreamEvent]) -> Vec<StreamEvent> {
     let mut out: Vec<StreamEvent> = Vec::with_capacity(events.len());
     for e in events {
         if let (
-            Some(StreamEvent::Output { channel: c0, text: t0 }),
+            Some(StreamEvent::Output {
+                channel: c0,
+                text: t0,
+            }),
             StreamEvent::Output { channel, text },
         ) = (out.last_mut(), e)
         {
@@ -180,7 +186,10 @@ pub fn protocol_target(api: ApiKind, data: &[u8]) {
     let whole = decode(api, framing, model, &[input.payload]);
     check_events(&whole.events);
     let split = decode(api, framing, model, &split(input.payload, input.seed));
-    assert_eq!(whole.unparsed, split.unparsed, "unparsed count depends on the reads");
+    assert_eq!(
+        whole.unparsed, split.unparsed,
+        "unparsed count depends on the reads"
+    );
     assert_eq!(whole.streamed, split.streamed);
     assert_eq!(
         normalize(&whole.events),
