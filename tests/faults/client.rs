@@ -153,3 +153,25 @@ async fn client_leaving_mid_stream_abandons_the_call() {
     assert!(calls[0].speed.as_ref().unwrap().output_tokens >= 3);
     engine.shutdown(Duration::from_secs(1)).await;
 }
+
+/// A request the decoders don't know (unmetered, no call actor) whose
+/// client leaves while the upstream is still thinking is still recorded,
+/// as `abandoned`, and the upstream connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_leaving_an_unmetered_request_before_the_answer_abandons_it() {
+    let (up, mut seen) = start_upstream().await;
+    let engine = engine(&up).await;
+    let addr = engine.routes[0].listen;
+    let mut c = Conn::connect(addr).await;
+    c.write(&post(addr, "/v1/not-a-model-endpoint", CHAT, &[]))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut seen).await, Seen::Head);
+    assert_eq!(next(&mut seen).await, Seen::Request);
+    drop(c);
+    assert_eq!(next(&mut seen).await, Seen::Closed);
+    let calls = quiescent(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Abandoned, "{:#?}", calls[0]);
+    assert!(calls[0].speed.is_none(), "{:#?}", calls[0]);
+    engine.shutdown(Duration::from_secs(1)).await;
+}

@@ -181,6 +181,15 @@ impl RouteProxy {
             };
             CallActor::start_in_arbiter(self.link.arbiter(), move |_| CallActor::new(setup))
         });
+        // An unmetered call has no actor to report it if the client hangs
+        // up while the upstream is still working (this future is dropped
+        // mid-await); the guard does, as `abandoned`.
+        let mut unreported = actor.is_none().then(|| PassThroughGuard {
+            supervisor: self.link.supervisor.clone(),
+            seq,
+            identity: Some(identity.clone()),
+            client: client.clone(),
+        });
         let client_failed = ClientBodyFailed::default();
         let body = Observed::new(body, client_failed.clone());
         let body = match &actor {
@@ -192,7 +201,11 @@ impl RouteProxy {
         *upstream_req.uri_mut() = uri;
         *upstream_req.headers_mut() = headers;
 
-        match self.client.request(upstream_req).await {
+        let answer = self.client.request(upstream_req).await;
+        if let Some(guard) = unreported.as_mut() {
+            guard.disarm();
+        }
+        match answer {
             Err(e) => {
                 let cause = error_chain(&e);
                 // The client broke off its own request body: its call is
@@ -275,6 +288,41 @@ impl RouteProxy {
 
 /// The details of a call that was never metered: who made it, and when it
 /// ended.
+/// Reports an unmetered call as `abandoned` when dropped armed: the
+/// client went away before the upstream answered, so `handle` never got
+/// to report it.
+struct PassThroughGuard {
+    supervisor: Addr<Supervisor>,
+    seq: u64,
+    identity: Option<CallIdentity>,
+    client: Option<String>,
+}
+
+impl PassThroughGuard {
+    /// The upstream answered (or failed): `handle` reports the call itself.
+    fn disarm(&mut self) {
+        self.identity = None;
+    }
+}
+
+impl Drop for PassThroughGuard {
+    fn drop(&mut self) {
+        if let Some(identity) = self.identity.take() {
+            self.supervisor.do_send(PassedThrough {
+                seq: self.seq,
+                call: Call {
+                    identity,
+                    status: CallStatus::Abandoned,
+                    http_status: None,
+                    speed: None,
+                    input_tokens: None,
+                    details: passthrough_details(self.client.take()),
+                },
+            });
+        }
+    }
+}
+
 fn passthrough_details(client: Option<String>) -> CallDetails {
     CallDetails {
         client,
