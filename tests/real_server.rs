@@ -24,8 +24,9 @@
 //!   (generation time starts when the first token is sampled, so it spans
 //!   N - 1 decode steps; the chat calls below check that formula on every
 //!   call), so the server's rate for a `/v1/messages` call is
-//!   `(Δtokens - 1) / Δseconds`. The test fails when the median |error| is
-//!   over 2 %, and prints every call's error.
+//!   `(Δtokens - 1) / Δseconds`. The test fails when any call's error, or
+//!   the median, is over 2 %, and prints every call's error. One warm-up
+//!   call before them is not counted (cold caches on a fresh server).
 //! - 4 streamed `/v1/chat/completions` calls with `include_usage`: there
 //!   llama-server sends `timings`, so speedtap's rate comes from them
 //!   (source `server`) and must equal what metering-semantics promises,
@@ -60,7 +61,7 @@ const MESSAGES_CALLS: usize = 20;
 const CHAT_CALLS: usize = 4;
 /// Tokens per call (exact, thanks to `ignore_eos`).
 const MAX_TOKENS: u64 = 128;
-/// Fail above this median |error| of the clock-based rate.
+/// Fail above this |error| of the clock-based rate, per call and median.
 const RATE_TARGET_PCT: f64 = 2.0;
 
 /// Prompts, cycled: short, so prefill stays well under a second.
@@ -310,7 +311,7 @@ fn report(rows: &[Row], server_url: &str) -> (String, f64) {
         "- clock-based rate (`/v1/messages`, {} calls) vs the server's own per-call \
          figure (`(Δtokens - 1) / Δseconds` from `/metrics`, llama-server's \
          `predicted_per_second` formula): median |error| {med_abs:.2} %, max |error| \
-         {max_abs:.2} %, signed median {signed:+.2} % (target: median within \
+         {max_abs:.2} %, signed median {signed:+.2} % (target: every call within \
          {RATE_TARGET_PCT} %)",
         clock.len()
     );
@@ -416,6 +417,15 @@ fn settled_rate_and_counts_match_a_real_llama_server() {
         .wait_for("the API line", STARTUP, |l| l.starts_with(prefix));
     let api = url_addr(&line, prefix);
 
+    // One call first that is not counted: the first call after a server
+    // starts pays for cold caches and page faults in its decode timing
+    // (one run saw 2.9 % on it), which says nothing about speedtap.
+    let warm = messages_call(proxy, api, server, 0);
+    println!(
+        "warm-up call (not counted): speedtap {:.1} tok/s, server {:.2} tok/s, error {:+.2} %",
+        warm.speedtap_rate, warm.server_rate, warm.error_pct
+    );
+
     let mut rows = Vec::new();
     for i in 0..MESSAGES_CALLS {
         let r = messages_call(proxy, api, server, i);
@@ -462,6 +472,12 @@ fn settled_rate_and_counts_match_a_real_llama_server() {
     }
     for (i, r) in rows.iter().enumerate() {
         let n = i + 1;
+        if r.endpoint == "/v1/messages" && r.error_pct.abs() > RATE_TARGET_PCT {
+            failures.push(format!(
+                "call {n} ({}): clock-based rate {:.2} tok/s is {:+.2} % off the server's {:.2}",
+                r.endpoint, r.speedtap_rate, r.error_pct, r.server_rate
+            ));
+        }
         if r.speedtap_tokens != r.usage || r.usage != r.metrics_tokens {
             failures.push(format!(
                 "call {n} ({}): speedtap {} tokens, usage {}, /metrics {}",
