@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use store_engine_support::{get, http, speedtap, url_addr, Proc, STARTUP};
+use store_engine_support::{get, http, read_announcement, speedtap, Proc};
 
 /// The environment variable naming the server.
 const URL_VAR: &str = "SPEEDTAP_REAL_LLM_URL";
@@ -406,16 +406,7 @@ fn settled_rate_and_counts_match_a_real_llama_server() {
             &route,
         ],
     ));
-    let prefix = "speedtap: route real: http://";
-    let line = run
-        .stderr
-        .wait_for("the route line", STARTUP, |l| l.starts_with(prefix));
-    let proxy = url_addr(&line, prefix);
-    let prefix = "speedtap: dashboard and control API on http://";
-    let line = run
-        .stderr
-        .wait_for("the API line", STARTUP, |l| l.starts_with(prefix));
-    let api = url_addr(&line, prefix);
+    let (proxy, api) = read_announcement(&run, "real");
 
     // One call first that is not counted: the first call after a server
     // starts pays for cold caches and page faults in its decode timing

@@ -237,17 +237,23 @@ pub fn start_run(dir: &Path, db: &Path, upstream: SocketAddr, env: &[(&str, &str
         cmd.env(k, v);
     }
     let proc = Proc::spawn(cmd);
-    let prefix = "speedtap: route sim: http://";
+    let (proxy, api) = read_announcement(&proc, "sim");
+    Run { proc, proxy, api }
+}
+
+/// The proxy address of `route` and the API address, from the start lines
+/// `speedtap run` prints on stderr.
+pub fn read_announcement(proc: &Proc, route: &str) -> (SocketAddr, SocketAddr) {
+    let prefix = format!("speedtap: route {route}: http://");
     let line = proc
         .stderr
-        .wait_for("the route line", STARTUP, |l| l.starts_with(prefix));
-    let proxy = url_addr(&line, prefix);
+        .wait_for("the route line", STARTUP, |l| l.starts_with(&prefix));
+    let proxy = url_addr(&line, &prefix);
     let prefix = "speedtap: dashboard and control API on http://";
     let line = proc
         .stderr
         .wait_for("the API line", STARTUP, |l| l.starts_with(prefix));
-    let api = url_addr(&line, prefix);
-    Run { proc, proxy, api }
+    (proxy, url_addr(&line, prefix))
 }
 
 /// The `host:port` right after `prefix` in `line`.
