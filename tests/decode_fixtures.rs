@@ -1,4 +1,4 @@
-//! The decoders against every real capture in `../shared/fixtures/real`
+//! The decoders against every real capture in `tests/fixtures/real`
 //! (llama-server and llama-cpp-python), through the public API only:
 //! `detect_request` + `detect_framing` + `StreamDecoder`.
 //!

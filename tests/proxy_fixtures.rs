@@ -1,4 +1,4 @@
-//! Every real capture under ../shared/fixtures/real replayed through the
+//! Every real capture under tests/fixtures/real replayed through the
 //! proxy at its recorded timing (the `chunks.jsonl` read times): the client
 //! receives the capture's exact bytes, and the settled call agrees with the
 //! capture's own `usage` and `timings` (from each folder's `index.json`).
@@ -21,7 +21,7 @@ use speedtap::meter::TokenSource;
 use speedtap::tokens::O200kEstimator;
 
 fn fixtures_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/real")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real")
 }
 
 struct Capture {

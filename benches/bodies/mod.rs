@@ -1,11 +1,11 @@
 //! The response bodies the decode and meter benchmarks feed: one per
 //! metered API, each as the socket reads delivered it.
 //!
-//! Where a real capture exists (`../shared/fixtures/real`, recorded from a
+//! Where a real capture exists (`tests/fixtures/real`, recorded from a
 //! real llama-server or llama-cpp-python with a raw-socket client), its
 //! `body_b64` reads are used as they were recorded: real JSON shapes, real
 //! read boundaries. Ollama and TGI have no real capture (no Ollama or TGI
-//! server can be installed here, see `real-llm-server.md`), so their bodies
+//! server can be installed here, see `scripts/real-llm-server`), so their bodies
 //! come from the in-process simulator (`speedtap::simulate::SimServer`, the
 //! same wire writers `speedtap simulate` uses), read frame by frame with a
 //! hyper client: one token per read, which is how those servers write at
@@ -114,7 +114,7 @@ const SIMULATED: [(ApiKind, BodyFraming, &str, &str); 3] = [
 const SIM_TOKENS: u64 = 200;
 
 pub fn fixtures_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/real")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real")
 }
 
 /// Every benchmark body: the real ones, then the simulated ones, in
@@ -143,7 +143,7 @@ pub fn capture_reads(set: &str, name: &str) -> Vec<Vec<u8>> {
         .join(format!("{name}.chunks.jsonl"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "{}: {e} (shared/ must sit beside the crate)",
+            "{}: {e} (the captures live in tests/fixtures/real)",
             path.display()
         )
     });

@@ -1,4 +1,4 @@
-//! Loading the real captures under `../shared/fixtures/real` and decoding
+//! Loading the real captures under `tests/fixtures/real` and decoding
 //! them with the public decode API, for `tests/decode_fixtures.rs`.
 //!
 //! Also holds an independent, deliberately naive reading of each body
@@ -19,7 +19,7 @@ use speedtap::decode::{ApiKind, OutputChannel, ServerTimings, StreamEvent, Usage
 pub const SETS: [&str; 2] = ["llama-server", "llama-cpp-python"];
 
 pub fn fixtures_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/real")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real")
 }
 
 /// One recorded exchange.
