@@ -1,4 +1,4 @@
-//! Store figures for issue 5's closing note: write throughput (settled calls
+//! Store figures (README, "Performance"): write throughput (settled calls
 //! per second through `StoreWriter` at its default batching), the commit
 //! latency of a lone call (what a settle waits for at low load, fsync
 //! included), and the file size per 10,000 calls.

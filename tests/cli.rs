@@ -1,7 +1,7 @@
 //! The `speedtap` binary as a user runs it: exit codes and messages for bad
 //! usage, a taken port, the `--json` lines and the control API's SSE stream
 //! through a real `speedtap simulate` upstream, and clean stops on
-//! SIGTERM/SIGINT (`shared/contract.md`).
+//! SIGTERM/SIGINT (`docs/api.md`).
 //!
 //! Every process gets port 0 wherever the CLI allows it (routes, the API,
 //! `simulate --listen`), and the test reads the real addresses from what the
@@ -546,7 +546,7 @@ fn is_final(event: &Value) -> bool {
 /// token count never go backwards.
 fn check_call_sequence(events: &[&Value], ctx: &str) {
     assert!(!events.is_empty(), "{ctx}: no events");
-    // metering-semantics: the first snapshot is published at dispatch.
+    // docs/metering.md: the first snapshot is published at dispatch.
     assert_eq!(
         events[0]["speed"]["phase"], "awaiting_first_token",
         "{ctx}: the first snapshot was lost: {events:?}"

@@ -1,6 +1,6 @@
 //! The control API over a real socket, against a fake engine: status codes,
-//! content types and JSON shapes of the contract (`shared/contract.md`,
-//! "Control API"), the host guard, the absence of CORS, the event stream and
+//! content types and JSON shapes of the contract (`docs/api.md`,
+//! "The control API"), the host guard, the absence of CORS, the event stream and
 //! shutdown; and the stored history (`/api/v1/history`, `/models`,
 //! `/export`), which the fake answers from a real in-memory store.
 

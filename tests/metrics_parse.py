@@ -28,7 +28,7 @@ TPS = 50  # 60 tokens in ~1.2 s: long enough for 1 Hz readings with a rate
 MODEL = "sim-model"
 WAIT_S = 30.0  # how long each wait below may take before the test fails
 
-# The OTel GenAI conventions' recommended buckets (streaming-protocols.md E1).
+# The OTel GenAI semantic conventions' recommended bucket boundaries.
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
                 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,

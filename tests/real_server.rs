@@ -1,7 +1,7 @@
 //! speedtap against a REAL local model server: llama.cpp's `llama-server`
 //! serving SmolLM2-135M-Instruct, both from registry packages
-//! (`../shared/reference/real-llm-server.md`, option A;
-//! `scripts/real-server-check` starts it and runs this test).
+//! (built by `scripts/real-llm-server`; `scripts/real-server-check`
+//! starts it and runs this test).
 //!
 //! Runs only when `SPEEDTAP_REAL_LLM_URL` (e.g. `http://127.0.0.1:8088`)
 //! names a running llama-server started with `--metrics`; otherwise it

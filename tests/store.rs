@@ -1,4 +1,4 @@
-//! The embedded store (issue 5, item 1; the data side of item 4): opening,
+//! The embedded store (the history behind docs/api.md's history endpoints): opening,
 //! migrations, history queries, per-model aggregates, calibration, pruning,
 //! export round trips, the batching writer, its disk-full path, and crash
 //! safety under `kill -9`.

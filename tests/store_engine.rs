@@ -1,5 +1,4 @@
-//! The store as the engine uses it (issue 5, "Tests that must exist",
-//! first bullet), end to end:
+//! The store as the engine uses it, end to end:
 //!
 //! - `kill -9` of a running `speedtap run --db` during traffic loses no call
 //!   the control API had reported settled (the engine only settles a call

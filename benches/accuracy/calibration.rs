@@ -5,7 +5,7 @@
 //! server tokenizer that differs from o200k by a known factor. On a fresh
 //! (route, model), the first call's live `output_tokens` is the raw o200k
 //! count (factor 1.0), about 23 % under the receipt; settling teaches the
-//! route the ratio (metering-semantics "Settling"; `meter::calibration`),
+//! route the ratio (docs/metering.md, "Calibration"; `meter::calibration`),
 //! and the next call's live counts are multiplied by it.
 //!
 //! Two errors per call, both of the last live snapshot (the one just

@@ -1,7 +1,7 @@
 //! Fault injection: each test puts one fault between a client, the proxy
 //! (an in-process engine with one route) and an upstream, and checks that
 //! the bytes that can still get through are exact, that the call ends with
-//! the status `metering-semantics.md` gives it, and that nothing leaks
+//! the status `docs/metering.md` gives it, and that nothing leaks
 //! (calls in flight, sockets, descriptors). The table in
 //! `docs/reliability.md` ("Fault injection") lists them.
 //!

@@ -17,7 +17,7 @@ import {
   statusLabel,
 } from "./format.js";
 
-/** Settled rates need this many tokens (metering-semantics.md). */
+/** Settled rates need this many tokens (docs/metering.md). */
 export const MIN_FINAL_RATE_TOKENS = 20;
 
 const SEGMENTS = [

@@ -2,8 +2,8 @@
 //
 // The one rule that runs through every function here: an absent number (not
 // measured) is shown as DASH, never as 0 or a guess. The engine omits a field
-// it could not measure honestly (metering-semantics.md: "An absent field was
-// not measured; no consumer may read it as zero"), so `undefined`, `null`,
+// it could not measure honestly (docs/metering.md: absent, never zero; no
+// consumer may read a missing number as 0), so `undefined`, `null`,
 // NaN, infinities and negative values all mean "no number" on screen.
 
 /** What the UI shows in place of a number that is not available. */

@@ -199,7 +199,7 @@ test("Tauri: listens to the four events, payloads unwrapped, 'open' once all are
   assert.deepEqual(tauri.unlistened.sort(), [...EVENTS].sort());
 });
 
-// ---- History (issue 5) -----------------------------------------------------
+// ---- History ---------------------------------------------------------------
 
 test("browser: history and models are GETs with the filter as the query; models drop the limit", async () => {
   const ok = (body) => ({ status: 200, body });
