@@ -17,6 +17,7 @@ mod raw_http;
 mod store_engine_support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -569,5 +570,65 @@ fn no_prompt_or_credential_reaches_the_database_logs_or_api() {
             .iter()
             .all(|c| c.details.client.as_deref() == Some("secret-scan")),
         "{stored:#?}"
+    );
+}
+
+/// Peak resident memory of process `pid` in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+/// A 30 MB chat request whose `messages` come before `model` and `stream`
+/// (the `openai` SDK's order) passes `speedtap run`: the call keeps its
+/// model, and the proxy's peak memory does not grow with the body (it
+/// reads the two fields as the bytes pass and keeps none of them).
+#[test]
+fn a_30_mb_request_keeps_its_model_and_the_proxy_memory_stays_flat() {
+    let dir = scratch("long_request");
+    let (_sim, sim) = start_simulate(&dir, &["--tps", "1000", "--tokens", "24"]);
+    let run = start_run(&dir, &dir.join("db.sqlite3"), sim, &[]);
+    // A first call settles whatever the proxy allocates once (tokenizer,
+    // pools), so the peak measured next is the steady state's.
+    let (path, body) = Protocol::Chat.request(MODEL, "warm up");
+    let warm = http(run.proxy, "POST", path, body.as_bytes(), &[]).unwrap();
+    assert_eq!(warm.status, 200);
+    wait_all_settled(run.api, 1);
+    let before = peak_rss_kib(run.proc.child.id());
+
+    const LONG: usize = 30 * 1024 * 1024;
+    let open = r#"{"messages":[{"role":"user","content":""#;
+    let close = format!(r#""}}],"model":"{MODEL}","stream":true}}"#);
+    let mut stream = raw_http::connect(run.proxy);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{open}",
+        run.proxy,
+        open.len() + LONG + close.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let piece = vec![b'x'; 64 * 1024];
+    for _ in 0..LONG / piece.len() {
+        stream.write_all(&piece).unwrap();
+    }
+    stream.write_all(close.as_bytes()).unwrap();
+    let mut reply = std::io::BufReader::new(stream);
+    let head = raw_http::read_head(&mut reply).unwrap();
+    let (_, complete) = raw_http::read_body(&mut reply, &head);
+    assert!(complete);
+
+    let calls = wait_all_settled(run.api, 2);
+    let long = &calls[0];
+    assert_eq!(long["status"], "ok", "{long}");
+    assert_eq!(long["model"], MODEL, "{long}");
+    assert!(long["speed"]["output_tokens_per_second"].is_number(), "{long}");
+    let grew = peak_rss_kib(run.proc.child.id()).saturating_sub(before);
+    assert!(
+        grew < 8 * 1024,
+        "the proxy's peak memory grew by {grew} KiB while a 30 MB body passed"
     );
 }

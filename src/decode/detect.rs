@@ -4,13 +4,9 @@
 //! The request decides the [`ApiKind`]: the path says which protocol, the
 //! body says `model` and whether a stream was asked for. The response has
 //! the last word on framing, because servers answer a streaming request
-//! with a plain JSON error (`streaming-protocols.md` A3).
+//! with a plain JSON error (`docs/protocols.md`, "HTTP transport").
 
-use std::fmt;
-
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::Value;
-
+use crate::decode::request_fields::RequestFields;
 use crate::decode::ApiKind;
 
 /// What the request tells us about a call.
@@ -21,8 +17,6 @@ pub struct RequestFacts {
     pub model: Option<String>,
     /// Whether the client asked for a stream (with each API's default).
     pub stream: bool,
-    /// `stream_options.include_usage == true`.
-    pub include_usage: bool,
 }
 
 /// Detects the API and the request's stream facts.
@@ -52,31 +46,35 @@ pub struct RequestFacts {
 /// `generate`, but its reply is KoboldCpp's own `{"results": [...]}`, not
 /// TGI's, and mis-decoding it would meter nothing as if it were a call.
 ///
-/// `body_prefix` is at most the first 256 KiB of the body and may be cut
-/// mid-JSON: `model` and `stream` are still recovered when they appear
-/// before the cut. A body that is not a JSON object yields no model, and
-/// the defaults apply: `stream` is false, except for Ollama's native routes
-/// (true unless the body says `"stream": false`) and TGI's
-/// `/generate_stream` (always true). The body is read for every call,
-/// metered or not, so an unmetered call still reports its `model`.
-pub fn detect_request(method: &str, path: &str, body_prefix: &[u8]) -> RequestFacts {
+/// `body` is the request body as far as it is known; it may be cut
+/// mid-JSON, and `model` and `stream` are still recovered when they appear
+/// before the cut (see [`RequestFields`]). A body that is not a JSON object
+/// yields no model, and the defaults apply: `stream` is false, except for
+/// Ollama's native routes (true unless the body says `"stream": false`)
+/// and TGI's `/generate_stream` (always true). The body is read for every
+/// call, metered or not, so an unmetered call still reports its `model`.
+pub fn detect_request(method: &str, path: &str, body: &[u8]) -> RequestFacts {
+    request_facts(method, path, &RequestFields::scan(body))
+}
+
+/// [`detect_request`] with the body's fields already scanned, as the proxy
+/// does while the body streams past (the body itself is never kept).
+pub fn request_facts(method: &str, path: &str, fields: &RequestFields) -> RequestFacts {
     let segments = path_segments(path);
     let api = if method.eq_ignore_ascii_case("POST") {
         api_for_path(&segments)
     } else {
         ApiKind::Unknown
     };
-    let seen = scan_body(body_prefix);
     let stream = match api {
         ApiKind::TgiGenerate if segments.last() == Some(&"generate_stream") => true,
-        ApiKind::OllamaChat | ApiKind::OllamaGenerate => seen.stream.unwrap_or(true),
-        _ => seen.stream.unwrap_or(false),
+        ApiKind::OllamaChat | ApiKind::OllamaGenerate => fields.stream.unwrap_or(true),
+        _ => fields.stream.unwrap_or(false),
     };
     RequestFacts {
         api,
-        model: seen.model,
+        model: fields.model.clone(),
         stream,
-        include_usage: seen.include_usage,
     }
 }
 
@@ -159,76 +157,10 @@ fn api_for_path(segments: &[&str]) -> ApiKind {
     }
 }
 
-/// What the body scan saw before it ended or hit a parse error.
-#[derive(Debug, Default)]
-struct Seen {
-    model: Option<String>,
-    stream: Option<bool>,
-    include_usage: bool,
-}
-
-/// Reads the top-level object's `model`, `stream` and
-/// `stream_options.include_usage`. The visitor records each as it is
-/// parsed, so a body cut mid-JSON keeps whatever came before the cut; every
-/// other value is skipped with [`IgnoredAny`] (no allocation for large
-/// `messages`). Fields of the wrong type are ignored; a repeated key takes
-/// its last well-typed value.
-fn scan_body(body: &[u8]) -> Seen {
-    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
-    let mut seen = Seen::default();
-    let mut de = serde_json::Deserializer::from_slice(body);
-    // The error is expected for a truncated body; what was seen is kept.
-    let _ = TopLevel(&mut seen).deserialize(&mut de);
-    seen
-}
-
-/// Visits the top-level object, writing into [`Seen`] as it goes.
-struct TopLevel<'a>(&'a mut Seen);
-
-impl<'de> DeserializeSeed<'de> for TopLevel<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for TopLevel<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "model" => {
-                    if let Value::String(model) = map.next_value()? {
-                        self.0.model = Some(model);
-                    }
-                }
-                "stream" => {
-                    if let Value::Bool(stream) = map.next_value()? {
-                        self.0.stream = Some(stream);
-                    }
-                }
-                "stream_options" => {
-                    let options: Value = map.next_value()?;
-                    self.0.include_usage = options.get("include_usage") == Some(&Value::Bool(true));
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
     use std::path::Path;
     use ApiKind::*;
 
@@ -334,7 +266,7 @@ mod tests {
     }
 
     #[test]
-    fn model_and_include_usage() {
+    fn model_and_stream_from_the_body() {
         let facts = detect_request(
             "POST",
             "/v1/chat/completions",
@@ -346,14 +278,9 @@ mod tests {
                 api: OpenaiChat,
                 model: Some("qwen3:8b".into()),
                 stream: true,
-                include_usage: true,
             }
         );
         let f = |body: &str| detect_request("POST", "/v1/chat/completions", body.as_bytes());
-        assert!(!f(r#"{"stream_options":{"include_usage":false}}"#).include_usage);
-        assert!(!f(r#"{"stream_options":{"include_usage":"yes"}}"#).include_usage);
-        assert!(!f(r#"{"stream_options":null}"#).include_usage);
-        assert!(!f(r#"{"include_usage":true}"#).include_usage);
         assert_eq!(f(r#"{"model":42,"stream":true}"#).model, None);
         assert!(f(r#"{"model":42,"stream":true}"#).stream);
         assert_eq!(
@@ -386,12 +313,10 @@ mod tests {
             (facts.model.as_deref(), facts.stream),
             (Some("llama3.2"), false)
         );
-        // A big prompt first, `model` and `stream` last, cut in the prompt.
+        // A big prompt first, `model` and `stream` last: found at any size.
         let mut big = br#"{"messages":[{"role":"user","content":""#.to_vec();
         big.resize(big.len() + 300 * 1024, b'x');
         big.extend(br#""}],"model":"m","stream":true}"#);
-        let facts = detect_request("POST", "/v1/chat/completions", &big[..256 * 1024]);
-        assert_eq!((facts.model, facts.stream), (None, false));
         let facts = detect_request("POST", "/v1/chat/completions", &big);
         assert_eq!((facts.model.as_deref(), facts.stream), (Some("m"), true));
     }
@@ -414,7 +339,7 @@ mod tests {
 
     fn fixture_dir(server: &str) -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/fixtures/real")
+            .join("tests/fixtures/real")
             .join(server)
     }
 
@@ -429,7 +354,6 @@ mod tests {
                 api: OpenaiChat,
                 model: Some("SmolLM2-135M-Instruct".into()),
                 stream: true,
-                include_usage: true,
             }
         );
         // A truncated JSON body (the capture of a 500 reply).

@@ -14,6 +14,7 @@ pub mod detect;
 pub mod event;
 pub mod ndjson;
 pub mod protocols;
+pub mod request_fields;
 pub mod sse;
 pub mod stream;
 pub mod think;

@@ -12,14 +12,14 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
-use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::details;
 use super::messages::*;
 use super::model::{Call, CallDetails, CallIdentity, CallStatus, SlowFirstToken};
 use super::supervisor::Supervisor;
-use crate::decode::detect::{detect_framing, detect_request, BodyFraming};
+use crate::decode::detect::{detect_framing, request_facts, BodyFraming};
+use crate::decode::request_fields::RequestFields;
 use crate::decode::ApiKind;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::limits::SNAPSHOT_INTERVAL;
@@ -45,7 +45,8 @@ pub struct CallSetup {
 pub struct CallActor {
     setup: CallSetup,
     metering: CallMetering,
-    request_body: Option<Bytes>,
+    /// The request body's `model` and `stream`, as far as it has passed.
+    request: RequestFields,
     http_status: Option<u16>,
     /// The head arrived but the body isn't something we understand.
     unmetered: bool,
@@ -62,7 +63,7 @@ impl CallActor {
         CallActor {
             setup,
             metering,
-            request_body: None,
+            request: RequestFields::default(),
             http_status: None,
             unmetered: false,
             unreachable: false,
@@ -71,15 +72,18 @@ impl CallActor {
         }
     }
 
-    /// Reads `model` (and the rest) from the captured request body, once.
-    fn learn_model(&mut self) {
-        if self.setup.identity.model.is_some() {
-            return;
+    /// Names the call's model from the request body, as soon as it is
+    /// known. Until the response head arrives a later top-level `model`
+    /// (a repeated key) replaces an earlier one; from then on the model
+    /// the meter was set up for stays.
+    fn learn_model(&mut self) -> bool {
+        let model = &self.request.model;
+        let changed = model.is_some() && self.setup.identity.model != *model;
+        if changed && !self.metering.is_metering() {
+            self.setup.identity.model = model.clone();
+            return true;
         }
-        if let Some(body) = &self.request_body {
-            let facts = detect_request(&self.setup.method, &self.setup.path, body);
-            self.setup.identity.model = facts.model;
-        }
+        false
     }
 
     fn publish(&self, speed: crate::meter::Snapshot) {
@@ -97,7 +101,9 @@ impl CallActor {
             return;
         }
         self.reported = true;
-        self.learn_model();
+        if self.setup.identity.model.is_none() {
+            self.setup.identity.model = self.request.model.clone();
+        }
         let report = self.metering.finish(end, now);
         let details = CallDetails {
             client: self.setup.client.clone(),
@@ -191,7 +197,6 @@ impl Actor for CallActor {
             if act.reported || act.metering.first_output_at().is_some() || act.unmetered {
                 return;
             }
-            act.learn_model();
             let waited = Instant::now().saturating_duration_since(act.setup.dispatched_at);
             act.setup.notifier.do_send(FirstTokenLate(SlowFirstToken {
                 call: act.setup.identity.clone(),
@@ -210,15 +215,13 @@ impl Actor for CallActor {
     }
 }
 
-impl Handler<RequestCaptured> for CallActor {
+impl Handler<RequestFieldsSeen> for CallActor {
     type Result = ();
-    fn handle(&mut self, msg: RequestCaptured, _: &mut Self::Context) {
-        self.request_body = Some(msg.0);
+    fn handle(&mut self, msg: RequestFieldsSeen, _: &mut Self::Context) {
+        self.request = msg.0;
         // Name the model as soon as the request says it, so a call still
         // waiting for its first token already shows which model is slow.
-        let had_model = self.setup.identity.model.is_some();
-        self.learn_model();
-        if !had_model && self.setup.identity.model.is_some() && !self.reported {
+        if self.learn_model() && !self.reported {
             self.publish(self.metering.latest().clone());
         }
     }
@@ -228,8 +231,7 @@ impl Handler<ResponseStarted> for CallActor {
     type Result = ();
     fn handle(&mut self, msg: ResponseStarted, _: &mut Self::Context) {
         self.http_status = Some(msg.status);
-        let body = self.request_body.as_deref().unwrap_or_default();
-        let facts = detect_request(&self.setup.method, &self.setup.path, body);
+        let facts = request_facts(&self.setup.method, &self.setup.path, &self.request);
         if self.setup.identity.model.is_none() {
             self.setup.identity.model = facts.model.clone();
         }
@@ -290,6 +292,7 @@ impl Handler<UpstreamFailed> for CallActor {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use tokio::sync::mpsc;
 
     use super::*;
@@ -458,7 +461,7 @@ mod tests {
     /// Returns every record the supervisor got.
     async fn stream_one_call(h: &mut Harness, usage: Option<u64>) -> Vec<Call> {
         let actor = h.start_call();
-        actor.do_send(RequestCaptured(Bytes::from_static(REQUEST)));
+        actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
         h.at(800).await;
         head(&actor);
         h.at(900).await;
@@ -582,7 +585,7 @@ mod tests {
         run_paused(async {
             let mut h = Harness::new().await;
             let actor = h.start_call();
-            actor.do_send(RequestCaptured(Bytes::from_static(REQUEST)));
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
             h.at(800).await;
             head(&actor);
             for (ms, text) in [(1_000, " a b"), (1_100, " c"), (1_200, " d e f")] {
@@ -626,7 +629,7 @@ mod tests {
             // from dispatch.
             h.at(1_000).await;
             let actor = h.start_call();
-            actor.do_send(RequestCaptured(Bytes::from_static(REQUEST)));
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
             h.at(1_500).await;
             head(&actor);
             // A role without text is not a first token.
@@ -662,7 +665,7 @@ mod tests {
         run_paused(async {
             let h = Harness::new().await;
             let actor = h.start_call();
-            actor.do_send(RequestCaptured(Bytes::from_static(REQUEST)));
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
             h.at(4_000).await;
             head(&actor);
             h.at(4_990).await;

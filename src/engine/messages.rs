@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::model::{Call, CallIdentity, EngineEvent, SlowFirstToken};
 use super::queries::CallsQuery;
+use crate::decode::request_fields::RequestFields;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::global::Stats;
 use crate::meter::Snapshot;
@@ -16,11 +17,12 @@ use crate::metering::StreamEnd;
 
 // === proxy -> CallActor ===
 
-/// The first bytes (at most 256 KiB) of the request body, sent once the
-/// body ended or the cap was reached. Used to read `model` and `stream`.
+/// The request body's top-level `model` and `stream` as far as the body
+/// has passed, sent each time one of them is found (the latest message
+/// holds everything found so far).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct RequestCaptured(pub Bytes);
+pub struct RequestFieldsSeen(pub RequestFields);
 
 /// The upstream's response head arrived.
 #[derive(Message)]

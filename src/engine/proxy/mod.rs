@@ -4,7 +4,8 @@
 //! The proxy never waits on metering. Per request it allocates a call id,
 //! starts a [`CallActor`] when the path is one the decoders know (on a
 //! metering arbiter, never on these threads), streams the request body
-//! upstream while copying its first 256 KiB, and streams the response back
+//! upstream while a streaming scanner reads its top-level `model` and
+//! `stream` (nothing of the body is kept), and streams the response back
 //! frame by frame through a [`tap::TapBody`]. Requests the decoders don't
 //! know pass through untouched and are recorded as `unmetered`.
 //!

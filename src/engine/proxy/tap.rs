@@ -10,8 +10,10 @@
 //!   from a frame's arrival to its hand-off is the proxy's added latency
 //!   (`speedtap_proxy_added_latency_seconds`).
 //! - [`CaptureBody`] wraps the client's request body on its way upstream
-//!   and keeps a copy of its first [`REQUEST_CAPTURE_LIMIT`] bytes, which
-//!   is where `model` and `stream` are read from.
+//!   and reads its top-level `model` and `stream` as the bytes pass, with
+//!   a [`RequestScanner`]: at any body size, keeping none of the body. Each
+//!   time a field is found it goes to the call actor, so a call still
+//!   waiting for its first token already shows its model.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,18 +21,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use actix::Addr;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame as HttpFrame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use crate::engine::call_actor::CallActor;
-use crate::engine::messages::{BodyEnded, Frame, RequestCaptured};
+use crate::decode::request_fields::RequestScanner;
+use crate::engine::messages::{BodyEnded, Frame, RequestFieldsSeen};
 use crate::engine::metrics::record_proxy_latency;
 use crate::metering::StreamEnd;
-
-/// How much of a request body is kept to read `model` and `stream`.
-pub const REQUEST_CAPTURE_LIMIT: usize = 256 * 1024;
 
 /// A call actor's inbox as the response tap sees it.
 pub struct CallTap {
@@ -86,63 +86,37 @@ impl FrameObserver for CallTap {
 /// The response body as the client receives it, tapped.
 pub type TapBody<B> = Observed<B, CallTap>;
 
-/// Where the captured request prefix goes.
+/// Reads the request body's fields for the call actor.
 pub struct Capture {
     addr: Addr<CallActor>,
-    buf: BytesMut,
-    sent: bool,
+    scanner: RequestScanner,
 }
 
 impl Capture {
     pub fn new(addr: Addr<CallActor>) -> Self {
         Capture {
             addr,
-            buf: BytesMut::new(),
-            sent: false,
+            scanner: RequestScanner::default(),
         }
-    }
-
-    fn push(&mut self, data: &[u8]) {
-        if self.sent {
-            return;
-        }
-        let room = REQUEST_CAPTURE_LIMIT - self.buf.len();
-        self.buf.extend_from_slice(&data[..data.len().min(room)]);
-        if self.buf.len() == REQUEST_CAPTURE_LIMIT {
-            self.send();
-        }
-    }
-
-    fn send(&mut self) {
-        if !self.sent {
-            self.sent = true;
-            let bytes = std::mem::take(&mut self.buf).freeze();
-            self.addr.do_send(RequestCaptured(bytes));
-        }
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        self.send();
     }
 }
 
 impl FrameObserver for Capture {
     fn data(&mut self, data: &Bytes, _arrived: Instant) {
-        self.push(data);
+        // The scan skips string contents with memchr (a few GB/s), the
+        // only work done here; once the top-level object closed, nothing.
+        if !self.scanner.is_finished() && self.scanner.feed(data) {
+            self.addr
+                .do_send(RequestFieldsSeen(self.scanner.fields().clone()));
+        }
     }
 
-    fn end(&mut self) {
-        self.send();
-    }
+    fn end(&mut self) {}
 
-    fn failed(&mut self) {
-        self.send();
-    }
+    fn failed(&mut self) {}
 }
 
-/// The request body on its way upstream, with its prefix copied.
+/// The request body on its way upstream, its fields read as it passes.
 pub type CaptureBody<B> = Observed<B, Capture>;
 
 /// Raises a flag when the client's request body fails (the client hung
