@@ -30,7 +30,9 @@ use crate::meter::call::CallMeter;
 use crate::meter::{Phase, Snapshot, TokenSource};
 use crate::tokens::TokenEstimator;
 
-/// How the response body ended, as the proxy saw it.
+/// How the response body ended, as the interceptor saw it. This is the
+/// transport's story; the protocol's own end marker comes first when
+/// [`CallMetering::finish`] decides the [`Outcome`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamEnd {
     /// The upstream finished the body cleanly.
@@ -44,10 +46,12 @@ pub enum StreamEnd {
 /// How a metered call came out, decided by [`CallMetering::finish`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Settled: the body ended and the protocol's terminal marker was seen.
+    /// Settled: the protocol's terminal marker was seen and no error came
+    /// in the stream, however the transport ended afterwards.
     Ok,
-    /// The client hung up, the stream was cut, or it ended without its
-    /// terminal marker (a truncated stream: counts kept, no rate).
+    /// The client hung up or the stream was cut before the terminal
+    /// marker, or the body ended without one (a truncated stream: counts
+    /// kept, no rate).
     Abandoned,
     /// The upstream answered non-2xx, or reported an error inside the
     /// stream (counts kept, no rate).
@@ -102,7 +106,8 @@ pub struct CallMetering {
     active: Option<Active>,
     /// Non-2xx head: the body is passed through but not metered.
     upstream_status_error: bool,
-    saw_done: bool,
+    /// When the protocol's terminal marker arrived, if it did.
+    done_at: Option<Instant>,
     stream_error: Option<String>,
     input_tokens: Option<u64>,
     server_timings: Option<ServerTimings>,
@@ -118,7 +123,7 @@ impl CallMetering {
             estimator,
             active: None,
             upstream_status_error: false,
-            saw_done: false,
+            done_at: None,
             stream_error: None,
             input_tokens: None,
             server_timings: None,
@@ -195,6 +200,21 @@ impl CallMetering {
     }
 
     /// The call ended. Call exactly once.
+    ///
+    /// The protocol decides before the transport: a call whose stream
+    /// carried its terminal marker (`[DONE]`, `message_stop`,
+    /// `response.completed`, Ollama's `done: true`, llama.cpp's
+    /// `stop: true`, TGI's final `details`) and no error is [`Outcome::Ok`],
+    /// whatever `end` says. Many clients (the `openai` SDK among them) stop
+    /// reading at the marker and close the connection, often before the
+    /// upstream's end of body (the chunked terminator) has been forwarded;
+    /// an upstream may reset the connection or stall after it, and the idle
+    /// timeout may fire. None of that takes anything from a call the server
+    /// had finished. Such a call settles at the marker's arrival, so the
+    /// transport's tail does not count in its duration. A client gone, a
+    /// cut or an end of body before the marker leaves the call
+    /// [`Outcome::Abandoned`]; an error in the stream or a non-2xx head
+    /// makes it [`Outcome::UpstreamError`].
     pub fn finish(&mut self, end: StreamEnd, now: Instant) -> CallReport {
         if let Some(active) = self.active.as_mut() {
             self.events.clear();
@@ -207,13 +227,18 @@ impl CallMetering {
             .as_ref()
             .map_or(0, |a| a.decoder.unparsed_messages());
 
-        let clean = end == StreamEnd::Complete && self.saw_done && self.stream_error.is_none();
         let outcome = if self.upstream_status_error || self.stream_error.is_some() {
             Outcome::UpstreamError
-        } else if clean {
+        } else if self.done_at.is_some() {
             Outcome::Ok
         } else {
             Outcome::Abandoned
+        };
+        // A clean end of body comes right after the marker; any other end
+        // may come much later (a stalled upstream, the idle timeout).
+        let now = match (end, self.done_at) {
+            (StreamEnd::Complete, _) | (_, None) => now,
+            (_, Some(done_at)) => done_at.min(now),
         };
         let (snapshot, calibration_ratio, input_tokens) = match self.active.as_mut() {
             Some(active) if outcome == Outcome::Ok => {
@@ -278,7 +303,9 @@ impl CallMetering {
                         due = Some(s);
                     }
                 }
-                StreamEvent::Done => self.saw_done = true,
+                StreamEvent::Done => {
+                    self.done_at.get_or_insert(now);
+                }
                 StreamEvent::Error { message } => {
                     if self.stream_error.is_none() {
                         self.stream_error = Some(message);
@@ -300,6 +327,7 @@ fn merge_timings(into: &mut Option<ServerTimings>, new: &ServerTimings) {
     let t = into.get_or_insert_with(ServerTimings::default);
     t.generated_tokens = new.generated_tokens.or(t.generated_tokens);
     t.generation_ms = new.generation_ms.or(t.generation_ms);
+    t.generation_rate = new.generation_rate.or(t.generation_rate);
     t.prompt_tokens = new.prompt_tokens.or(t.prompt_tokens);
     t.prompt_ms = new.prompt_ms.or(t.prompt_ms);
     t.load_ms = new.load_ms.or(t.load_ms);
@@ -329,5 +357,141 @@ fn abandoned_before_head(elapsed_ms: u64) -> Snapshot {
         phase: Phase::Complete,
         is_final: true,
         ..waiting_snapshot(elapsed_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! How a call ends: one named test per way the transport can end
+    //! around the protocol's terminal marker.
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::tokens::WordCounter;
+
+    const WORDS: u64 = 40;
+
+    fn at(t0: Instant, ms: u64) -> Instant {
+        t0 + Duration::from_millis(ms)
+    }
+
+    /// An OpenAI chat stream, head received.
+    fn chat(t0: Instant) -> CallMetering {
+        let mut m = CallMetering::new(t0, Arc::new(WordCounter));
+        m.start();
+        m.on_response_head(&ResponseHead {
+            status: 200,
+            api: ApiKind::OpenaiChat,
+            framing: BodyFraming::Sse,
+            model: Some("m".into()),
+            calibration: 1.0,
+        });
+        m
+    }
+
+    fn word_frame() -> &'static [u8] {
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"w \"}}]}\n\n"
+    }
+
+    /// 40 one-word frames every 50 ms from 200 ms (the last at 2,150 ms).
+    fn stream_words(m: &mut CallMetering, t0: Instant) {
+        for i in 0..WORDS {
+            m.on_frame(word_frame(), at(t0, 200 + 50 * i));
+        }
+    }
+
+    /// The words, then the finish chunk and `[DONE]` at 2,200 ms.
+    fn stream_to_marker(m: &mut CallMetering, t0: Instant) {
+        stream_words(m, t0);
+        m.on_frame(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+            at(t0, 2200),
+        );
+    }
+
+    /// (40 - 1) words over the 1.95 s from the first to the last.
+    const RATE: f64 = 20.0;
+
+    #[test]
+    fn a_clean_end_after_the_marker_is_ok() {
+        let t0 = Instant::now();
+        let mut m = chat(t0);
+        stream_to_marker(&mut m, t0);
+        let r = m.finish(StreamEnd::Complete, at(t0, 2201));
+        assert_eq!(r.outcome, Outcome::Ok);
+        assert_eq!(r.snapshot.output_tokens_per_second, Some(RATE));
+        assert_eq!(r.snapshot.elapsed_ms, 2201);
+    }
+
+    #[test]
+    fn a_client_gone_after_the_marker_is_ok_and_settles_at_the_marker() {
+        let t0 = Instant::now();
+        let mut m = chat(t0);
+        stream_to_marker(&mut m, t0);
+        let r = m.finish(StreamEnd::ClientGone, at(t0, 9000));
+        assert_eq!(r.outcome, Outcome::Ok);
+        assert_eq!(r.snapshot.output_tokens, WORDS);
+        assert_eq!(r.snapshot.output_tokens_per_second, Some(RATE));
+        assert_eq!(r.snapshot.elapsed_ms, 2200, "the transport's tail is not the call's");
+        assert!(r.snapshot.is_final);
+    }
+
+    #[test]
+    fn an_upstream_cut_after_the_marker_is_ok() {
+        let t0 = Instant::now();
+        let mut m = chat(t0);
+        stream_to_marker(&mut m, t0);
+        let r = m.finish(StreamEnd::UpstreamCut, at(t0, 2300));
+        assert_eq!(r.outcome, Outcome::Ok);
+        assert_eq!(r.snapshot.output_tokens_per_second, Some(RATE));
+        assert_eq!(r.snapshot.elapsed_ms, 2200);
+    }
+
+    #[test]
+    fn a_client_gone_one_frame_before_the_marker_is_abandoned() {
+        let t0 = Instant::now();
+        let mut m = chat(t0);
+        stream_words(&mut m, t0);
+        let r = m.finish(StreamEnd::ClientGone, at(t0, 2180));
+        assert_eq!(r.outcome, Outcome::Abandoned);
+        assert_eq!(r.snapshot.output_tokens, WORDS);
+        assert_eq!(r.snapshot.output_tokens_per_second, None);
+        assert_eq!(r.snapshot.elapsed_ms, 2180);
+        assert_eq!(r.calibration_ratio, None);
+    }
+
+    #[test]
+    fn a_clean_end_without_the_marker_is_abandoned() {
+        let t0 = Instant::now();
+        let mut m = chat(t0);
+        stream_words(&mut m, t0);
+        let r = m.finish(StreamEnd::Complete, at(t0, 2200));
+        assert_eq!(r.outcome, Outcome::Abandoned);
+        assert_eq!(r.snapshot.output_tokens_per_second, None);
+    }
+
+    #[test]
+    fn an_error_in_the_stream_wins_over_the_marker() {
+        let t0 = Instant::now();
+        let mut m = chat(t0);
+        stream_words(&mut m, t0);
+        m.on_frame(
+            b"data: {\"error\":{\"type\":\"server_error\",\"message\":\"boom\"}}\n\ndata: [DONE]\n\n",
+            at(t0, 2200),
+        );
+        let r = m.finish(StreamEnd::ClientGone, at(t0, 2300));
+        assert_eq!(r.outcome, Outcome::UpstreamError);
+        assert_eq!(r.snapshot.output_tokens_per_second, None);
+    }
+
+    #[test]
+    fn a_client_gone_before_the_head_is_abandoned() {
+        let t0 = Instant::now();
+        let mut m = CallMetering::new(t0, Arc::new(WordCounter));
+        m.start();
+        let r = m.finish(StreamEnd::ClientGone, at(t0, 700));
+        assert_eq!(r.outcome, Outcome::Abandoned);
+        assert_eq!(r.snapshot.elapsed_ms, 700);
     }
 }

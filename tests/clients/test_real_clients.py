@@ -2,6 +2,8 @@
 through `speedtap run` to `speedtap simulate`; the calls are then checked
 through the control API."""
 import json
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import ollama
 import openai
@@ -45,6 +47,26 @@ def test_openai_completions_and_responses(stack):
     by_api = {c["api"]: c for c in calls}
     check_call(by_api["openai_completions"], "openai_completions")
     check_call(by_api["openai_responses"], "openai_responses")
+
+
+def test_openai_completions_and_responses_thirty_times_are_never_abandoned(stack):
+    """The openai SDK stops reading at the end marker and closes the
+    response, often before the proxy has forwarded the upstream's end of
+    body. A finished call must still be `ok` every time, whoever closed
+    first (5 clients at once, 30 rounds of both calls)."""
+    client = openai.OpenAI(base_url=f"{stack.proxy}/v1", api_key="sk-test")
+
+    def one_round(_):
+        list(client.completions.create(model="sim-model", prompt="hi", stream=True))
+        list(client.responses.create(model="sim-model", input="hi", stream=True))
+
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        list(pool.map(one_round, range(30)))
+    calls = stack.settled(60)
+    assert Counter(c["status"] for c in calls) == {"ok": 60}, calls
+    for call in calls:
+        assert call["speed"]["output_tokens_per_second"] is not None, call
+        assert call["model"] == "sim-model", call
 
 
 def test_ollama_chat_and_generate(stack):

@@ -20,6 +20,8 @@ mod proxy_support;
 
 mod client;
 mod connections;
+mod end_marker;
+mod long_request;
 mod stall;
 mod store;
 mod upstream;
