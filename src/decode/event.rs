@@ -42,6 +42,15 @@ pub struct ServerTimings {
     /// Generation time in ms, from the first sampled token
     /// (`predicted_ms`, `eval_duration / 1e6`).
     pub generation_ms: Option<f64>,
+    /// Generation speed in tokens/s as the server gives it: the figure it
+    /// states itself (llama.cpp `predicted_per_second`, which is
+    /// (`predicted_n` − 1) ÷ `predicted_ms` because its clock starts at the
+    /// first token), or, for a server that reports only a count and a
+    /// duration, the formula its own tools print (Ollama's `--verbose`
+    /// "eval rate": `eval_count` ÷ `eval_duration`). Each decoder applies
+    /// its server's rule; a rate labelled `server` is always this number.
+    /// Absent when the duration failed the plausibility guard.
+    pub generation_rate: Option<f64>,
     /// Prompt tokens evaluated this request (`prompt_n`, `prompt_eval_count`).
     pub prompt_tokens: Option<u64>,
     /// Prompt processing time in ms (`prompt_ms`, `prompt_eval_duration`).

@@ -1,11 +1,11 @@
-//! The per-call meter (metering-semantics section 1): one per metered call.
+//! The per-call meter (`docs/metering.md` "One call"): one per metered call.
 //!
 //! It is fed the decoded events of one response, each with the time it
 //! arrived, and answers with the snapshots to publish. It never reads a clock
 //! and does no I/O: the glue passes `tokio::time::Instant`s in, so tests walk
 //! virtual time exactly.
 //!
-//! # Rules (section 1, and the choices made where it is silent)
+//! # Rules (`docs/metering.md` "One call", and the choices made where it is silent)
 //! - The clock starts at dispatch; [`CallMeter::start`] publishes the first
 //!   snapshot (`awaiting_first_token`, elapsed 0). `elapsed_ms` is always
 //!   now minus dispatch.
@@ -25,7 +25,7 @@
 //! - After each flush (tokenize + publish) the pair (now, tokens so far) goes
 //!   onto the [`RateWindow`]; the live rate is read from it (streamed calls
 //!   only: a non-streamed body arrives in one piece and has no live rate).
-//! - Exact numbers live (section 3): once a streamed call's server reports a
+//! - Exact numbers live: once a streamed call's server reports a
 //!   running generated-token count (llama.cpp `timings_per_token`), live
 //!   snapshots publish that count with source `server`, and the rate window
 //!   restarts on it, so a delta never mixes estimated and server counts.
@@ -82,7 +82,7 @@ pub struct CallMeter {
     window: RateWindow,
     usage: Usage,
     timings: ServerTimings,
-    /// The live count is the server's running count (section 3).
+    /// The live count is the server's running count.
     live_from_server: bool,
     latest: Snapshot,
     /// Settled or abandoned: the meter is closed.
@@ -212,7 +212,7 @@ impl CallMeter {
 
     /// Server timings (later ones win field by field).
     ///
-    /// Section 3, "exact numbers live where a server provides them per
+    /// Exact numbers live where a server provides them per
     /// chunk": on a streamed call, once the timings carry a generated-token
     /// count > 0, live snapshots publish the server's count (source
     /// `server`) instead of the estimate, and the rate window restarts on
@@ -226,6 +226,7 @@ impl CallMeter {
         let t = &mut self.timings;
         t.generated_tokens = timings.generated_tokens.or(t.generated_tokens);
         t.generation_ms = timings.generation_ms.or(t.generation_ms);
+        t.generation_rate = timings.generation_rate.or(t.generation_rate);
         t.prompt_tokens = timings.prompt_tokens.or(t.prompt_tokens);
         t.prompt_ms = timings.prompt_ms.or(t.prompt_ms);
         t.load_ms = timings.load_ms.or(t.load_ms);
@@ -244,7 +245,7 @@ impl CallMeter {
     }
 
     /// A non-streamed response's body arrived: TTFT = time to the response
-    /// body (section 1 Settling, last bullet). Only the first call counts.
+    /// body (`docs/metering.md` "Settling"). Only the first call counts.
     /// The body is the first (and only) observation of output, so its time
     /// is the TTFT even when the body carries no output text.
     pub fn on_response_body(&mut self, now: Instant) {
@@ -263,7 +264,7 @@ impl CallMeter {
         self.interval_passed(now).then(|| self.publish(now))
     }
 
-    /// The stream ended normally: settle per section 1 "Settling". Returns
+    /// The stream ended normally: settle per `docs/metering.md` "Settling". Returns
     /// the final snapshot and the calibration observation (ratio) if it was a
     /// plausible drift.
     ///
@@ -277,13 +278,14 @@ impl CallMeter {
     ///   server's generated-token count, when it reported one (source
     ///   `server`: exact too, and better than our estimate); else the
     ///   calibrated estimate (source `estimated`).
-    /// - Rate: server timings with >= 20 generated tokens and a nonzero
-    ///   generation time give generated / generation seconds, and the source
+    /// - Rate: server timings with >= 20 generated tokens and a rate the
+    ///   server stated (or its own tools' formula, see
+    ///   [`ServerTimings::generation_rate`]) give that rate, and the source
     ///   becomes `server` (on a final snapshot the source names where the
     ///   rate came from). The count stays the provider's when there is one:
     ///   every server we know reports the same number in both places
     ///   (llama.cpp `completion_tokens` = `predicted_n`, Ollama `eval_count`),
-    ///   and section 1 makes the provider's count the final count.
+    ///   and the settling rules make the provider's count the final count.
     /// - Server timings that report a count below 20 give no rate at all:
     ///   the server says the output was too short to time, and the client
     ///   clock can't time the same few tokens better.
@@ -454,10 +456,13 @@ impl CallMeter {
             elapsed_ms: self.elapsed_ms(now),
             time_to_first_token_ms: self.ttft_ms(),
             output_tokens: self.live_count().round() as u64,
-            output_tokens_per_second: if self.streamed {
-                self.window.rate(self.first_output_at)
-            } else {
+            output_tokens_per_second: if !self.streamed {
                 None
+            } else if self.live_from_server {
+                self.live_server_rate()
+                    .or_else(|| self.window.rate(self.first_output_at))
+            } else {
+                self.window.rate(self.first_output_at)
             },
             token_source: self.live_source(),
         }
@@ -470,6 +475,22 @@ impl CallMeter {
             Some(n) if self.live_from_server => n as f64,
             _ => self.raw_estimate as f64 * self.calibration,
         }
+    }
+
+    /// While the server reports its own running speed with each chunk
+    /// (llama.cpp's per-token `timings`), the live rate is that figure: a
+    /// number shown with the server's counts reads what the server says.
+    /// The first token opens the server's clock, so there is no figure
+    /// before a second one.
+    fn live_server_rate(&self) -> Option<f64> {
+        let n = self.timings.generated_tokens?;
+        if n < 2 {
+            return None;
+        }
+        self.timings
+            .generation_rate
+            .filter(|r| r.is_finite())
+            .and_then(positive_rate)
     }
 
     fn live_source(&self) -> TokenSource {
@@ -497,15 +518,20 @@ impl CallMeter {
         at.map(|t| millis(t.saturating_duration_since(self.dispatched_at)))
     }
 
-    /// generated / generation seconds, when the server timed at least
-    /// `MIN_FINAL_RATE_TOKENS` tokens over a nonzero time.
+    /// The server's own speed ([`ServerTimings::generation_rate`]: the
+    /// figure it states, or its own tools' formula, decided per server by
+    /// the decoder), when it timed at least `MIN_FINAL_RATE_TOKENS` tokens.
+    /// A rate labelled `server` must read what the server prints, so it is
+    /// taken as is, never recomputed here.
     fn server_rate(&self) -> Option<f64> {
         let n = self.timings.generated_tokens?;
-        let ms = self.timings.generation_ms?;
-        if n < MIN_FINAL_RATE_TOKENS || !ms.is_finite() || ms <= 0.0 {
+        if n < MIN_FINAL_RATE_TOKENS {
             return None;
         }
-        positive_rate(n as f64 / (ms / 1000.0))
+        self.timings
+            .generation_rate
+            .filter(|r| r.is_finite())
+            .and_then(positive_rate)
     }
 
     /// (tokens - 1) / (last output - first output): the first token arrived
@@ -582,10 +608,13 @@ mod tests {
         }
     }
 
+    /// Timings from a server whose stated rate is count ÷ duration (as
+    /// Ollama's decoder states it).
     fn timings(generated: u64, ms: f64) -> ServerTimings {
         ServerTimings {
             generated_tokens: Some(generated),
             generation_ms: Some(ms),
+            generation_rate: Some(generated as f64 / (ms / 1000.0)),
             ..ServerTimings::default()
         }
     }

@@ -436,6 +436,8 @@ pub fn index_timings(t: &Value) -> Option<ServerTimings> {
     Some(ServerTimings {
         generated_tokens: t["predicted_n"].as_u64(),
         generation_ms: t["predicted_ms"].as_f64(),
+        // The server's own figure, taken as stated.
+        generation_rate: t["predicted_per_second"].as_f64().filter(|r| *r > 0.0),
         prompt_tokens: t["prompt_n"].as_u64(),
         prompt_ms: t["prompt_ms"].as_f64(),
         load_ms: None,

@@ -122,18 +122,39 @@ pub fn llamacpp_timings(v: Option<&Value>) -> Option<ServerTimings> {
     let t = v.filter(|t| t.is_object())?;
     let generated = count(t.get("predicted_n"));
     let prompt = count(t.get("prompt_n"));
+    let generation_ms = plausible_ms(
+        number(t.get("predicted_ms")),
+        generated,
+        MAX_GENERATION_TOKENS_PER_S,
+    );
     real_timings(ServerTimings {
         generated_tokens: generated,
-        generation_ms: plausible_ms(
-            number(t.get("predicted_ms")),
-            generated,
-            MAX_GENERATION_TOKENS_PER_S,
-        ),
+        generation_ms,
+        generation_rate: generation_ms.and_then(|ms| {
+            number(t.get("predicted_per_second"))
+                .filter(|r| r.is_finite() && *r > 0.0)
+                .or_else(|| rate_after_first_token(generated?, ms))
+        }),
         prompt_tokens: prompt,
         prompt_ms: plausible_ms(number(t.get("prompt_ms")), prompt, MAX_PROMPT_TOKENS_PER_S),
         load_ms: None,
         cached_tokens: count(t.get("cache_n")),
     })
+}
+
+/// llama.cpp's own rule for a speed, for servers of its family that give
+/// `predicted_n` and `predicted_ms` without `predicted_per_second`: the
+/// clock starts when the first token is sampled, so that token is not
+/// part of the timed span, and the rate is (n − 1) ÷ seconds.
+pub fn rate_after_first_token(generated: u64, ms: f64) -> Option<f64> {
+    (generated >= 2 && ms > 0.0).then(|| (generated - 1) as f64 / (ms / 1000.0))
+}
+
+/// Ollama's own rule (`ollama run --verbose` prints "eval rate" as
+/// `eval_count` ÷ `eval_duration`): every counted token over the timed
+/// span.
+pub fn rate_over_all_tokens(generated: u64, ms: f64) -> Option<f64> {
+    (generated >= 1 && ms > 0.0).then(|| generated as f64 / (ms / 1000.0))
 }
 
 /// Server timings are worth an event only when at least one duration
@@ -321,6 +342,7 @@ mod tests {
             Some(ServerTimings {
                 generated_tokens: Some(1),
                 generation_ms: None,
+                generation_rate: None,
                 prompt_tokens: Some(1),
                 prompt_ms: Some(16.2),
                 load_ms: None,

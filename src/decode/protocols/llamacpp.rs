@@ -1,4 +1,4 @@
-//! llama.cpp native `/completion` (`streaming-protocols.md` B6): SSE
+//! llama.cpp native `/completion` (`docs/protocols.md` "llama.cpp"): SSE
 //! without `[DONE]`, or one JSON body when not streamed.
 //!
 //! - `content` is visible text; the endpoint does no reasoning parsing, so
@@ -116,6 +116,7 @@ mod tests {
             Some(ServerTimings {
                 generated_tokens: Some(2),
                 generation_ms: Some(16.0),
+                generation_rate: Some(62.5),
                 prompt_tokens: Some(1),
                 prompt_ms: Some(16.247),
                 load_ms: None,

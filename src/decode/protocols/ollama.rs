@@ -1,5 +1,5 @@
 //! Ollama native `/api/chat` and `/api/generate` (NDJSON,
-//! `streaming-protocols.md` B5). One decoder serves both: chat puts its
+//! `docs/protocols.md` "Ollama"). One decoder serves both: chat puts its
 //! output under `message`, generate at the top level, and each line is
 //! read both ways.
 //!
@@ -79,13 +79,15 @@ fn final_receipts(v: &Value, sink: &mut Sink<'_>) {
         input_tokens: prompt,
         ..Usage::default()
     }));
+    let generation_ms = json::plausible_ms(
+        json::ns_to_ms(v.get("eval_duration")),
+        eval,
+        MAX_GENERATION_TOKENS_PER_S,
+    );
     sink.timings(json::real_timings(ServerTimings {
         generated_tokens: eval,
-        generation_ms: json::plausible_ms(
-            json::ns_to_ms(v.get("eval_duration")),
-            eval,
-            MAX_GENERATION_TOKENS_PER_S,
-        ),
+        generation_ms,
+        generation_rate: generation_ms.and_then(|ms| json::rate_over_all_tokens(eval?, ms)),
         prompt_tokens: prompt,
         prompt_ms: json::plausible_ms(
             json::ns_to_ms(v.get("prompt_eval_duration")),
@@ -135,6 +137,8 @@ mod tests {
             Some(ServerTimings {
                 generated_tokens: Some(237),
                 generation_ms: Some(4289.432),
+                // Ollama's own "eval rate": 237 / 4.289432 s.
+                generation_rate: Some(237.0 / 4.289432),
                 prompt_tokens: Some(26),
                 prompt_ms: Some(107.345),
                 load_ms: Some(534.986708),
