@@ -6,7 +6,7 @@
 //! Every error a user can cause names where to fix it: a file error names the
 //! file and the 1-based line of the offending entry (TOML syntax, unknown
 //! keys, wrong types and semantic problems alike), a flag error names the
-//! flag. Both mean exit code 2 (`shared/contract.md`).
+//! flag. Both mean exit code 2 (`docs/api.md`).
 //!
 //! The TOML is read through private serde structs whose fields are
 //! [`toml::Spanned`], so checks that run after deserialising (a bad listen

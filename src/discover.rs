@@ -3,7 +3,7 @@
 //!
 //! Each candidate port on the loopback interface is probed concurrently with
 //! a few cheap `GET`s of the endpoints that tell servers apart
-//! (streaming-protocols.md Part F). Several servers share defaults (llama.cpp,
+//! (`docs/protocols.md` "Default ports and discovery"). Several servers share defaults (llama.cpp,
 //! LocalAI and a published TGI container all use 8080), so the port only
 //! says where to look; the answers say what is there. Only JSON answers
 //! count: a web app that serves the same HTML page for every path is not
@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 
 use crate::config::{RouteSpec, Upstream};
 
-/// The usual ports, in the order of Part F: Ollama, llama.cpp (also LocalAI
+/// The usual ports, in the order `docs/protocols.md` lists them: Ollama, llama.cpp (also LocalAI
 /// and TGI containers), LM Studio, vLLM, KoboldCpp, Jan.
 pub const DEFAULT_PORTS: [u16; 6] = [11434, 8080, 1234, 8000, 5001, 1337];
 

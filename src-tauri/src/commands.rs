@@ -1,5 +1,5 @@
 //! The Tauri commands the window calls: one per control API request, same
-//! name and same result document (`/tmp/ui-contract.md`, "Requests"). Each
+//! name and same result document (`docs/api.md`, "Endpoints"). Each
 //! is a thin forward to the engine handle; the engine owns every decision
 //! (validation, what a save writes, what the demo starts), so the browser
 //! and the window cannot drift apart.
@@ -111,7 +111,7 @@ pub async fn start_demo(engine: State<'_, Engine>) -> Result<DemoDoc> {
     engine.0.start_demo().await.map_err(CommandError::Engine)
 }
 
-// ---- the stored history (issue 5) -------------------------------------------
+// ---- the stored history -----------------------------------------------------
 
 /// A time bound as the page sends it: unix milliseconds (a JSON number) or
 /// an RFC 3339 string, as `since=`/`until=` accept over HTTP.

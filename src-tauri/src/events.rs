@@ -1,6 +1,6 @@
 //! The engine's events as Tauri events for the window: the same four names
 //! and the same payloads as the control API's Server-Sent Events
-//! (`/tmp/ui-contract.md`, "Live events"), so the one web UI handles both
+//! (`docs/api.md`, "GET /api/v1/events"), so the one web UI handles both
 //! with the same code. The payloads are the engine's own serde types; the
 //! names live here and nowhere else.
 

@@ -1,7 +1,7 @@
 //! The control API: JSON and Server-Sent Events over HTTP for scripts, the
 //! web dashboard and the tray window, plus Prometheus metrics.
 //!
-//! # Endpoints (`shared/contract.md`, "Control API")
+//! # Endpoints (`docs/api.md`, "The control API")
 //! - `GET /api/v1/calls?limit=N&route=NAME` -> `{"calls": [Call, ...]}`,
 //!   newest first, in-flight included. `limit` defaults to 100, is clamped to
 //!   [`routes::MAX_LIMIT`], and anything but a non-negative integer is a 400.

@@ -1,7 +1,7 @@
 //! The router: one request in, one response out. No sockets here, so every
 //! rule (host guard, methods, paths, queries, headers) is testable directly.
 //!
-//! # The stored history (issue 5)
+//! # The stored history
 //! - `GET /api/v1/history?model=&route=&client=&since=&until=&limit=` ->
 //!   `{"calls": [Call, ...]}`: settled calls from the store, newest first;
 //!   `limit` defaults to 100 and is clamped to [`MAX_LIMIT`].

@@ -1,5 +1,5 @@
 //! The command line, as clap parses it. The doc comments are the `--help`
-//! text. The flags are the contract's (`shared/contract.md`).
+//! text. The flags are documented in `docs/api.md`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

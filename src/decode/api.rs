@@ -1,5 +1,5 @@
 //! Which API a call speaks. The spellings are part of the contract
-//! (`Call.api` in `shared/contract.md`).
+//! (`Call.api` in `docs/api.md`).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,7 +1,7 @@
 //! Server-Sent Events framing: arbitrary byte slices in, dispatched events out.
 //!
 //! The rules are the WHATWG "event stream interpretation" rules as restated
-//! in `streaming-protocols.md` Part A1, with two deliberate deviations that a
+//! in `docs/protocols.md` "SSE framing", with two deliberate deviations that a
 //! *tap* needs and a browser does not (both documented where they happen):
 //!
 //! 1. the legacy llama.cpp `error: {...}` line, an unknown field that a
@@ -722,7 +722,7 @@ mod tests {
 
     // === real captured streams ===
 
-    const FIXTURES: &str = "../shared/fixtures/real";
+    const FIXTURES: &str = "tests/fixtures/real";
 
     /// Every captured response body served as SSE.
     fn sse_fixtures() -> Vec<(String, Vec<u8>)> {

@@ -4,7 +4,7 @@
 //! Servers that do not split reasoning into its own field (llama.cpp with
 //! `--reasoning-format none` or native `/completion`, vLLM without a
 //! reasoning parser, raw `/v1/completions`) leave the tags inside the text;
-//! see `streaming-protocols.md` Part C. The splitter is a small state
+//! see `docs/protocols.md` "Reasoning". The splitter is a small state
 //! machine: text is [`OutputChannel::Text`] until `<think>`, then
 //! [`OutputChannel::Reasoning`] until `</think>`, then text again. Markers
 //! are removed from the output.

@@ -3,7 +3,7 @@
 //! ([`super::otlp`]) when one is attached.
 //!
 //! Names follow the OpenTelemetry GenAI semantic conventions
-//! (`shared/reference/streaming-protocols.md`, Part E1) the way an OTel
+//! (`docs/protocols.md`, "Metric names") the way an OTel
 //! Prometheus exporter would write them: dots become underscores and the unit
 //! becomes a suffix (`gen_ai.server.time_to_first_token`, unit `s` ->
 //! `gen_ai_server_time_to_first_token_seconds`). Annotation units such as

@@ -1,6 +1,6 @@
 //! The records the engine publishes: calls, their identity and status, and
 //! the events subscribers receive. Field names and spellings are the
-//! external contract (`shared/contract.md`, `Call`): extend, don't rename.
+//! external contract (`docs/api.md`, `Call`): extend, don't rename.
 
 use serde::{Deserialize, Serialize};
 

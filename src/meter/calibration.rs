@@ -1,5 +1,5 @@
 //! Route calibration: one tokenizer-drift factor per (route, model)
-//! (metering-semantics section 1 "Route calibration").
+//! (`docs/metering.md` "Calibration").
 //!
 //! Live counts come from our tokenizer (o200k_base), which is not the local
 //! model's. Each settled call with an exact count tells us how far off the
@@ -144,7 +144,7 @@ impl From<CalibrationTable> for Vec<CalibrationEntry> {
 }
 
 /// The ratio exact / raw estimate when it is a plausible tokenizer drift
-/// (section 1 "Settling"): `raw_estimate >= MIN_CALIBRATION_ESTIMATE` and the
+/// (`docs/metering.md` "Settling"): `raw_estimate >= MIN_CALIBRATION_ESTIMATE` and the
 /// ratio within [`DRIFT_BAND`], both ends included. `None` otherwise: a
 /// ratio outside the band means output the stream never showed (unstreamed
 /// reasoning, for example), and a short estimate makes the ratio noise.

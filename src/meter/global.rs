@@ -1,6 +1,6 @@
 //! The global meter: one reading over every active stream
-//! (metering-semantics section 2), plus the aggregate throughput speedtap adds
-//! (section 3).
+//! (`docs/metering.md` "All calls: the global meter"), plus the aggregate throughput speedtap adds
+//! (exact numbers where a server gives them).
 //!
 //! The supervisor feeds it each call's running token total as snapshots are
 //! published ([`GlobalMeter::observe`]), tells it when a call ends

@@ -2,9 +2,9 @@
 //!
 //! - [`snapshot`]: the published shape;
 //! - [`rate`]: the live sliding-window rate;
-//! - [`call`]: the per-call meter (metering-semantics section 1);
+//! - [`call`]: the per-call meter (`docs/metering.md` "One call");
 //! - [`calibration`]: the per-(route, model) tokenizer-drift factors;
-//! - [`global`]: the all-streams meter with its hourly high/low (section 2).
+//! - [`global`]: the all-streams meter with its hourly high/low (`docs/metering.md` "All calls").
 
 pub mod calibration;
 pub mod call;

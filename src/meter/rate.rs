@@ -1,5 +1,5 @@
 //! The live rate: a short sliding window over (time, tokens so far) pairs
-//! (metering-semantics section 1 "Live rate").
+//! (`docs/metering.md` "The live rate").
 //!
 //! The per-call meter pushes one pair after every flush; the rate is read
 //! from the window's two ends. The window is kept short so the live number
@@ -44,7 +44,7 @@ impl RateWindow {
         }
     }
 
-    /// The live rate per section 1 "Live rate", rounded to one decimal, or
+    /// The live rate per `docs/metering.md` "The live rate", rounded to one decimal, or
     /// `None`. `first_output` is the time of the first output.
     ///
     /// - window span (newest minus oldest) >= `MIN_RATE_SPAN`:

@@ -1,7 +1,7 @@
 //! The snapshot: the one shape every published measurement takes.
 //!
 //! Field names and enum spellings are part of the external contract
-//! (`shared/contract.md`, metering-semantics section 1): change them only with
+//! (`docs/api.md` "Snapshot", `docs/metering.md` "One call"): change them only with
 //! a deprecation path. An absent optional field means "not measured"; no
 //! consumer may read it as zero, which is why they are `Option`s that are
 //! skipped when serialised rather than zeros.

@@ -24,7 +24,7 @@
 //!   SSE event / NDJSON line per token in its own body frame. The closing
 //!   events follow the last token in the same frame, as llama.cpp writes them.
 //! - The wire shapes imitate the real llama-server captures in
-//!   `shared/fixtures/real/llama-server` (key order included); see the
+//!   `tests/fixtures/real/llama-server` (key order included); see the
 //!   per-API modules under `wire` for each family's choices.
 //! - Per-request overrides and faults come from `x-sim-*` request headers
 //!   (see [`SimServer`]). Nothing of the request text is stored or logged:

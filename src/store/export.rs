@@ -44,7 +44,7 @@ impl std::str::FromStr for ExportFormat {
 ///
 /// The final snapshot's `phase` and `is_final` are not columns: every stored
 /// call is settled, and a settled call's snapshot is always `complete` and
-/// final (metering-semantics section 1), so the reader restores them. A call
+/// final (`docs/metering.md` "Settling"), so the reader restores them. A call
 /// has a snapshot exactly when `token_source` is set (unmetered calls have
 /// none), and a TTFT breakdown when any of its six columns is set.
 pub const CSV_COLUMNS: [&str; 23] = [

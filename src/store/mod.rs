@@ -1,6 +1,6 @@
 //! The embedded store: every settled call and the route calibration table,
 //! in one SQLite file (`--db`), so history, per-model comparison and export
-//! survive restarts (issue 5, item 1).
+//! survive restarts (`docs/api.md`, "GET /api/v1/history").
 //!
 //! # Pieces
 //! - [`Store`]: one SQLite connection; opening runs the [`schema`]

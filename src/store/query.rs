@@ -114,7 +114,7 @@ impl Store {
     /// - the figures are computed over the calls that ended `ok` only (an
     ///   abandoned or failed call's numbers describe the failure, not the
     ///   model): `ttft_ms_*` over those with a TTFT (a non-streamed response
-    ///   counts, with TTFT = time to the response, as metering-semantics
+    ///   counts, with TTFT = time to the response, as docs/metering.md
     ///   defines it), `tps_*` over those with a settled decode rate (one-burst
     ///   outputs have none), `prefill_tps_p50` over those whose server
     ///   reported a prefill rate;

@@ -1,4 +1,4 @@
-//! Anthropic Messages (`/v1/messages`, `streaming-protocols.md` B4).
+//! Anthropic Messages (`/v1/messages`, `docs/protocols.md` "Anthropic Messages").
 //!
 //! - `content_block_delta`: `text_delta` is text, `thinking_delta`
 //!   reasoning, `input_json_delta` tool arguments; `signature_delta` and

@@ -1,6 +1,6 @@
 //! OpenAI Chat Completions (`/v1/chat/completions`), streamed chunks and
 //! whole responses, with the local servers' extensions
-//! (`streaming-protocols.md` B1).
+//! (`docs/protocols.md` "OpenAI Chat Completions").
 //!
 //! Channels:
 //! - `content` and `refusal` are visible text (`content` may also be an

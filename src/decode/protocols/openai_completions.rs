@@ -1,5 +1,5 @@
-//! OpenAI legacy Completions (`/v1/completions`, `streaming-protocols.md`
-//! B2): `choices[].text` is visible text (raw completions are where inline
+//! OpenAI legacy Completions (`/v1/completions`, `docs/protocols.md`
+//! "OpenAI Completions"): `choices[].text` is visible text (raw completions are where inline
 //! `<think>` is most likely, so the sink's splitter matters here). Usage,
 //! timings, finish reasons and `[DONE]` follow the chat rules exactly
 //! (see [`super::openai_chat`]), including `Done` at the end of a body that

@@ -1,4 +1,4 @@
-//! OpenAI Responses API (`/v1/responses`, `streaming-protocols.md` B3).
+//! OpenAI Responses API (`/v1/responses`, `docs/protocols.md` "OpenAI Responses").
 //!
 //! Events are told apart by the JSON `type` (the SSE event name is the
 //! fallback for a body without one):

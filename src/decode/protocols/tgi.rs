@@ -1,4 +1,4 @@
-//! Hugging Face TGI native API (`streaming-protocols.md` B9).
+//! Hugging Face TGI native API (`docs/protocols.md` "TGI").
 //!
 //! `/generate_stream` (SSE, `data:` without a space): one event per token.
 //! `token.text` is visible text unless `token.special` is true (an EOS

@@ -8,7 +8,7 @@
 //! durations come in as [`Totals`].
 //!
 //! Shapes follow the real llama-server captures (field order included) and
-//! `streaming-protocols.md` Part B where llama-server has no such API
+//! `docs/protocols.md` where llama-server has no such API
 //! (Ollama native, TGI). Each module documents its own choices.
 
 mod anthropic;
