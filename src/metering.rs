@@ -320,18 +320,10 @@ impl CallMetering {
     }
 }
 
-/// Later timings win field by field: a per-chunk running `timings` object
-/// is superseded by the final one, but a field only the first carried
-/// (Ollama `load_duration`) is kept.
+/// Later timings win field by field ([`ServerTimings::merge_from`]).
 fn merge_timings(into: &mut Option<ServerTimings>, new: &ServerTimings) {
-    let t = into.get_or_insert_with(ServerTimings::default);
-    t.generated_tokens = new.generated_tokens.or(t.generated_tokens);
-    t.generation_ms = new.generation_ms.or(t.generation_ms);
-    t.generation_rate = new.generation_rate.or(t.generation_rate);
-    t.prompt_tokens = new.prompt_tokens.or(t.prompt_tokens);
-    t.prompt_ms = new.prompt_ms.or(t.prompt_ms);
-    t.load_ms = new.load_ms.or(t.load_ms);
-    t.cached_tokens = new.cached_tokens.or(t.cached_tokens);
+    into.get_or_insert_with(ServerTimings::default)
+        .merge_from(new);
 }
 
 fn elapsed_ms(from: Instant, now: Instant) -> u64 {
@@ -433,7 +425,10 @@ mod tests {
         assert_eq!(r.outcome, Outcome::Ok);
         assert_eq!(r.snapshot.output_tokens, WORDS);
         assert_eq!(r.snapshot.output_tokens_per_second, Some(RATE));
-        assert_eq!(r.snapshot.elapsed_ms, 2200, "the transport's tail is not the call's");
+        assert_eq!(
+            r.snapshot.elapsed_ms, 2200,
+            "the transport's tail is not the call's"
+        );
         assert!(r.snapshot.is_final);
     }
 

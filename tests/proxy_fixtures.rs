@@ -169,7 +169,13 @@ fn check(cap: &Capture, call: &Call) -> Result<(), String> {
     let server_n = timings["predicted_n"].as_f64().unwrap_or(0.0);
     let server_ms = timings["predicted_ms"].as_f64().unwrap_or(0.0);
     if server_n >= 20.0 && server_ms > 0.0 {
-        let want = (server_n / server_ms * 1000.0 * 10.0).round() / 10.0;
+        // The server's own figure, as it states it: llama.cpp's
+        // `predicted_per_second` is (n - 1) / ms (docs/metering.md, "Server
+        // rates: the server's own figure").
+        let stated = timings["predicted_per_second"]
+            .as_f64()
+            .unwrap_or((server_n - 1.0) / server_ms * 1000.0);
+        let want = (stated * 10.0).round() / 10.0;
         if speed.output_tokens_per_second != Some(want) || speed.token_source != TokenSource::Server
         {
             return Err(format!("{ctx}: server rate {want} expected, got {speed:?}"));

@@ -61,6 +61,22 @@ pub struct ServerTimings {
     pub cached_tokens: Option<u64>,
 }
 
+impl ServerTimings {
+    /// Takes a later timings report over this one, field by field: a
+    /// per-chunk running `timings` object is superseded by the final one,
+    /// but a field only an earlier report carried (Ollama's
+    /// `load_duration`) is kept. The one merge rule for every consumer.
+    pub fn merge_from(&mut self, later: &ServerTimings) {
+        self.generated_tokens = later.generated_tokens.or(self.generated_tokens);
+        self.generation_ms = later.generation_ms.or(self.generation_ms);
+        self.generation_rate = later.generation_rate.or(self.generation_rate);
+        self.prompt_tokens = later.prompt_tokens.or(self.prompt_tokens);
+        self.prompt_ms = later.prompt_ms.or(self.prompt_ms);
+        self.load_ms = later.load_ms.or(self.load_ms);
+        self.cached_tokens = later.cached_tokens.or(self.cached_tokens);
+    }
+}
+
 /// One thing a decoder learned from the stream.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StreamEvent {

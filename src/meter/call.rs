@@ -223,14 +223,7 @@ impl CallMeter {
         if self.ended {
             return None;
         }
-        let t = &mut self.timings;
-        t.generated_tokens = timings.generated_tokens.or(t.generated_tokens);
-        t.generation_ms = timings.generation_ms.or(t.generation_ms);
-        t.generation_rate = timings.generation_rate.or(t.generation_rate);
-        t.prompt_tokens = timings.prompt_tokens.or(t.prompt_tokens);
-        t.prompt_ms = timings.prompt_ms.or(t.prompt_ms);
-        t.load_ms = timings.load_ms.or(t.load_ms);
-        t.cached_tokens = timings.cached_tokens.or(t.cached_tokens);
+        self.timings.merge_from(timings);
 
         let server_count = timings.generated_tokens.filter(|&n| n > 0);
         if self.streamed && server_count.is_some() && !self.live_from_server {

@@ -187,13 +187,9 @@ impl Decoded {
         let mut merged: Option<ServerTimings> = None;
         for e in &self.events {
             if let StreamEvent::ServerTimings(t) = e {
-                let m = merged.get_or_insert_with(ServerTimings::default);
-                m.generated_tokens = t.generated_tokens.or(m.generated_tokens);
-                m.generation_ms = t.generation_ms.or(m.generation_ms);
-                m.prompt_tokens = t.prompt_tokens.or(m.prompt_tokens);
-                m.prompt_ms = t.prompt_ms.or(m.prompt_ms);
-                m.load_ms = t.load_ms.or(m.load_ms);
-                m.cached_tokens = t.cached_tokens.or(m.cached_tokens);
+                merged
+                    .get_or_insert_with(ServerTimings::default)
+                    .merge_from(t);
             }
         }
         merged
