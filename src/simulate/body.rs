@@ -34,6 +34,10 @@ pub(crate) type Item = Result<Bytes, Aborted>;
 #[derive(Debug)]
 pub(crate) struct ChannelBody {
     rx: mpsc::Receiver<Item>,
+    /// A data frame went to hyper since the body last answered `Pending`.
+    sent_since_pending: bool,
+    /// An abort held back for one poll (see [`ChannelBody::poll_frame`]).
+    held_abort: Option<Aborted>,
 }
 
 /// A few frames of slack: the generator never waits on a reading client
@@ -43,7 +47,12 @@ const CAPACITY: usize = 8;
 /// A connected sender and body.
 pub(crate) fn channel() -> (mpsc::Sender<Item>, ChannelBody) {
     let (tx, rx) = mpsc::channel(CAPACITY);
-    (tx, ChannelBody { rx })
+    let body = ChannelBody {
+        rx,
+        sent_since_pending: false,
+        held_abort: None,
+    };
+    (tx, body)
 }
 
 /// A body that fails at once: the response is cut before any of it is sent.
@@ -58,14 +67,37 @@ impl Body for ChannelBody {
     type Data = Bytes;
     type Error = Aborted;
 
+    /// An abort that arrives right behind a data frame is held back for
+    /// one poll: hyper flushes what it has written when the body answers
+    /// `Pending`, but an error polled in the same turn drops the unflushed
+    /// frame with the connection. Holding it makes "N tokens, then the
+    /// cut" hold however late the generator task ran, not only when the
+    /// two happened far apart.
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
-        self.get_mut()
-            .rx
-            .poll_recv(cx)
-            .map(|item| item.map(|r| r.map(Frame::data)))
+        let this = self.get_mut();
+        if let Some(abort) = this.held_abort.take() {
+            return Poll::Ready(Some(Err(abort)));
+        }
+        match this.rx.poll_recv(cx) {
+            Poll::Pending => {
+                this.sent_since_pending = false;
+                Poll::Pending
+            }
+            Poll::Ready(Some(Err(abort))) if this.sent_since_pending => {
+                this.sent_since_pending = false;
+                this.held_abort = Some(abort);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Ready(Some(Ok(data))) => {
+                this.sent_since_pending = true;
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            Poll::Ready(other) => Poll::Ready(other.map(|r| r.map(Frame::data))),
+        }
     }
 }
 
@@ -90,6 +122,35 @@ mod tests {
     async fn aborted_body_errors() {
         let mut body = aborted();
         assert!(body.frame().await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn an_abort_right_behind_a_frame_waits_one_poll_so_the_frame_is_flushed() {
+        let (tx, mut body) = channel();
+        tx.send(Ok(Bytes::from_static(b"token"))).await.unwrap();
+        tx.send(Err(Aborted)).await.unwrap();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut poll = || Pin::new(&mut body).poll_frame(&mut cx);
+        assert!(matches!(poll(), Poll::Ready(Some(Ok(_)))));
+        assert!(poll().is_pending(), "the abort is held for one poll");
+        assert!(matches!(poll(), Poll::Ready(Some(Err(Aborted)))));
+    }
+
+    #[tokio::test]
+    async fn an_abort_after_an_idle_poll_comes_at_once() {
+        let (tx, mut body) = channel();
+        tx.send(Ok(Bytes::from_static(b"token"))).await.unwrap();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        tx.send(Err(Aborted)).await.unwrap();
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(Some(Err(Aborted)))
+        ));
     }
 
     #[tokio::test]
