@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use actix::Addr;
+use actix::{Addr, Recipient};
 use bytes::Bytes;
 use http_body::{Body, Frame as HttpFrame, SizeHint};
 use pin_project_lite::pin_project;
@@ -32,25 +32,37 @@ use crate::engine::messages::{BodyEnded, Frame, RequestFieldsSeen};
 use crate::engine::metrics::record_proxy_latency;
 use crate::metering::StreamEnd;
 
-/// A call actor's inbox as the response tap sees it.
+/// A call actor's inbox as the response tap sees it: where frames go and
+/// where the one end report goes (recipients, so a test can stand in for
+/// the actor).
 pub struct CallTap {
-    addr: Addr<CallActor>,
+    frames: Recipient<Frame>,
+    ends: Recipient<BodyEnded>,
     ended: bool,
 }
 
 impl CallTap {
     pub fn new(addr: Addr<CallActor>) -> Self {
-        CallTap { addr, ended: false }
+        Self::to(addr.clone().recipient(), addr.recipient())
+    }
+
+    /// A tap reporting to any recipients of the two messages.
+    pub fn to(frames: Recipient<Frame>, ends: Recipient<BodyEnded>) -> Self {
+        CallTap {
+            frames,
+            ends,
+            ended: false,
+        }
     }
 
     fn frame(&self, bytes: Bytes, at: Instant) {
-        self.addr.do_send(Frame { bytes, at });
+        self.frames.do_send(Frame { bytes, at });
     }
 
     fn finish(&mut self, end: StreamEnd) {
         if !self.ended {
             self.ended = true;
-            self.addr.do_send(BodyEnded {
+            self.ends.do_send(BodyEnded {
                 end,
                 at: Instant::now(),
             });
@@ -212,5 +224,206 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// One named test per edge case of a tapped body, after tower-http's trace
+/// body tests: what the client gets is what the upstream sent, and the
+/// call actor hears exactly one end, the right one.
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+
+    use actix::{Actor, Context as ActorContext, Handler};
+    use http::HeaderMap;
+    use http_body_util::{BodyExt, Empty, Full, StreamBody};
+
+    use super::*;
+
+    /// What the stand-in actor heard, in order.
+    #[derive(Debug, PartialEq)]
+    enum Heard {
+        Frame(Bytes),
+        End(StreamEnd),
+    }
+
+    struct Recorder(Arc<Mutex<Vec<Heard>>>);
+
+    impl Actor for Recorder {
+        type Context = ActorContext<Self>;
+    }
+
+    impl Handler<Frame> for Recorder {
+        type Result = ();
+        fn handle(&mut self, msg: Frame, _: &mut Self::Context) {
+            self.0.lock().expect("lock").push(Heard::Frame(msg.bytes));
+        }
+    }
+
+    impl Handler<BodyEnded> for Recorder {
+        type Result = ();
+        fn handle(&mut self, msg: BodyEnded, _: &mut Self::Context) {
+            self.0.lock().expect("lock").push(Heard::End(msg.end));
+        }
+    }
+
+    /// A tap reporting to a fresh recorder, and what it heard.
+    fn recorded_tap() -> (CallTap, Arc<Mutex<Vec<Heard>>>) {
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let addr = Recorder(heard.clone()).start();
+        (
+            CallTap::to(addr.clone().recipient(), addr.recipient()),
+            heard,
+        )
+    }
+
+    /// Lets the recorder drain its mailbox: `do_send` is queued, and the
+    /// actor runs on this same system.
+    async fn heard(h: &Arc<Mutex<Vec<Heard>>>) -> Vec<Heard> {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        std::mem::take(&mut *h.lock().expect("lock"))
+    }
+
+    type Item = Result<HttpFrame<Bytes>, std::io::Error>;
+
+    fn stream_body(
+        items: Vec<Item>,
+    ) -> StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Item>>> {
+        StreamBody::new(futures_util::stream::iter(items))
+    }
+
+    fn data(s: &'static str) -> Item {
+        Ok(HttpFrame::data(Bytes::from_static(s.as_bytes())))
+    }
+
+    #[actix::test]
+    async fn frames_reach_the_client_unchanged_and_in_order() {
+        let (tap, h) = recorded_tap();
+        let body = TapBody::new(stream_body(vec![data("a"), data("bc"), data("d")]), tap);
+        let got = body.collect().await.expect("body").to_bytes();
+        assert_eq!(&got[..], b"abcd");
+        assert_eq!(
+            heard(&h).await,
+            vec![
+                Heard::Frame(Bytes::from_static(b"a")),
+                Heard::Frame(Bytes::from_static(b"bc")),
+                Heard::Frame(Bytes::from_static(b"d")),
+                Heard::End(StreamEnd::Complete),
+            ]
+        );
+    }
+
+    #[actix::test]
+    async fn the_end_after_the_last_data_frame_is_reported_without_another_poll() {
+        // A body with an exact length ends with its last frame; hyper may
+        // never poll it again, so the end is reported with that frame.
+        let (tap, h) = recorded_tap();
+        let mut body = TapBody::new(Full::new(Bytes::from_static(b"whole")), tap);
+        let frame = body.frame().await.expect("a frame").expect("data");
+        assert_eq!(frame.into_data().ok(), Some(Bytes::from_static(b"whole")));
+        assert_eq!(
+            heard(&h).await,
+            vec![
+                Heard::Frame(Bytes::from_static(b"whole")),
+                Heard::End(StreamEnd::Complete),
+            ]
+        );
+        // Polling to the end anyway reports nothing more, even on drop.
+        assert!(body.frame().await.is_none());
+        drop(body);
+        assert_eq!(heard(&h).await, vec![]);
+    }
+
+    #[actix::test]
+    async fn an_empty_body_ends_once_with_no_frames() {
+        let (tap, h) = recorded_tap();
+        let body = TapBody::new(
+            Empty::<Bytes>::new().map_err(|e: Infallible| match e {}),
+            tap,
+        );
+        let got: Result<_, Infallible> = body.collect().await;
+        assert!(got.expect("body").to_bytes().is_empty());
+        assert_eq!(heard(&h).await, vec![Heard::End(StreamEnd::Complete)]);
+    }
+
+    #[actix::test]
+    async fn trailers_end_the_body_and_pass_through() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", "1".parse().expect("header value"));
+        let (tap, h) = recorded_tap();
+        let body = TapBody::new(
+            stream_body(vec![data("a"), Ok(HttpFrame::trailers(trailers.clone()))]),
+            tap,
+        );
+        let collected = body.collect().await.expect("body");
+        assert_eq!(collected.trailers(), Some(&trailers));
+        assert_eq!(
+            heard(&h).await,
+            vec![
+                Heard::Frame(Bytes::from_static(b"a")),
+                Heard::End(StreamEnd::Complete),
+            ]
+        );
+    }
+
+    #[actix::test]
+    async fn an_upstream_error_is_a_cut_and_reaches_the_client() {
+        let (tap, h) = recorded_tap();
+        let mut body = TapBody::new(
+            stream_body(vec![data("a"), Err(std::io::Error::other("reset"))]),
+            tap,
+        );
+        assert!(body.frame().await.expect("a frame").is_ok());
+        assert!(body.frame().await.expect("the error").is_err());
+        drop(body);
+        assert_eq!(
+            heard(&h).await,
+            vec![
+                Heard::Frame(Bytes::from_static(b"a")),
+                Heard::End(StreamEnd::UpstreamCut),
+            ]
+        );
+    }
+
+    #[actix::test]
+    async fn a_drop_before_the_end_means_the_client_left() {
+        let (tap, h) = recorded_tap();
+        let mut body = TapBody::new(stream_body(vec![data("a"), data("b")]), tap);
+        assert!(body.frame().await.expect("a frame").is_ok());
+        drop(body);
+        assert_eq!(
+            heard(&h).await,
+            vec![
+                Heard::Frame(Bytes::from_static(b"a")),
+                Heard::End(StreamEnd::ClientGone),
+            ]
+        );
+    }
+
+    #[actix::test]
+    async fn a_pending_upstream_reports_nothing() {
+        let (tap, h) = recorded_tap();
+        let mut body = TapBody::new(
+            StreamBody::new(futures_util::stream::pending::<Item>()),
+            tap,
+        );
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        assert_eq!(heard(&h).await, vec![]);
+        drop(body);
+        assert_eq!(heard(&h).await, vec![Heard::End(StreamEnd::ClientGone)]);
+    }
+
+    #[test]
+    fn a_failing_request_body_raises_the_client_flag_and_a_clean_one_does_not() {
+        let flag = ClientBodyFailed::default();
+        let mut observer = flag.clone();
+        observer.end();
+        assert!(!flag.is_set());
+        observer.failed();
+        assert!(flag.is_set());
     }
 }
