@@ -20,11 +20,9 @@
 //! recent 2,000 calls; each call is found by its client name (the
 //! `User-Agent` product `bx-<case>`).
 
-#[path = "faults/wire.rs"]
-mod wire;
+mod util;
 
-#[path = "proxy_support/mod.rs"]
-mod proxy_support;
+use util::{proxy as proxy_support, wire};
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -14,7 +14,7 @@
 //! Waiting is always "until this happens or a deadline passes": lines are
 //! read by threads and handed over through channels.
 
-mod raw_http;
+use crate::util::raw_http;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};

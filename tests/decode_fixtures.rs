@@ -13,8 +13,7 @@
 //! events are the same as for the body fed whole, once adjacent output
 //! pieces of one channel are merged.
 
-#[path = "support/decode_capture.rs"]
-mod capture;
+use crate::util::decode_capture as capture;
 
 use std::collections::BTreeSet;
 

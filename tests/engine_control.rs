@@ -1,7 +1,7 @@
 //! The UI's engine controls through the real engine: bound routes, settings
 //! saved to the config file, demo traffic that really flows and is metered.
 
-mod proxy_support;
+use crate::util::proxy as proxy_support;
 
 use std::time::Duration;
 

@@ -7,11 +7,9 @@
 //! A test binary of its own, with a single test: descriptors are counted
 //! process-wide, so nothing else may run beside it.
 
-#[path = "faults/wire.rs"]
-mod wire;
+mod util;
 
-#[path = "proxy_support/mod.rs"]
-mod proxy_support;
+use util::{proxy as proxy_support, wire};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The interceptor end to end over real sockets: a scripted upstream, the
 //! engine in-process, a client that records every frame.
 
-mod proxy_support;
+use crate::util::proxy as proxy_support;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! receives the capture's exact bytes, and the settled call agrees with the
 //! capture's own `usage` and `timings` (from each folder's `index.json`).
 
-mod proxy_support;
+use crate::util::proxy as proxy_support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -39,8 +39,9 @@
 //! The per-call table also goes to `target/bench-report/real-server.md`,
 //! which the accuracy report (`cargo bench --bench accuracy`) includes.
 
-mod raw_http;
-mod store_engine_support;
+mod util;
+
+use util::store_engine as store_engine_support;
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs};

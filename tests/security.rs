@@ -29,9 +29,7 @@
 //! location and the panic's own text, no request data unless a panic
 //! message formats some; none in `src/` does).
 
-mod raw_http;
-mod security_support;
-mod store_engine_support;
+use crate::util::{raw_http, security as security_support, store_engine as store_engine_support};
 
 use std::collections::BTreeSet;
 use std::io::{BufReader, Read, Write};

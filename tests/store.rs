@@ -1106,7 +1106,10 @@ fn kill_9_loses_no_call_reported_persisted() {
         .args([
             "--ignored",
             "--exact",
-            "crash_child_writes_until_killed",
+            // The child's full name in this binary (its module path).
+            concat!(module_path!(), "::crash_child_writes_until_killed")
+                .split_once("::")
+                .map_or("crash_child_writes_until_killed", |(_, name)| name),
             "--nocapture",
         ])
         .env(CRASH_CHILD_ENV, &path)

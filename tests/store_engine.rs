@@ -13,8 +13,7 @@
 //! calibration test runs the engine in-process against an in-process
 //! `SimServer`. Waiting is always on a condition with a deadline.
 
-mod raw_http;
-mod store_engine_support;
+use crate::util::{raw_http, store_engine as store_engine_support};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;

@@ -15,8 +15,12 @@
 //! The upstream here is a raw socket ([`wire::RawUpstream`]) so a test
 //! controls every byte and every way a connection ends.
 
-#[path = "../proxy_support/mod.rs"]
-mod proxy_support;
+// The one shared support module (tests/util); this binary's root sits
+// in tests/faults/, so the path names it.
+#[path = "../util/mod.rs"]
+mod util;
+
+use util::{proxy as proxy_support, wire};
 
 mod client;
 mod connections;
@@ -25,7 +29,6 @@ mod long_request;
 mod stall;
 mod store;
 mod upstream;
-mod wire;
 
 use std::time::Duration;
 

@@ -1,11 +1,6 @@
-//! A minimal HTTP/1.1 client over raw `TcpStream`s, shared by the test
-//! binaries that check the bytes on the wire (`tests/cli.rs`,
-//! `tests/store_engine.rs`) rather than a client library's view of them.
-//!
-//! A directory module (`raw_http/mod.rs`) so that cargo does not build it
-//! as a test binary of its own; each user declares `mod raw_http;`.
-//! Not every user needs every helper, hence `dead_code` is allowed.
-#![allow(dead_code)]
+//! A minimal HTTP/1.1 client over raw `TcpStream`s, for the tests that
+//! check the bytes on the wire (`cli`, `store_engine`, `security`) rather
+//! than a client library's view of them.
 
 use std::io::{self, BufRead};
 use std::net::{SocketAddr, TcpStream};

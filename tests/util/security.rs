@@ -6,7 +6,6 @@
 //!
 //! The upstream runs on a runtime of its own in a background thread, so the
 //! tests that use it stay plain synchronous code around a child process.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -1,15 +1,11 @@
-//! Support for `tests/store_engine.rs`: the real `speedtap` binary as a
-//! child process (output captured byte for byte), and a minimal HTTP/1.1
-//! client over raw `TcpStream`s (the wire itself is `tests/raw_http`,
-//! shared with `tests/cli.rs`; `tests/store_engine.rs` declares it).
+//! The real `speedtap` binary as a child process (output captured byte
+//! for byte), and HTTP helpers over [`super::raw_http`], for the
+//! `store_engine`, `security` and real-server tests.
 //!
 //! Patterns follow `tests/cli.rs` (port 0 everywhere, addresses read from
-//! what the process prints, XDG dirs in a scratch dir) without importing it:
-//! an integration test file can't be a library of another, which is why the
-//! HTTP code both use is a module each declares. The difference is that
-//! output is kept as raw bytes, not lines, because one test scans it for
-//! secrets and must see every byte, valid UTF-8 or not.
-#![allow(dead_code)]
+//! what the process prints, XDG dirs in a scratch dir). The difference is
+//! that output is kept as raw bytes, not lines, because one test scans it
+//! for secrets and must see every byte, valid UTF-8 or not.
 
 use std::io::{self, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -22,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::raw_http::{header, read_body, read_head, request, try_connect};
+use super::raw_http::{header, read_body, read_head, request, try_connect};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_speedtap");
 

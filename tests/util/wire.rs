@@ -1,7 +1,6 @@
 //! Raw HTTP/1.x over tokio sockets, for both ends of a fault: an upstream
 //! whose every byte (and every way of ending a connection) the test writes
 //! by hand, and a client that reads a response head and body itself.
-#![allow(dead_code)]
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,7 +1,6 @@
 //! Test support for the proxy: a scripted upstream that serves exact bytes
 //! at scripted times over a real socket, a client that records what it
 //! receives, and an in-process engine.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -1,0 +1,22 @@
+//! The integration tests, in one binary (one link instead of one per
+//! file): each module below is one area, and `util` is the support they
+//! share. Tests that must have the process to themselves are their own
+//! binaries (see `tests/util/mod.rs`).
+//!
+//! Run one area with a filter: `cargo test --test tests proxy::`.
+
+mod util;
+
+mod cli;
+mod config;
+mod control_api;
+mod decode_fixtures;
+mod engine_control;
+mod export_cli;
+mod metrics_export;
+mod proxy;
+mod proxy_fixtures;
+mod security;
+mod simulate;
+mod store;
+mod store_engine;
