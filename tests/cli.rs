@@ -14,177 +14,31 @@
 //! Waiting is always "until this happens or a deadline passes": lines are
 //! read by threads and handed over through channels.
 
+use crate::util::process::{self, read_announcement, speedtap, start_simulate, Proc, Run, STARTUP};
 use crate::util::raw_http;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::sync::mpsc::{self, Receiver};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use raw_http::{connect, read_body, read_chunk, read_head, request};
 
-const BIN: &str = env!("CARGO_BIN_EXE_speedtap");
-
-/// Generous: a debug build on a busy 2-core machine starts slowly.
-const STARTUP: Duration = Duration::from_secs(30);
-
 /// How long a process may take to fail on bad usage (it should be instant).
 const QUICK_EXIT: Duration = Duration::from_secs(15);
 
 // ---------------------------------------------------------------------------
-// Processes
+// Processes (the shared helpers are in tests/util/process.rs)
 // ---------------------------------------------------------------------------
 
-/// A fresh, empty scratch directory for one test.
+/// A fresh, empty scratch directory for one CLI test.
 fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("cli")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// `speedtap ARGS` with the platform config and data dirs pointed into
-/// `dir`, so a user's own `speedtap.toml` is never read, and with default
-/// logging so stderr holds only what the CLI prints.
-fn speedtap(dir: &std::path::Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .env("XDG_CONFIG_HOME", dir.join("config"))
-        .env("XDG_DATA_HOME", dir.join("data"))
-        .env("HOME", dir)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
-
-/// One line-reading thread per output pipe: every line goes to a log (kept
-/// whole) and to a channel (for waiting on the next line).
-struct Lines {
-    rx: Receiver<String>,
-    log: Arc<Mutex<Vec<String>>>,
-    reader: Option<JoinHandle<()>>,
-}
-
-impl Lines {
-    fn new(pipe: impl Read + Send + 'static) -> Lines {
-        let (tx, rx) = mpsc::channel();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let log2 = Arc::clone(&log);
-        let reader = thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                log2.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        Lines {
-            rx,
-            log,
-            reader: Some(reader),
-        }
-    }
-
-    /// The first line from now on that `pred` accepts.
-    fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok(line) if pred(&line) => return line,
-                Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => {
-                    panic!("timed out waiting for {what}; so far: {:?}", self.all())
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    panic!("output ended before {what}; it was: {:?}", self.all())
-                }
-            }
-        }
-    }
-
-    fn all(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Every line, once the pipe has closed (the process exited).
-    fn finish(&mut self) -> Vec<String> {
-        if let Some(reader) = self.reader.take() {
-            reader.join().unwrap();
-        }
-        self.all()
-    }
-}
-
-/// A running `speedtap` process. Killed on drop if still running, so a
-/// failing test leaves nothing behind.
-struct Proc {
-    child: Child,
-    stdout: Lines,
-    stderr: Lines,
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command) -> Proc {
-        let mut child = cmd.spawn().expect("speedtap starts");
-        let stdout = Lines::new(child.stdout.take().unwrap());
-        let stderr = Lines::new(child.stderr.take().unwrap());
-        Proc {
-            child,
-            stdout,
-            stderr,
-        }
-    }
-
-    /// Sends `signal` (`TERM`, `INT`) through the `kill` utility.
-    #[cfg(unix)]
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{signal} failed");
-    }
-
-    /// Waits for the exit, polling with a deadline; returns the status and
-    /// how long it took.
-    fn wait_exit(&mut self, timeout: Duration) -> (ExitStatus, Duration) {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return (status, start.elapsed());
-            }
-            if start.elapsed() > timeout {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "still running after {timeout:?}; stderr: {:?}",
-                    self.stderr.finish()
-                );
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+    process::scratch("cli", test)
 }
 
 /// What a process that should stop on its own left behind.
@@ -197,77 +51,17 @@ struct Finished {
 /// Runs `speedtap ARGS` expecting it to exit by itself, quickly.
 fn run_to_exit(dir: &std::path::Path, args: &[&str]) -> Finished {
     let mut p = Proc::spawn(speedtap(dir, args));
-    let (status, _) = p.wait_exit(QUICK_EXIT);
+    let (status, _) = p.wait_exit_timed(QUICK_EXIT);
     Finished {
         code: status.code(),
-        stdout: p.stdout.finish().join("\n"),
-        stderr: p.stderr.finish().join("\n"),
+        stdout: p.stdout.finish_lines().join("\n"),
+        stderr: p.stderr.finish_lines().join("\n"),
     }
 }
 
-/// `speedtap simulate` on a free port; returns it and its address, read from
-/// its banner.
-fn start_simulate(dir: &std::path::Path, extra: &[&str]) -> (Proc, SocketAddr) {
-    let mut args = vec!["simulate", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    let sim = Proc::spawn(speedtap(dir, &args));
-    let banner = sim.stdout.wait_for("the simulate banner", STARTUP, |l| {
-        l.contains("listening on")
-    });
-    let addr = url_addr(&banner, "listening on http://");
-    (sim, addr)
-}
-
-/// A running `speedtap run` with one route `sim` to `upstream`, and the
-/// addresses it printed.
-struct Run {
-    proc: Proc,
-    proxy: SocketAddr,
-    api: SocketAddr,
-}
-
+/// A running `speedtap run --no-db` with one route `sim` to `upstream`.
 fn start_run(dir: &std::path::Path, upstream: SocketAddr) -> Run {
-    let route = format!("sim=127.0.0.1:0=http://{upstream}");
-    let proc = Proc::spawn(speedtap(
-        dir,
-        &[
-            "run",
-            "--json",
-            "--no-db",
-            "--api",
-            "127.0.0.1:0",
-            "--route",
-            &route,
-        ],
-    ));
-    let (proxy, api) = read_announcement(&proc, "sim");
-    Run { proc, proxy, api }
-}
-
-/// The route's and the API's addresses from `speedtap run`'s start lines.
-fn read_announcement(proc: &Proc, route: &str) -> (SocketAddr, SocketAddr) {
-    let prefix = format!("speedtap: route {route}: http://");
-    let line = proc
-        .stderr
-        .wait_for("the route line", STARTUP, |l| l.starts_with(&prefix));
-    let proxy = url_addr(&line, &prefix);
-    let prefix = "speedtap: dashboard and control API on http://";
-    let line = proc
-        .stderr
-        .wait_for("the API line", STARTUP, |l| l.starts_with(prefix));
-    (proxy, url_addr(&line, prefix))
-}
-
-/// The `host:port` right after `prefix` in `line`.
-fn url_addr(line: &str, prefix: &str) -> SocketAddr {
-    let at = line.find(prefix).unwrap_or_else(|| panic!("{line}")) + prefix.len();
-    let rest = &line[at..];
-    let end = rest
-        .find(|c: char| c == '/' || c.is_whitespace())
-        .unwrap_or(rest.len());
-    rest[..end]
-        .parse()
-        .unwrap_or_else(|e| panic!("{line}: {e}"))
+    process::start_run_with(dir, upstream, &["--no-db"], &[])
 }
 
 // ---------------------------------------------------------------------------
@@ -668,8 +462,13 @@ fn valid_config_file_starts_its_routes_and_stops_on_sigterm() {
     assert_ne!(proxy.port(), 0);
     assert_ne!(api.port(), 0);
     p.signal("TERM");
-    let (status, took) = p.wait_exit(Duration::from_secs(6));
-    assert_eq!(status.code(), Some(0), "stderr {:?}", p.stderr.finish());
+    let (status, took) = p.wait_exit_timed(Duration::from_secs(6));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "stderr {:?}",
+        p.stderr.finish_lines()
+    );
     assert!(took <= Duration::from_secs(6));
 }
 
@@ -695,12 +494,12 @@ fn a_stop_signal_right_after_the_start_lines_is_a_clean_stop() {
         ));
         read_announcement(&p, "a");
         p.signal(signal);
-        let (status, _) = p.wait_exit(Duration::from_secs(6));
+        let (status, _) = p.wait_exit_timed(Duration::from_secs(6));
         assert_eq!(
             status.code(),
             Some(0),
             "run {i}, SIG{signal}: {status}; stderr {:?}",
-            p.stderr.finish()
+            p.stderr.finish_lines()
         );
     }
 }
@@ -836,8 +635,13 @@ fn allow_remote_lets_a_wildcard_route_start() {
     let (proxy, _) = read_announcement(&p, "wide");
     assert!(proxy.ip().is_unspecified(), "{proxy}");
     p.signal("TERM");
-    let (status, _) = p.wait_exit(Duration::from_secs(6));
-    assert_eq!(status.code(), Some(0), "stderr {:?}", p.stderr.finish());
+    let (status, _) = p.wait_exit_timed(Duration::from_secs(6));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "stderr {:?}",
+        p.stderr.finish_lines()
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -908,7 +712,7 @@ fn an_unopenable_store_warns_and_the_proxy_still_runs() {
     let (proxy, api) = read_announcement(&p, "sim");
     let warning = p
         .stderr
-        .all()
+        .lines_so_far()
         .into_iter()
         .find(|l| l.contains("history is off"))
         .expect("a warning that history is off");
@@ -932,8 +736,13 @@ fn an_unopenable_store_warns_and_the_proxy_still_runs() {
     assert_ne!(head.status, 200, "no history without a store");
 
     p.signal("TERM");
-    let (status, _) = p.wait_exit(Duration::from_secs(10));
-    assert_eq!(status.code(), Some(0), "stderr {:?}", p.stderr.finish());
+    let (status, _) = p.wait_exit_timed(Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "stderr {:?}",
+        p.stderr.finish_lines()
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -1012,13 +821,13 @@ fn json_lines_and_sse_events_follow_the_contract_and_sigterm_stops_cleanly() {
 
     // A clean stop, with the event stream still open.
     run.proc.signal("TERM");
-    let (status, took) = run.proc.wait_exit(Duration::from_secs(6));
-    let stderr = run.proc.stderr.finish();
+    let (status, took) = run.proc.wait_exit_timed(Duration::from_secs(6));
+    let stderr = run.proc.stderr.finish_lines();
     assert_eq!(status.code(), Some(0), "stderr {stderr:?}");
     assert!(took <= Duration::from_secs(6), "took {took:?}");
 
     // Every stdout line, whole.
-    let lines = run.proc.stdout.finish();
+    let lines = run.proc.stdout.finish_lines();
     let parsed: Vec<Value> = lines
         .iter()
         .map(|l| check_speed_event(l, &format!("stdout line {l}")))
@@ -1076,14 +885,14 @@ fn sigint_drains_an_in_flight_stream_and_settles_it() {
     let id = call_id(&v).to_string();
 
     run.proc.signal("INT");
-    let (status, took) = run.proc.wait_exit(SHUTDOWN_LIMIT);
-    let stderr = run.proc.stderr.finish();
+    let (status, took) = run.proc.wait_exit_timed(SHUTDOWN_LIMIT);
+    let stderr = run.proc.stderr.finish_lines();
     assert_eq!(status.code(), Some(0), "stderr {stderr:?}");
     // The contract drains in-flight calls for up to 5 s: this one outlasts
     // that, so the stop waits (most of) the grace rather than cutting it.
     assert!(took >= Duration::from_secs(4), "stopped after {took:?}");
 
-    let lines = run.proc.stdout.finish();
+    let lines = run.proc.stdout.finish_lines();
     let parsed: Vec<Value> = lines
         .iter()
         .map(|l| check_speed_event(l, &format!("stdout line {l}")))

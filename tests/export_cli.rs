@@ -21,12 +21,7 @@ const HOUR_MS: u64 = 3_600_000;
 
 /// A fresh, empty scratch directory for one test.
 fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("export_cli")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    crate::util::process::scratch("export_cli", test)
 }
 
 /// Runs `speedtap ARGS` to completion with the platform config and data

@@ -21,30 +21,15 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use wire::{chat_events, post, Conn, RawUpstream, CHAT, SSE_HEAD};
+use wire::{chat_events, open_fds, whole_chat_call, RawUpstream, CHAT, SSE_HEAD};
 
 const CONNECTIONS: usize = 10_000;
 /// Every tenth connection breaks off a metered request mid-body.
 const PARTIAL_BODY_EVERY: usize = 10;
 const AT_ONCE: usize = 200;
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
 async fn normal_call(engine: &RunningEngine) {
-    let addr = engine.routes[0].listen;
-    let mut c = Conn::connect(addr).await;
-    c.write(&post(addr, "/v1/chat/completions", CHAT, &[]))
-        .await
-        .unwrap();
-    let head = c.head().await.expect("head");
-    assert_eq!(head.status(), 200);
-    let body = c.body(&head).await;
-    assert!(body.complete);
-    assert_eq!(body.bytes, chat_events(5).concat());
+    whole_chat_call(engine.routes[0].listen, 5).await;
 }
 
 /// One connection, dropped after sending what `kind` says.

@@ -50,7 +50,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use store_engine_support::{get, http, read_announcement, speedtap, Proc};
+use store_engine_support::{get, http};
+use util::process::{read_announcement, speedtap, Proc};
 
 /// The environment variable naming the server.
 const URL_VAR: &str = "SPEEDTAP_REAL_LLM_URL";

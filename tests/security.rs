@@ -43,9 +43,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::util::process::{speedtap, url_addr, Proc, BIN, STARTUP};
 use raw_http::{read_body, read_head, try_connect};
 use security_support::{MarkerUpstream, Mode, DELAY_MS, MODE};
-use store_engine_support::{find, http, speedtap, url_addr, Proc, Protocol, BIN, STARTUP};
+use store_engine_support::{find, http, Protocol};
 
 // ---------------------------------------------------------------------------
 // Shared helpers
@@ -53,12 +54,7 @@ use store_engine_support::{find, http, speedtap, url_addr, Proc, Protocol, BIN, 
 
 /// A fresh, empty scratch directory for one test.
 fn scratch(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("security")
-        .join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    crate::util::process::scratch("security", test)
 }
 
 /// A `speedtap run` and the addresses it announced.

@@ -35,7 +35,10 @@ use speedtap::simulate::{SimConfig, SimServer};
 use speedtap::store::{HistoryFilter, Store};
 use speedtap::tokens::O200kEstimator;
 
+use crate::util::process::*;
 use store_engine_support::*;
+// Both globs have a `scratch`; this area's names its own folder.
+use store_engine_support::scratch;
 
 /// A call's key in the store: ids restart with every run, so the id alone
 /// is only unique together with its start time.

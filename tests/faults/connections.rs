@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::proxy_support::engine_with;
 use crate::quiescent;
-use crate::wire::{chat_events, post, Conn, RawUpstream, CHAT, SSE_HEAD};
+use crate::wire::{chat_events, whole_chat_call, RawUpstream, SSE_HEAD};
 
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -44,16 +44,7 @@ async fn engine(up: &RawUpstream, max_connections: usize) -> RunningEngine {
 
 /// One normal streaming call; panics unless it arrives whole.
 async fn normal_call(engine: &RunningEngine) {
-    let addr = engine.routes[0].listen;
-    let mut c = Conn::connect(addr).await;
-    c.write(&post(addr, "/v1/chat/completions", CHAT, &[]))
-        .await
-        .unwrap();
-    let head = c.head().await.expect("head");
-    assert_eq!(head.status(), 200);
-    let body = c.body(&head).await;
-    assert!(body.complete);
-    assert_eq!(body.bytes, chat_events(20).concat());
+    whole_chat_call(engine.routes[0].listen, 20).await;
 }
 
 /// A slowloris: the start of a head, then one byte every 100 ms until the

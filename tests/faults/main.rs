@@ -76,9 +76,4 @@ pub async fn quiescent(engine: &RunningEngine, n: usize) -> Vec<Call> {
     }
 }
 
-/// Open file descriptors of this process (Linux `/proc/self/fd`).
-pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
+pub use wire::open_fds;

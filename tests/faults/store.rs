@@ -27,7 +27,7 @@ use speedtap::engine::{CallStatus, Engine, EngineOptions, RunningEngine};
 use speedtap::store::Store;
 
 use crate::quiescent;
-use crate::wire::{chat_events, post, Conn, RawUpstream, CHAT, SSE_HEAD};
+use crate::wire::{chat_events, whole_chat_call, RawUpstream, SSE_HEAD};
 
 /// Everything this binary logs at WARN and above (the whole process: the
 /// writer warns from its own thread).
@@ -65,13 +65,9 @@ fn write_warnings() -> usize {
     text.matches("cannot write to the history database").count()
 }
 
+/// A fresh, empty scratch directory for one test.
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("faults")
-        .join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    crate::util::process::scratch("faults", name)
 }
 
 async fn engine_on(store: Store, upstream: &str, dir: &Path) -> RunningEngine {
@@ -101,15 +97,7 @@ async fn upstream() -> RawUpstream {
 async fn calls_still_work(engine: &RunningEngine, n: usize) {
     let addr = engine.routes[0].listen;
     for _ in 0..n {
-        let mut c = Conn::connect(addr).await;
-        c.write(&post(addr, "/v1/chat/completions", CHAT, &[]))
-            .await
-            .unwrap();
-        let head = c.head().await.expect("head");
-        assert_eq!(head.status(), 200);
-        let body = c.body(&head).await;
-        assert!(body.complete);
-        assert_eq!(body.bytes, chat_events(20).concat());
+        whole_chat_call(addr, 20).await;
     }
     let calls = quiescent(engine, n).await;
     assert!(

@@ -8,15 +8,18 @@
 //!   client, an in-process engine.
 //! - [`wire`]: raw HTTP/1.x over tokio sockets for both ends of a fault.
 //! - [`raw_http`]: a blocking HTTP/1.1 client over `TcpStream`s.
-//! - [`store_engine`]: the `speedtap` binary as a child process.
+//! - [`process`]: the `speedtap` binary as a child process.
+//! - [`store_engine`]: HTTP helpers and request bodies for the store and
+//!   engine tests.
 //! - [`security`]: an upstream that answers with a marker text and
 //!   records the credentials it was sent.
 //! - [`decode_capture`]: the real captures under `tests/fixtures/real`.
 //!
 //! Each binary uses part of it, so unused helpers are not warnings here.
-#![allow(dead_code, unused_imports)]
+#![allow(dead_code)]
 
 pub mod decode_capture;
+pub mod process;
 pub mod proxy;
 pub mod raw_http;
 pub mod security;

@@ -265,3 +265,26 @@ pub fn chat_events(n: usize) -> Vec<Vec<u8>> {
 /// The head of a chunked SSE response.
 pub const SSE_HEAD: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+/// One streamed chat call to `addr` (a proxy route in front of an upstream
+/// that streams [`chat_events`]`(tokens)`); panics unless the response
+/// arrives whole and byte for byte.
+pub async fn whole_chat_call(addr: SocketAddr, tokens: usize) {
+    let mut c = Conn::connect(addr).await;
+    c.write(&post(addr, "/v1/chat/completions", CHAT, &[]))
+        .await
+        .unwrap();
+    let head = c.head().await.expect("head");
+    assert_eq!(head.status(), 200);
+    let body = c.body(&head).await;
+    assert!(body.complete);
+    assert_eq!(body.bytes, chat_events(tokens).concat());
+}
+
+/// How many file descriptors this process has open (Linux: the entries
+/// of `/proc/self/fd`; 0 where that can't be read).
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
