@@ -27,6 +27,13 @@ pub const DEFAULT_API: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHO
 /// Default slow-first-token threshold.
 pub const DEFAULT_SLOW_TTFT_MS: u64 = 5000;
 
+/// Settled calls are kept this many days by default (`retention_days`).
+pub const DEFAULT_RETENTION_DAYS: u64 = 90;
+
+/// The store's default size cap in MB (`max_db_mb`); the oldest calls go
+/// first.
+pub const DEFAULT_MAX_DB_MB: u64 = 1024;
+
 /// Longest accepted route name.
 const MAX_ROUTE_NAME: usize = 64;
 
@@ -317,6 +324,41 @@ pub struct Settings {
     /// Cut a response whose upstream sends nothing for this long
     /// (`idle_timeout`, `--idle-timeout`); `None`, the default, never does.
     pub idle_timeout: Option<std::time::Duration>,
+    /// Keep settled calls this many days (`retention_days`, default 90).
+    pub retention_days: u64,
+    /// Cap the store at this many MB (`max_db_mb`, default 1024).
+    pub max_db_mb: u64,
+    /// Push metrics by OTLP/HTTP to this collector (`otlp_endpoint`);
+    /// `None`, the default, pushes nothing.
+    pub otlp_endpoint: Option<String>,
+    /// The proxy's per-connection limits; each `None` is the engine's
+    /// default (documented on the engine's proxy limits).
+    pub proxy: ProxySettings,
+}
+
+/// The proxy's connection limits as the user sets them (`head_timeout`,
+/// `max_head_kib`, `max_connections`). `None` means the engine's default,
+/// so the defaults live in one place (the proxy's limits).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProxySettings {
+    /// How long a client may take to send a request head (also how long
+    /// an idle keep-alive connection is kept).
+    pub head_timeout: Option<std::time::Duration>,
+    /// The most a connection buffers while reading a request head, in KiB.
+    pub max_head_kib: Option<u64>,
+    /// The most client connections one route serves at once.
+    pub max_connections: Option<u64>,
+}
+
+impl ProxySettings {
+    /// Each field the other sets wins (flags over the file).
+    fn or(self, lower: ProxySettings) -> ProxySettings {
+        ProxySettings {
+            head_timeout: self.head_timeout.or(lower.head_timeout),
+            max_head_kib: self.max_head_kib.or(lower.max_head_kib),
+            max_connections: self.max_connections.or(lower.max_connections),
+        }
+    }
 }
 
 impl Default for Settings {
@@ -331,6 +373,10 @@ impl Default for Settings {
             notify_settled: false,
             notifications: true,
             idle_timeout: None,
+            retention_days: DEFAULT_RETENTION_DAYS,
+            max_db_mb: DEFAULT_MAX_DB_MB,
+            otlp_endpoint: None,
+            proxy: ProxySettings::default(),
         }
     }
 }
@@ -346,6 +392,10 @@ pub struct CliOverrides {
     pub json: bool,
     pub allow_remote: bool,
     pub idle_timeout: Option<std::time::Duration>,
+    pub retention_days: Option<u64>,
+    pub max_db_mb: Option<u64>,
+    pub otlp_endpoint: Option<String>,
+    pub proxy: ProxySettings,
 }
 
 // ---------------------------------------------------------------------------
@@ -414,6 +464,13 @@ struct RawConfig {
     notify_settled: Option<bool>,
     /// A duration such as `"90s"` or `"5m"` (humantime).
     idle_timeout: Option<Spanned<String>>,
+    retention_days: Option<Spanned<u64>>,
+    max_db_mb: Option<Spanned<u64>>,
+    otlp_endpoint: Option<Spanned<String>>,
+    /// A duration, like `idle_timeout`.
+    head_timeout: Option<Spanned<String>>,
+    max_head_kib: Option<Spanned<u64>>,
+    max_connections: Option<Spanned<u64>>,
     #[serde(default)]
     route: Vec<Spanned<RawRoute>>,
 }
@@ -458,6 +515,10 @@ pub struct ConfigFile {
     pub notifications: Option<bool>,
     pub notify_settled: Option<bool>,
     pub idle_timeout: Option<std::time::Duration>,
+    pub retention_days: Option<u64>,
+    pub max_db_mb: Option<u64>,
+    pub otlp_endpoint: Option<String>,
+    pub proxy: ProxySettings,
     pub routes: Vec<RouteSpec>,
     origin: Option<Origin>,
 }
@@ -471,6 +532,10 @@ impl PartialEq for ConfigFile {
             && self.notifications == other.notifications
             && self.notify_settled == other.notify_settled
             && self.idle_timeout == other.idle_timeout
+            && self.retention_days == other.retention_days
+            && self.max_db_mb == other.max_db_mb
+            && self.otlp_endpoint == other.otlp_endpoint
+            && self.proxy == other.proxy
             && self.routes == other.routes
     }
 }
@@ -500,6 +565,18 @@ impl ConfigFile {
             notify_settled: Option<bool>,
             #[serde(skip_serializing_if = "Option::is_none")]
             idle_timeout: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            retention_days: Option<u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            max_db_mb: Option<u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            otlp_endpoint: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            head_timeout: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            max_head_kib: Option<u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            max_connections: Option<u64>,
             #[serde(skip_serializing_if = "Vec::is_empty")]
             route: Vec<OutRoute>,
         }
@@ -523,6 +600,15 @@ impl ConfigFile {
             idle_timeout: self
                 .idle_timeout
                 .map(|d| humantime::format_duration(d).to_string()),
+            retention_days: self.retention_days,
+            max_db_mb: self.max_db_mb,
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            head_timeout: self
+                .proxy
+                .head_timeout
+                .map(|d| humantime::format_duration(d).to_string()),
+            max_head_kib: self.proxy.max_head_kib,
+            max_connections: self.proxy.max_connections,
             route: self
                 .routes
                 .iter()
@@ -547,6 +633,7 @@ pub fn parse_config(text: &str, file_name: &str) -> Result<ConfigFile, ConfigErr
         line: line_of(text, offset),
         message,
     };
+    let at_err = |(offset, message): (usize, String)| at(offset, message);
     let raw: RawConfig = toml::from_str(text).map_err(|e| match e.span() {
         Some(span) => at(span.start, with_key(text, span.start, e.message().trim())),
         None => ConfigError::InFile {
@@ -592,6 +679,25 @@ pub fn parse_config(text: &str, file_name: &str) -> Result<ConfigFile, ConfigErr
         ),
     };
 
+    let retention_days = at_least_one(raw.retention_days, "retention_days").map_err(&at_err)?;
+    let max_db_mb = at_least_one(raw.max_db_mb, "max_db_mb").map_err(&at_err)?;
+    let max_head_kib = at_least_one(raw.max_head_kib, "max_head_kib").map_err(&at_err)?;
+    let max_connections = at_least_one(raw.max_connections, "max_connections").map_err(&at_err)?;
+    let otlp_endpoint = match raw.otlp_endpoint {
+        None => None,
+        Some(v) => Some(
+            check_otlp_endpoint(v.get_ref())
+                .map_err(|e| at(v.span().start, format!("otlp_endpoint: {e}")))?,
+        ),
+    };
+    let head_timeout = match raw.head_timeout {
+        None => None,
+        Some(v) => Some(
+            parse_head_timeout(v.get_ref())
+                .map_err(|e| at(v.span().start, format!("head_timeout: {e}")))?,
+        ),
+    };
+
     let mut routes: Vec<(RouteSpec, RouteLines)> = Vec::with_capacity(raw.route.len());
     for entry in raw.route {
         let r = entry.into_inner();
@@ -629,6 +735,14 @@ pub fn parse_config(text: &str, file_name: &str) -> Result<ConfigFile, ConfigErr
         notifications: raw.notifications,
         notify_settled: raw.notify_settled,
         idle_timeout,
+        retention_days,
+        max_db_mb,
+        otlp_endpoint,
+        proxy: ProxySettings {
+            head_timeout,
+            max_head_kib,
+            max_connections,
+        },
         routes: routes.iter().map(|(r, _)| r.clone()).collect(),
         origin: Some(Origin {
             file: file_name.to_string(),
@@ -636,6 +750,29 @@ pub fn parse_config(text: &str, file_name: &str) -> Result<ConfigFile, ConfigErr
             routes,
         }),
     })
+}
+
+/// A count that must be at least 1, with the byte offset to blame.
+fn at_least_one(v: Option<Spanned<u64>>, key: &str) -> Result<Option<u64>, (usize, String)> {
+    match v {
+        Some(v) if *v.get_ref() == 0 => Err((v.span().start, format!("{key} must be at least 1"))),
+        v => Ok(v.map(Spanned::into_inner)),
+    }
+}
+
+/// An OTLP/HTTP collector's base URL: `http://` or `https://` and a host.
+/// The file and `--otlp-endpoint` share the check, so a typo is refused
+/// before anything starts, naming the line or the flag.
+pub fn check_otlp_endpoint(text: &str) -> Result<String, String> {
+    let url = text.trim();
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("{url:?} must start with http:// or https://"))?;
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(url.to_string())
 }
 
 /// Puts the key (or table header) of the offending line in front of a TOML
@@ -748,11 +885,25 @@ pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings
             message: "can't be combined with --db".into(),
         });
     }
-    if flags.slow_ttft_ms == Some(0) {
-        return Err(ConfigError::Flag {
-            flag: "--slow-ttft-ms".into(),
-            message: "must be at least 1".into(),
-        });
+    for (flag, value) in [
+        ("--slow-ttft-ms", flags.slow_ttft_ms),
+        ("--retention-days", flags.retention_days),
+        ("--max-db-mb", flags.max_db_mb),
+        ("--max-head-kib", flags.proxy.max_head_kib),
+        ("--max-connections", flags.proxy.max_connections),
+    ] {
+        if value == Some(0) {
+            return Err(ConfigError::Flag {
+                flag: flag.into(),
+                message: "must be at least 1".into(),
+            });
+        }
+    }
+    if let Some(url) = &flags.otlp_endpoint {
+        check_otlp_endpoint(url).map_err(|message| ConfigError::Flag {
+            flag: "--otlp-endpoint".into(),
+            message,
+        })?;
     }
 
     let allow_remote = flags.allow_remote || file.allow_remote.unwrap_or(false);
@@ -852,18 +1003,46 @@ pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings
         notify_settled: file.notify_settled.unwrap_or(false),
         notifications: file.notifications.unwrap_or(true),
         idle_timeout: flags.idle_timeout.or(file.idle_timeout),
+        retention_days: flags
+            .retention_days
+            .or(file.retention_days)
+            .unwrap_or(DEFAULT_RETENTION_DAYS),
+        max_db_mb: flags
+            .max_db_mb
+            .or(file.max_db_mb)
+            .unwrap_or(DEFAULT_MAX_DB_MB),
+        otlp_endpoint: flags.otlp_endpoint.or(file.otlp_endpoint),
+        proxy: flags.proxy.or(file.proxy),
     })
 }
 
 /// Parses an idle timeout (`"90s"`, `"5m"`, `"1h 30m"`): a humantime
 /// duration above zero. The config key and `--idle-timeout` share it.
 pub fn parse_idle_timeout(text: &str) -> Result<std::time::Duration, String> {
-    let d = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("{text:?} is not a duration such as \"90s\" or \"5m\" ({e})"))?;
-    if d.is_zero() {
-        return Err("must be above zero (leave it out to never cut a stream)".into());
-    }
-    Ok(d)
+    parse_duration(text).and_then(|d| {
+        if d.is_zero() {
+            Err("must be above zero (leave it out to never cut a stream)".into())
+        } else {
+            Ok(d)
+        }
+    })
+}
+
+/// Parses a head timeout (`head_timeout`, `--head-timeout`): a humantime
+/// duration above zero.
+pub fn parse_head_timeout(text: &str) -> Result<std::time::Duration, String> {
+    parse_duration(text).and_then(|d| {
+        if d.is_zero() {
+            Err("must be above zero (leave it out for the default, 60s)".into())
+        } else {
+            Ok(d)
+        }
+    })
+}
+
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{text:?} is not a duration such as \"90s\" or \"5m\" ({e})"))
 }
 
 /// Whether binding both addresses would clash. See [`resolve`].

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use speedtap::config::{
     load_config, parse_config, parse_route_flag, resolve, save_config, CliOverrides, ConfigError,
-    ConfigFile, DbSetting, RouteSpec, Settings, Upstream,
+    ConfigFile, DbSetting, ProxySettings, RouteSpec, Settings, Upstream,
 };
 
 fn fixtures(kind: &str) -> Vec<PathBuf> {
@@ -105,6 +105,17 @@ fn the_full_fixture_sets_every_key() {
         DbSetting::File(path.parent().unwrap().join("speedtap-test.sqlite3"))
     );
     assert!(!s.allow_remote && s.notifications && s.notify_settled && !s.json);
+    assert_eq!(s.idle_timeout, Some(std::time::Duration::from_secs(300)));
+    assert_eq!((s.retention_days, s.max_db_mb), (30, 256));
+    assert_eq!(s.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+    assert_eq!(
+        s.proxy,
+        ProxySettings {
+            head_timeout: Some(std::time::Duration::from_secs(20)),
+            max_head_kib: Some(64),
+            max_connections: Some(512),
+        }
+    );
     let names: Vec<&str> = s.routes.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["ollama", "llamacpp"]);
     assert_eq!(s.routes[1].listen, addr("127.0.0.1:8081"));
@@ -177,6 +188,116 @@ fn route_flag_rejects_missing_or_bad_parts() {
     ] {
         let e = parse_route_flag(bad).unwrap_err();
         assert!(e.contains(fragment), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn store_otlp_and_proxy_limits_resolve_defaults_then_file_then_flags() {
+    // Defaults.
+    let s = resolve(None, CliOverrides::default()).unwrap();
+    assert_eq!((s.retention_days, s.max_db_mb), (90, 1024));
+    assert_eq!(s.otlp_endpoint, None);
+    assert_eq!(s.proxy, ProxySettings::default());
+
+    // The file over the defaults.
+    let file = parse_config(
+        "retention_days = 7\nmax_db_mb = 64\notlp_endpoint = \"http://127.0.0.1:4318\"\n\
+         head_timeout = \"15s\"\nmax_head_kib = 32\nmax_connections = 100\n",
+        "s.toml",
+    )
+    .unwrap();
+    let s = resolve(Some(file.clone()), CliOverrides::default()).unwrap();
+    assert_eq!((s.retention_days, s.max_db_mb), (7, 64));
+    assert_eq!(s.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+    assert_eq!(
+        s.proxy,
+        ProxySettings {
+            head_timeout: Some(std::time::Duration::from_secs(15)),
+            max_head_kib: Some(32),
+            max_connections: Some(100),
+        }
+    );
+
+    // Flags over the file, field by field: what a flag leaves unset keeps
+    // the file's value.
+    let flags = CliOverrides {
+        retention_days: Some(3),
+        otlp_endpoint: Some("https://collector.example:4318".into()),
+        proxy: ProxySettings {
+            max_connections: Some(9),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = resolve(Some(file), flags).unwrap();
+    assert_eq!((s.retention_days, s.max_db_mb), (3, 64));
+    assert_eq!(
+        s.otlp_endpoint.as_deref(),
+        Some("https://collector.example:4318")
+    );
+    assert_eq!(s.proxy.max_connections, Some(9));
+    assert_eq!(s.proxy.max_head_kib, Some(32));
+
+    // A saved file reads back with the same values.
+    let back = parse_config(&s_to_file(&s).to_toml(), "back.toml").unwrap();
+    assert_eq!(back.proxy, s.proxy);
+    assert_eq!(back.otlp_endpoint, s.otlp_endpoint);
+}
+
+fn s_to_file(s: &Settings) -> ConfigFile {
+    let mut file = ConfigFile::default();
+    file.retention_days = Some(s.retention_days);
+    file.max_db_mb = Some(s.max_db_mb);
+    file.otlp_endpoint = s.otlp_endpoint.clone();
+    file.proxy = s.proxy.clone();
+    file
+}
+
+#[test]
+fn bad_store_otlp_and_limit_flags_name_the_flag() {
+    for (flags, flag, fragment) in [
+        (
+            CliOverrides {
+                retention_days: Some(0),
+                ..Default::default()
+            },
+            "--retention-days",
+            "at least 1",
+        ),
+        (
+            CliOverrides {
+                max_db_mb: Some(0),
+                ..Default::default()
+            },
+            "--max-db-mb",
+            "at least 1",
+        ),
+        (
+            CliOverrides {
+                proxy: ProxySettings {
+                    max_connections: Some(0),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            "--max-connections",
+            "at least 1",
+        ),
+        (
+            CliOverrides {
+                otlp_endpoint: Some("127.0.0.1:4318".into()),
+                ..Default::default()
+            },
+            "--otlp-endpoint",
+            "must start with http://",
+        ),
+    ] {
+        let e = resolve(None, flags).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Flag { flag: f, .. } if f == flag),
+            "{e}"
+        );
+        assert!(e.to_string().contains(fragment), "{e}");
     }
 }
 

@@ -65,16 +65,28 @@ pub struct RunArgs {
     /// `http://127.0.0.1:4318`.
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
-    /// Keep settled calls in the store this many days.
-    #[arg(long, value_name = "DAYS", default_value_t = 90)]
-    pub retention_days: u64,
-    /// Cap the store's size; the oldest calls go first.
-    #[arg(long, value_name = "MB", default_value_t = 1024)]
-    pub max_db_mb: u64,
+    /// Keep settled calls in the store this many days [default: 90].
+    #[arg(long, value_name = "DAYS")]
+    pub retention_days: Option<u64>,
+    /// Cap the store's size; the oldest calls go first [default: 1024].
+    #[arg(long, value_name = "MB")]
+    pub max_db_mb: Option<u64>,
     /// Cut a response when its upstream sends nothing for this long, e.g.
     /// `5m` [default: off: a slow model is never cut].
     #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_idle_timeout)]
     pub idle_timeout: Option<std::time::Duration>,
+    /// How long a client may take to send a request head, which is also
+    /// how long an idle keep-alive connection is kept [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_head_timeout)]
+    pub head_timeout: Option<std::time::Duration>,
+    /// The most a request head may take, in KiB; a longer one gets 431
+    /// [default: 408].
+    #[arg(long, value_name = "KIB")]
+    pub max_head_kib: Option<u64>,
+    /// The most client connections one route serves at once; more wait in
+    /// the kernel's backlog [default: 4096].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<u64>,
 }
 
 #[derive(Debug, Clone, Args)]

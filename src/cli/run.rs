@@ -76,6 +76,14 @@ pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
         json: args.json,
         allow_remote: args.allow_remote,
         idle_timeout: args.idle_timeout,
+        retention_days: args.retention_days,
+        max_db_mb: args.max_db_mb,
+        otlp_endpoint: args.otlp_endpoint.clone(),
+        proxy: config::ProxySettings {
+            head_timeout: args.head_timeout,
+            max_head_kib: args.max_head_kib,
+            max_connections: args.max_connections,
+        },
     };
     Ok(config::resolve(file, flags)?)
 }
@@ -124,7 +132,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     // call doesn't pay for them.
     std::thread::spawn(crate::tokens::O200kEstimator::warm_up);
 
-    let otlp = match &args.otlp_endpoint {
+    let otlp = match &settings.otlp_endpoint {
         Some(endpoint) => {
             let exporter = crate::engine::otlp::start_otlp_exporter(
                 endpoint,
@@ -168,8 +176,6 @@ pub fn engine_options(args: &RunArgs, settings: &Settings) -> Result<EngineOptio
             .clone()
             .unwrap_or_else(config::default_config_path),
     );
-    options.retention = Duration::from_secs(args.retention_days.max(1) * 24 * 3600);
-    options.max_db_bytes = args.max_db_mb.max(1) * 1024 * 1024;
     if let Some(path) = settings.db.path() {
         match Store::open(&path) {
             Ok(store) => options.store = Some(store),

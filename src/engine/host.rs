@@ -130,6 +130,19 @@ impl EngineOptions {
         options.notifications = settings.notifications;
         options.notify_settled = settings.notify_settled;
         options.proxy_limits.idle_timeout = settings.idle_timeout;
+        options.retention = Duration::from_secs(settings.retention_days.max(1) * 24 * 3600);
+        options.max_db_bytes = settings.max_db_mb.max(1) * 1024 * 1024;
+        let proxy = &settings.proxy;
+        if let Some(t) = proxy.head_timeout {
+            options.proxy_limits.header_read_timeout = t;
+        }
+        if let Some(kib) = proxy.max_head_kib {
+            options.proxy_limits.max_buf_size =
+                usize::try_from(kib.saturating_mul(1024)).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = proxy.max_connections {
+            options.proxy_limits.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         options
     }
 }
