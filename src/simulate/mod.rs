@@ -10,8 +10,16 @@
 //! - Routes (POST): `/v1/chat/completions`, `/v1/completions`,
 //!   `/v1/responses`, `/v1/messages`, `/api/chat`, `/api/generate`,
 //!   `/completion`, `/generate_stream`, `/generate`. Discovery (GET):
-//!   `/health`, `/v1/models`, `/api/tags`, `/api/version`. Anything else is a
-//!   JSON 404.
+//!   `/health`, `/v1/models`, `/api/tags`, `/api/version`. Telemetry (GET):
+//!   Ollama's `/api/ps`, llama-server's `/slots`, `/props`, `/metrics`.
+//!   Anything else is a JSON 404.
+//! - Server behaviour, all off by default (see [`SimConfig`]): model
+//!   residency (a load time, then the model stays until its keep-alive of
+//!   idleness runs out), slots with a FIFO queue, a prefill rate, a context
+//!   size that refuses (llama-server) or cuts (Ollama) a longer prompt, and
+//!   speculative decoding counts. TTFT = load wait + slot wait + prefill
+//!   (`prompt tokens / rate`) + the base `ttft`; the telemetry endpoints
+//!   show the same state at any instant (`state`, `telemetry`).
 //! - Output is [`WORDS`] cycled, each one o200k token, so an o200k estimate of
 //!   the streamed text equals the scheduled count exactly. Reasoning tokens
 //!   come first, in each API's reasoning field (`reasoning_content`,
@@ -29,8 +37,9 @@
 //! - Per-request overrides and faults come from `x-sim-*` request headers
 //!   (see [`SimServer`]). Nothing of the request text is stored or logged:
 //!   the body is read for its `stream`, `model` and
-//!   `stream_options.include_usage` fields and its length (the prompt token
-//!   count is `ceil(body bytes / 4)`, a stable stand-in) and then dropped.
+//!   `stream_options.include_usage` and `keep_alive` fields and its length
+//!   (the prompt token count is `ceil(body bytes / 4)`, a stable stand-in,
+//!   unless `x-sim-prompt-tokens` says) and then dropped.
 
 mod body;
 mod ids;
