@@ -18,5 +18,6 @@ mod proxy;
 mod proxy_fixtures;
 mod security;
 mod simulate;
+mod simulate_servers;
 mod store;
 mod store_engine;

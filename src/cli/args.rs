@@ -112,6 +112,29 @@ pub struct SimulateArgs {
     /// Send the server's own timings (llama.cpp `timings`, Ollama durations).
     #[arg(long)]
     pub server_timings: bool,
+    /// Generation slots; calls beyond them queue (FIFO) [default: unlimited].
+    #[arg(long, value_name = "N")]
+    pub slots: Option<u32>,
+    /// Context size in tokens; longer prompts are refused or cut (--overflow).
+    #[arg(long, value_name = "N", default_value_t = 131_072)]
+    pub n_ctx: u64,
+    /// Too-long prompts: auto (Ollama routes cut, others refuse), refuse, truncate.
+    #[arg(long, value_name = "MODE", default_value = "auto")]
+    pub overflow: crate::simulate::Overflow,
+    /// Time to load a model that is not resident, ms.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub load_ms: u64,
+    /// Idle time before a model unloads, ms (negative: never).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 300_000,
+        allow_hyphen_values = true
+    )]
+    pub keep_alive_ms: i64,
+    /// Prompt processing rate, tokens per second [default: instant].
+    #[arg(long, value_name = "N")]
+    pub prefill_tps: Option<f64>,
 }
 
 /// `speedtap export`. Every filter is optional; the given ones must all

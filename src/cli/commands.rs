@@ -90,6 +90,14 @@ async fn simulate_command(args: SimulateArgs) -> Result<(), RunError> {
         reasoning_tokens: args.reasoning,
         usage: args.usage,
         server_timings: args.server_timings,
+        slots: args.slots,
+        n_ctx: args.n_ctx,
+        overflow: args.overflow,
+        load_time: std::time::Duration::from_millis(args.load_ms),
+        keep_alive: u64::try_from(args.keep_alive_ms)
+            .ok()
+            .map(std::time::Duration::from_millis),
+        prefill_tokens_per_second: args.prefill_tps,
         ..SimConfig::default()
     };
     // Handlers first, so a stop signal right after the banner still drains.

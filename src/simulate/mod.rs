@@ -10,8 +10,16 @@
 //! - Routes (POST): `/v1/chat/completions`, `/v1/completions`,
 //!   `/v1/responses`, `/v1/messages`, `/api/chat`, `/api/generate`,
 //!   `/completion`, `/generate_stream`, `/generate`. Discovery (GET):
-//!   `/health`, `/v1/models`, `/api/tags`, `/api/version`. Anything else is a
-//!   JSON 404.
+//!   `/health`, `/v1/models`, `/api/tags`, `/api/version`. Telemetry (GET):
+//!   Ollama's `/api/ps`, llama-server's `/slots`, `/props`, `/metrics`.
+//!   Anything else is a JSON 404.
+//! - Server behaviour, all off by default (see [`SimConfig`]): model
+//!   residency (a load time, then the model stays until its keep-alive of
+//!   idleness runs out), slots with a FIFO queue, a prefill rate, a context
+//!   size that refuses (llama-server) or cuts (Ollama) a longer prompt, and
+//!   speculative decoding counts. TTFT = load wait + slot wait + prefill
+//!   (`prompt tokens / rate`) + the base `ttft`; the telemetry endpoints
+//!   show the same state at any instant (`state`, `telemetry`).
 //! - Output is [`WORDS`] cycled, each one o200k token, so an o200k estimate of
 //!   the streamed text equals the scheduled count exactly. Reasoning tokens
 //!   come first, in each API's reasoning field (`reasoning_content`,
@@ -29,14 +37,17 @@
 //! - Per-request overrides and faults come from `x-sim-*` request headers
 //!   (see [`SimServer`]). Nothing of the request text is stored or logged:
 //!   the body is read for its `stream`, `model` and
-//!   `stream_options.include_usage` fields and its length (the prompt token
-//!   count is `ceil(body bytes / 4)`, a stable stand-in) and then dropped.
+//!   `stream_options.include_usage` and `keep_alive` fields and its length
+//!   (the prompt token count is `ceil(body bytes / 4)`, a stable stand-in,
+//!   unless `x-sim-prompt-tokens` says) and then dropped.
 
 mod body;
 mod ids;
 mod json;
 mod plan;
 mod server;
+mod state;
+mod telemetry;
 mod wire;
 mod words;
 
@@ -44,6 +55,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use server::SimServer;
+
 pub use words::WORDS;
 
 /// The script every simulated request follows unless its `x-sim-*` headers
@@ -74,6 +86,69 @@ pub struct SimConfig {
     /// (default 1.0): a server tokenizer that differs from o200k by a known
     /// factor. Must be finite and >= 0.
     pub usage_factor: f64,
+    /// Generation slots (llama-server `-np`): at most this many calls are
+    /// admitted at once; the rest wait in FIFO order and their wait is part
+    /// of their TTFT. `None` (default) is unlimited: every call gets a slot
+    /// at once and `/slots` grows to the largest concurrency seen.
+    pub slots: Option<u32>,
+    /// Context size per slot in tokens (llama-server `-c`, Ollama
+    /// `num_ctx`), default 131072, so no ordinary prompt reaches it. A
+    /// prompt at or over it is refused or cut, see [`Overflow`].
+    pub n_ctx: u64,
+    /// What a prompt too long for `n_ctx` does (default [`Overflow::Auto`]).
+    pub overflow: Overflow,
+    /// Time to load a model that is not resident (default 0: models load
+    /// instantly). A call for an unloaded model waits this long before its
+    /// prefill; Ollama replies report it as `load_duration`.
+    pub load_time: Duration,
+    /// How long a model stays loaded after its last call ends (Ollama
+    /// `keep_alive`, default 5 minutes); `None` keeps it forever. A request
+    /// body's `keep_alive` on the Ollama routes overrides it, as in Ollama.
+    pub keep_alive: Option<Duration>,
+    /// Prompt processing rate in tokens per second; the prefill of a call
+    /// takes `prompt tokens / rate`. `None` (default) is an instant prefill.
+    pub prefill_tokens_per_second: Option<f64>,
+    /// Speculative decoding: the share of draft tokens the target accepts,
+    /// 0..=1. `None` (default) is no draft model: llama.cpp timings carry
+    /// no `draft_n` / `draft_n_accepted`.
+    pub draft_acceptance: Option<f64>,
+    /// A loaded model's size in bytes as Ollama's `/api/ps` reports it
+    /// (default 4.9 GB, a 7B Q4 with its context).
+    pub model_size: u64,
+    /// The share of `model_size` in GPU memory (`size_vram`), 0..=1: 1.0
+    /// (default) is all on the GPU, 0.0 all on the CPU, between is a split.
+    pub vram_fraction: f64,
+}
+
+/// What the simulated server does with a prompt too long for its context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overflow {
+    /// Each API family as its usual server does: Ollama's native routes
+    /// (`/api/chat`, `/api/generate`) cut the prompt, every other route
+    /// refuses like llama-server.
+    Auto,
+    /// Refuse: llama-server's 400 `exceed_context_size_error` (when prompt
+    /// tokens >= `n_ctx`), Ollama's 400 `{"error":"the prompt is longer
+    /// than the context length…"}`, TGI's 422 validation error.
+    Refuse,
+    /// Cut silently to `n_ctx` tokens (when prompt tokens > `n_ctx`), as
+    /// Ollama's runner does; the reported prompt count is the cut count.
+    Truncate,
+}
+
+impl std::str::FromStr for Overflow {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Overflow, String> {
+        match s {
+            "auto" => Ok(Overflow::Auto),
+            "refuse" => Ok(Overflow::Refuse),
+            "truncate" => Ok(Overflow::Truncate),
+            other => Err(format!(
+                "overflow must be auto, refuse or truncate, got {other:?}"
+            )),
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -86,6 +161,15 @@ impl Default for SimConfig {
             usage: false,
             server_timings: false,
             usage_factor: 1.0,
+            slots: None,
+            n_ctx: 131_072,
+            overflow: Overflow::Auto,
+            load_time: Duration::ZERO,
+            keep_alive: Some(Duration::from_secs(300)),
+            prefill_tokens_per_second: None,
+            draft_acceptance: None,
+            model_size: 4_920_000_000,
+            vram_fraction: 1.0,
         }
     }
 }
@@ -148,6 +232,10 @@ mod tests {
             "/v1/models",
             "/api/tags",
             "/api/version",
+            "/api/ps",
+            "/slots",
+            "/props",
+            "/metrics",
         ] {
             assert!(line.contains(p), "{p} missing from {line}");
         }

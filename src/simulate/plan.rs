@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use tokio::time::Instant;
 
-use super::SimConfig;
+use super::{Overflow, SimConfig};
 
 /// `x-sim-ttft-ms`: request arrival to first token, in ms.
 pub(crate) const H_TTFT_MS: &str = "x-sim-ttft-ms";
@@ -32,6 +32,24 @@ pub(crate) const H_ERROR_AFTER: &str = "x-sim-error-after";
 /// `x-sim-keepalive-ms`: SSE `: ping` comments every N ms before the first token.
 pub(crate) const H_KEEPALIVE_MS: &str = "x-sim-keepalive-ms";
 
+/// `x-sim-prompt-tokens`: the prompt's token count, instead of the
+/// `ceil(body bytes / 4)` estimate.
+pub(crate) const H_PROMPT_TOKENS: &str = "x-sim-prompt-tokens";
+/// `x-sim-prefill-tps`: prompt processing rate, tokens per second (> 0).
+pub(crate) const H_PREFILL_TPS: &str = "x-sim-prefill-tps";
+/// `x-sim-load-ms`: load time, when this call finds its model unloaded.
+pub(crate) const H_LOAD_MS: &str = "x-sim-load-ms";
+/// `x-sim-keep-alive-ms`: idle time before the model unloads after this
+/// call (negative: never; 0: at once).
+pub(crate) const H_KEEP_ALIVE_MS: &str = "x-sim-keep-alive-ms";
+/// `x-sim-overflow`: `auto`, `refuse` or `truncate` (see `Overflow`).
+pub(crate) const H_OVERFLOW: &str = "x-sim-overflow";
+/// `x-sim-draft-acceptance`: speculative decoding acceptance, 0..=1.
+pub(crate) const H_DRAFT_ACCEPTANCE: &str = "x-sim-draft-acceptance";
+/// `x-sim-vram-fraction`: share of the model in VRAM, 0..=1, applied when
+/// this call loads the model.
+pub(crate) const H_VRAM_FRACTION: &str = "x-sim-vram-fraction";
+
 /// Offsets beyond this are clamped: a schedule a century long is as good as
 /// "never" and keeps `Instant` arithmetic from overflowing.
 const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -45,6 +63,38 @@ pub(crate) enum Ending {
     Error,
     /// The connection is aborted with no closing events (incomplete body).
     Cut,
+}
+
+/// When one admitted call passed each stage before its first token.
+///
+/// TTFT = (`start` - `arrival`: waiting for the model to load, then for a
+/// slot) + prefill (`prompt tokens / prefill rate`) + the plan's base
+/// `ttft`. Token `i` is due at `origin + ttft + i / tps`, where `origin`
+/// is `start + prefill`; with no load, no slot limit and no prefill rate
+/// `origin` is the arrival, as it always was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Timeline {
+    /// The request head arrived.
+    pub arrival: Instant,
+    /// The call holds a slot and its model is loaded: the prompt starts.
+    pub start: Instant,
+    /// The prompt is processed; the base ttft runs from here.
+    pub origin: Instant,
+    /// How long this call waited for its model to load.
+    pub load: Duration,
+}
+
+#[cfg(test)]
+impl Timeline {
+    /// A call that started at once with an instant prefill.
+    pub(crate) fn immediate(arrival: Instant) -> Timeline {
+        Timeline {
+            arrival,
+            start: arrival,
+            origin: arrival,
+            load: Duration::ZERO,
+        }
+    }
 }
 
 /// The resolved script of one request.
@@ -61,6 +111,16 @@ pub(crate) struct Plan {
     pub cut_after: Option<u64>,
     pub error_after: Option<u64>,
     pub keepalive: Option<Duration>,
+    /// `x-sim-prompt-tokens`, when given.
+    pub prompt_tokens: Option<u64>,
+    /// Prefill rate; `None` is an instant prefill.
+    pub prefill_tps: Option<f64>,
+    pub load_time: Duration,
+    /// `None`: the model never unloads.
+    pub keep_alive: Option<Duration>,
+    pub overflow: Overflow,
+    pub draft_acceptance: Option<f64>,
+    pub vram_fraction: f64,
 }
 
 /// Checks the numbers a script needs to be playable. Used for the server's
@@ -77,6 +137,30 @@ pub(crate) fn validate(config: &SimConfig) -> Result<(), String> {
             "usage factor must be a finite number >= 0, got {}",
             config.usage_factor
         ));
+    }
+    if let Some(rate) = config.prefill_tokens_per_second {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(format!(
+                "prefill tokens per second must be a finite number > 0, got {rate}"
+            ));
+        }
+    }
+    if let Some(a) = config.draft_acceptance {
+        if !(0.0..=1.0).contains(&a) {
+            return Err(format!("draft acceptance must be within 0..=1, got {a}"));
+        }
+    }
+    if !(0.0..=1.0).contains(&config.vram_fraction) {
+        return Err(format!(
+            "vram fraction must be within 0..=1, got {}",
+            config.vram_fraction
+        ));
+    }
+    if config.slots == Some(0) {
+        return Err("slots must be at least 1".into());
+    }
+    if config.n_ctx == 0 {
+        return Err("n_ctx must be at least 1".into());
     }
     Ok(())
 }
@@ -109,6 +193,24 @@ impl Plan {
         if let Some(v) = parse::<f64>(headers, H_USAGE_FACTOR)? {
             c.usage_factor = v;
         }
+        if let Some(v) = parse::<f64>(headers, H_PREFILL_TPS)? {
+            c.prefill_tokens_per_second = Some(v);
+        }
+        if let Some(ms) = parse::<u64>(headers, H_LOAD_MS)? {
+            c.load_time = Duration::from_millis(ms);
+        }
+        if let Some(ms) = parse::<i64>(headers, H_KEEP_ALIVE_MS)? {
+            c.keep_alive = u64::try_from(ms).ok().map(Duration::from_millis);
+        }
+        if let Some(v) = parse::<Overflow>(headers, H_OVERFLOW)? {
+            c.overflow = v;
+        }
+        if let Some(v) = parse::<f64>(headers, H_DRAFT_ACCEPTANCE)? {
+            c.draft_acceptance = Some(v);
+        }
+        if let Some(v) = parse::<f64>(headers, H_VRAM_FRACTION)? {
+            c.vram_fraction = v;
+        }
         validate(&c).map_err(|e| format!("bad x-sim-* override: {e}"))?;
         let status = parse::<u16>(headers, H_STATUS)?;
         if let Some(s) = status {
@@ -133,6 +235,37 @@ impl Plan {
             cut_after: parse::<u64>(headers, H_CUT_AFTER)?,
             error_after: parse::<u64>(headers, H_ERROR_AFTER)?,
             keepalive,
+            prompt_tokens: parse::<u64>(headers, H_PROMPT_TOKENS)?,
+            prefill_tps: c.prefill_tokens_per_second,
+            load_time: c.load_time,
+            keep_alive: c.keep_alive,
+            overflow: c.overflow,
+            draft_acceptance: c.draft_acceptance,
+            vram_fraction: c.vram_fraction,
+        })
+    }
+
+    /// How long the prefill of `prompt_tokens` takes (zero without a rate).
+    pub(crate) fn prefill(&self, prompt_tokens: u64) -> Duration {
+        match self.prefill_tps {
+            Some(rate) => Duration::try_from_secs_f64(prompt_tokens as f64 / rate)
+                .unwrap_or(FAR)
+                .min(FAR),
+            None => Duration::ZERO,
+        }
+    }
+
+    /// Speculative decoding counts for `output_tokens` (as the server
+    /// counts them): every output token was drafted once and the accepted
+    /// share is rounded. A stand-in for llama.cpp's per-step drafting that
+    /// keeps `draft_n_accepted / draft_n` at the configured acceptance.
+    /// `None` without a draft model or without output (llama.cpp omits
+    /// the fields when `draft_n` is 0).
+    pub(crate) fn drafts(&self, output_tokens: u64) -> Option<(u64, u64)> {
+        let acceptance = self.draft_acceptance?;
+        (output_tokens > 0).then(|| {
+            let accepted = (output_tokens as f64 * acceptance).round() as u64;
+            (output_tokens, accepted.min(output_tokens))
         })
     }
 
@@ -206,6 +339,9 @@ pub(crate) struct BodyFlags {
     /// roughly a tokenizer's count for English JSON, computed without
     /// keeping or reading the text itself.
     pub prompt_tokens: u64,
+    /// Ollama's `keep_alive` field: `Some(None)` is "forever" (negative),
+    /// `Some(Some(d))` a duration, `None` absent or unreadable.
+    pub keep_alive: Option<Option<Duration>>,
 }
 
 /// The model named when the request names none (and the only one listed).
@@ -242,8 +378,59 @@ impl BodyFlags {
                 .unwrap_or(DEFAULT_MODEL)
                 .to_owned(),
             prompt_tokens,
+            keep_alive: obj.get("keep_alive").and_then(keep_alive),
         })
     }
+}
+
+/// Ollama's `keep_alive` (api/types.go `Duration.UnmarshalJSON`): a number
+/// is seconds, a string is a Go duration (`"5m"`, `"1h30m"`, `"0"`); any
+/// negative value means "stay loaded forever". Unreadable values are
+/// ignored (Ollama would answer 400; the simulator keeps its default).
+fn keep_alive(v: &serde_json::Value) -> Option<Option<Duration>> {
+    let seconds = match v {
+        serde_json::Value::Number(n) => n.as_f64()?,
+        serde_json::Value::String(s) => go_duration_secs(s.trim())?,
+        _ => return None,
+    };
+    if seconds < 0.0 {
+        return Some(None);
+    }
+    Duration::try_from_secs_f64(seconds).ok().map(Some)
+}
+
+/// A Go duration string in seconds: `"300"` (bare number, as Ollama also
+/// accepts), `"-1"`, or units `h`, `m`, `s`, `ms` chained (`"1h30m"`).
+fn go_duration_secs(s: &str) -> Option<f64> {
+    if let Ok(n) = s.parse::<f64>() {
+        return Some(n);
+    }
+    let (sign, mut rest) = match s.strip_prefix('-') {
+        Some(r) => (-1.0, r),
+        None => (1.0, s),
+    };
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (0.001, 2)
+        } else if rest.starts_with('h') {
+            (3600.0, 1)
+        } else if rest.starts_with('m') {
+            (60.0, 1)
+        } else if rest.starts_with('s') {
+            (1.0, 1)
+        } else {
+            return None;
+        };
+        total += number * unit;
+        rest = &rest[len..];
+    }
+    Some(sign * total)
 }
 
 #[cfg(test)]

@@ -30,9 +30,11 @@ use tokio::time::{sleep_until, Instant};
 use super::body::{self, Aborted, Item};
 use super::ids::IdSource;
 use super::json::Obj;
-use super::plan::{self, BodyFlags, Ending, Plan, DEFAULT_MODEL};
+use super::plan::{self, BodyFlags, Ending, Plan, Timeline, DEFAULT_MODEL};
+use super::state::{Finished, ModelUse, SlotLease, State, Task};
+use super::telemetry;
 use super::wire::{self, Framing, Reply, Totals};
-use super::SimConfig;
+use super::{Overflow, SimConfig};
 use crate::decode::api::ApiKind;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -110,13 +112,24 @@ pub(crate) const POST_ROUTES: [PostRoute; 9] = [
     },
 ];
 
-/// The discovery routes (GET).
-pub(crate) const GET_PATHS: [&str; 4] = ["/health", "/v1/models", "/api/tags", "/api/version"];
+/// The discovery and telemetry routes (GET).
+pub(crate) const GET_PATHS: [&str; 8] = [
+    "/health",
+    "/v1/models",
+    "/api/tags",
+    "/api/version",
+    "/api/ps",
+    "/slots",
+    "/props",
+    "/metrics",
+];
 
 /// State shared by the listener and every request.
 #[derive(Debug)]
 struct Shared {
     config: SimConfig,
+    /// Loaded models, slots and counters (see `state`).
+    state: Arc<State>,
     ids: IdSource,
     started: SystemTime,
     active: AtomicU64,
@@ -148,6 +161,19 @@ struct Shared {
 /// - `x-sim-keepalive-ms: N`: SSE `: ping` comments every N ms until the
 ///   first token (SSE APIs only).
 ///
+/// Server behaviour (defaults off; see [`SimConfig`]): `x-sim-prompt-tokens`
+/// (the prompt's size instead of `ceil(body bytes / 4)`),
+/// `x-sim-prefill-tps`, `x-sim-load-ms` (load time if this call finds its
+/// model unloaded), `x-sim-keep-alive-ms` (negative: forever),
+/// `x-sim-overflow` (`auto`/`refuse`/`truncate`), `x-sim-draft-acceptance`
+/// (0..=1), `x-sim-vram-fraction` (0..=1, applied when this call loads the
+/// model).
+///
+/// A call first waits for its model (loading it if needed), then for a
+/// slot (FIFO), then is checked against the context size, then prefills;
+/// the base ttft follows. The telemetry GETs (`/api/ps`, `/slots`,
+/// `/props`, `/metrics`) show the same state.
+///
 /// A fault whose N is beyond the output never fires. A value that doesn't
 /// parse gets a 400 naming the header.
 #[derive(Debug)]
@@ -168,6 +194,7 @@ impl SimServer {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
+            state: Arc::new(State::new(&config)),
             config,
             ids: IdSource::new(),
             started: SystemTime::now(),
@@ -345,26 +372,156 @@ async fn generate(
         StreamMode::Always => true,
         StreamMode::Never => false,
     };
-    let reply = Reply::new(api, &flags, &plan, &shared.ids, SystemTime::now());
+    let admitted = match admit(api, &plan, &flags, streamed, arrival, &shared).await {
+        Ok(a) => a,
+        Err(response) => return response,
+    };
+    let Admitted {
+        timeline,
+        prompt_tokens,
+        lease,
+    } = admitted;
+    let mut reply = Reply::new(api, &flags, &plan, &shared.ids, SystemTime::now());
+    reply.input_tokens = prompt_tokens;
     if let Some(status) = plan.status {
-        sleep_until(plan.deadline(arrival, 0)).await;
+        sleep_until(plan.deadline(timeline.origin, 0)).await;
         let msg = format!("simulated failure ({}: {status})", plan::H_STATUS);
         return json(status, wire::error_body(api, status, &msg));
     }
     if streamed {
-        start_stream(reply, plan, arrival, shared)
+        start_stream(reply, plan, timeline, shared, lease)
     } else {
-        whole(reply, plan, arrival, shared).await
+        whole(reply, plan, timeline, shared, lease).await
     }
+}
+
+/// A call that has its model and a slot.
+struct Admitted {
+    timeline: Timeline,
+    /// The prompt as the server processes it (cut when truncated).
+    prompt_tokens: u64,
+    lease: Lease,
+}
+
+/// What an admitted call holds until it ends: its slot and its model.
+/// Dropping it frees the slot (the next queued call starts) and starts the
+/// model's keep-alive.
+struct Lease {
+    _slot: SlotLease,
+    _model: ModelUse,
+    state: Arc<State>,
+}
+
+impl Lease {
+    /// The call completed: its numbers go into `/metrics`.
+    fn finish(self, totals: &Totals) {
+        self.state.record(&Finished {
+            prompt_tokens: totals.input_tokens,
+            prompt_seconds: totals.prompt_ms / 1000.0,
+            output_tokens: totals.output_tokens,
+            output_seconds: totals.predicted_ms / 1000.0,
+            drafts: totals.drafts,
+        });
+    }
+}
+
+/// Whether the API family cuts an over-long prompt rather than refusing it.
+fn truncates(overflow: Overflow, api: ApiKind) -> bool {
+    match overflow {
+        Overflow::Auto => matches!(api, ApiKind::OllamaChat | ApiKind::OllamaGenerate),
+        Overflow::Refuse => false,
+        Overflow::Truncate => true,
+    }
+}
+
+/// Takes a call through the stages before its prefill: the model (loaded
+/// now if it is not resident: the wait is `load_time`, or what is left of
+/// a load another call started), then a slot (FIFO behind earlier calls),
+/// then the context check, which refuses the call (llama-server: prompt
+/// tokens >= `n_ctx`, checked once the call has a slot, as upstream
+/// server-context.cpp does) or cuts its prompt to `n_ctx` (Ollama's
+/// runner: prompt tokens > `n_ctx`). Ollama's order, the scheduler's load
+/// before the runner's parallel limit, is kept for both families.
+async fn admit(
+    api: ApiKind,
+    plan: &Plan,
+    flags: &BodyFlags,
+    streamed: bool,
+    arrival: Instant,
+    shared: &Shared,
+) -> Result<Admitted, Response<Body>> {
+    let state = &shared.state;
+    let ollama = matches!(api, ApiKind::OllamaChat | ApiKind::OllamaGenerate);
+    // A request's own `keep_alive` sets the session, as in Ollama.
+    let keep_alive = match flags.keep_alive {
+        Some(k) if ollama => k,
+        _ => plan.keep_alive,
+    };
+    let (model, ready_at) = state.use_model(
+        &flags.model,
+        plan.load_time,
+        keep_alive,
+        plan.vram_fraction,
+        arrival,
+    );
+    if ready_at > Instant::now() {
+        sleep_until(ready_at).await;
+    }
+    let load = ready_at.saturating_duration_since(arrival);
+    let slot = state.acquire_slot().await;
+    let start = Instant::now();
+    let asked = plan.prompt_tokens.unwrap_or(flags.prompt_tokens);
+    let n_ctx = shared.config.n_ctx;
+    let prompt_tokens = if truncates(plan.overflow, api) {
+        asked.min(n_ctx)
+    } else if asked >= n_ctx {
+        let (status, body) = wire::context_error(api, asked, n_ctx);
+        return Err(json(status, body));
+    } else {
+        asked
+    };
+    let origin = start + plan.prefill(prompt_tokens);
+    let (stop_at, _) = plan.stop();
+    slot.begin(Task {
+        id: state.next_task_id(),
+        n_prompt: prompt_tokens,
+        start,
+        prefill_end: origin,
+        first: plan.deadline(origin, 0),
+        tokens_per_second: plan.tokens_per_second,
+        n_output: stop_at,
+        stream: streamed,
+        speculative: plan.draft_acceptance.is_some(),
+    });
+    Ok(Admitted {
+        timeline: Timeline {
+            arrival,
+            start,
+            origin,
+            load,
+        },
+        prompt_tokens,
+        lease: Lease {
+            _slot: slot,
+            _model: model,
+            state: state.clone(),
+        },
+    })
 }
 
 /// Sends the stream's head now and spawns the generator that writes the
 /// body on schedule.
-fn start_stream(reply: Reply, plan: Plan, arrival: Instant, shared: Arc<Shared>) -> Response<Body> {
+fn start_stream(
+    reply: Reply,
+    plan: Plan,
+    timeline: Timeline,
+    shared: Arc<Shared>,
+    lease: Lease,
+) -> Response<Body> {
     let (tx, body) = body::channel();
     let content_type = reply.content_type(true);
     let generation = Generation::start(shared);
-    tokio::spawn(run_stream(tx, reply, plan, arrival, generation));
+    tokio::spawn(run_stream(tx, reply, plan, timeline, generation, lease));
     let mut response = Response::new(body.map_err(BoxError::from).boxed());
     let h = response.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -397,18 +554,20 @@ fn error_message(written: u64) -> String {
 /// Writes the stream: keep-alives until the first token, one frame per
 /// token at its deadline, the closing events (or the error event) in the
 /// last token's frame, or the abort. Returning early without `finish`
-/// counts the hang-up.
+/// counts the hang-up; the lease is dropped on every return, freeing the
+/// slot the moment the stream ends.
 async fn run_stream(
     tx: mpsc::Sender<Item>,
     mut reply: Reply,
     plan: Plan,
-    arrival: Instant,
+    t: Timeline,
     generation: Generation,
+    lease: Lease,
 ) {
     let (stop_at, ending) = plan.stop();
-    let first_due = plan.deadline(arrival, 0);
+    let first_due = plan.deadline(t.origin, 0);
     if let (Some(every), Framing::Sse) = (plan.keepalive, reply.framing()) {
-        let mut next = arrival + every;
+        let mut next = t.start + every;
         while next < first_due {
             if !wait(&tx, next).await || !send(&tx, wire::KEEPALIVE.to_owned()).await {
                 return;
@@ -416,17 +575,20 @@ async fn run_stream(
             next += every;
         }
     }
-    let closing = |reply: &mut Reply, first: Instant, last: Instant| match ending {
+    let mut totals = None;
+    let mut closing = |reply: &mut Reply, first: Instant, last: Instant| match ending {
         Ending::Finish => {
-            let totals = Totals::measure(&plan, reply.input_tokens, arrival, first, last, last);
-            reply.finish(&totals)
+            let measured = Totals::measure(&plan, reply.input_tokens, &t, first, last, last);
+            let text = reply.finish(&measured);
+            totals = Some(measured);
+            text
         }
         Ending::Error => reply.error_event(&error_message(stop_at)),
         Ending::Cut => String::new(),
     };
     let mut first = None;
     for i in 0..stop_at {
-        if !wait(&tx, plan.deadline(arrival, i)).await {
+        if !wait(&tx, plan.deadline(t.origin, i)).await {
             return;
         }
         let now = Instant::now();
@@ -466,12 +628,15 @@ async fn run_stream(
     if ending == Ending::Cut {
         // Abort when the next token would have been due: the previous frame
         // has long been written, so the client really holds N tokens.
-        if !wait(&tx, plan.deadline(arrival, stop_at)).await {
+        if !wait(&tx, plan.deadline(t.origin, stop_at)).await {
             return;
         }
         let _ = tx.send(Err(Aborted)).await;
     }
     generation.finish();
+    if let Some(totals) = totals {
+        lease.finish(&totals);
+    }
 }
 
 /// A non-streamed reply: waits out the whole schedule, then sends the
@@ -479,16 +644,17 @@ async fn run_stream(
 async fn whole(
     mut reply: Reply,
     plan: Plan,
-    arrival: Instant,
+    t: Timeline,
     shared: Arc<Shared>,
+    lease: Lease,
 ) -> Response<Body> {
     let generation = Generation::start(shared);
     let (stop_at, ending) = plan.stop();
-    sleep_until(plan.deadline(arrival, 0)).await;
+    sleep_until(plan.deadline(t.origin, 0)).await;
     let first = Instant::now();
     match ending {
         Ending::Cut => {
-            sleep_until(plan.deadline(arrival, stop_at)).await;
+            sleep_until(plan.deadline(t.origin, stop_at)).await;
             generation.finish();
             let mut response = Response::new(body::aborted().map_err(BoxError::from).boxed());
             response
@@ -497,7 +663,7 @@ async fn whole(
             return response;
         }
         Ending::Error => {
-            sleep_until(plan.deadline(arrival, stop_at.saturating_sub(1))).await;
+            sleep_until(plan.deadline(t.origin, stop_at.saturating_sub(1))).await;
             generation.finish();
             return json(
                 500,
@@ -509,10 +675,10 @@ async fn whole(
     for i in 0..plan.total() {
         reply.record(i);
     }
-    sleep_until(plan.end(arrival)).await;
+    sleep_until(plan.end(t.origin)).await;
     let last = Instant::now();
     reply.wall = SystemTime::now();
-    let totals = Totals::measure(&plan, reply.input_tokens, arrival, first, last, last);
+    let totals = Totals::measure(&plan, reply.input_tokens, &t, first, last, last);
     let mut response = json(200, reply.whole(&totals));
     for (name, value) in reply.whole_headers(&totals) {
         if let Ok(v) = HeaderValue::from_str(&value) {
@@ -520,6 +686,7 @@ async fn whole(
         }
     }
     generation.finish();
+    lease.finish(&totals);
     response
 }
 
@@ -589,9 +756,44 @@ fn discovery(path: &str, shared: &Shared) -> Option<Response<Body>> {
             Obj::new().arr("models", vec![model]).finish()
         }
         "/api/version" => Obj::new().field("version", "0.0.0-speedtap-sim").finish(),
+        "/api/ps" | "/slots" | "/props" | "/metrics" => return Some(telemetry_reply(path, shared)),
         _ => return None,
     };
     Some(json(200, text))
+}
+
+/// The telemetry endpoints, rendered from the state at this instant.
+fn telemetry_reply(path: &str, shared: &Shared) -> Response<Body> {
+    let snap = shared.state.snapshot(Instant::now());
+    let n_ctx = shared.config.n_ctx;
+    let speculative = shared.config.draft_acceptance.is_some();
+    match path {
+        "/api/ps" => json(
+            200,
+            telemetry::api_ps(&snap, n_ctx, |at| shared.state.wall(at)),
+        ),
+        "/slots" => json(200, telemetry::slots(&snap, n_ctx, speculative)),
+        "/props" => json(200, telemetry::props(&snap, n_ctx, speculative)),
+        _ => {
+            let body = Full::new(Bytes::from(telemetry::metrics(&snap)))
+                .map_err(|never| match never {})
+                .boxed();
+            let mut response = Response::new(body);
+            let started = shared
+                .started
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let h = response.headers_mut();
+            h.insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            h.insert("process-start-time-unix", HeaderValue::from(started));
+            h.insert(SERVER, HeaderValue::from_static(SERVER_NAME));
+            response
+        }
+    }
 }
 
 #[cfg(test)]
@@ -613,6 +815,7 @@ mod tests {
     #[test]
     fn discovery_bodies_parse() {
         let shared = Shared {
+            state: Arc::new(State::new(&SimConfig::default())),
             config: SimConfig::default(),
             ids: IdSource::new(),
             started: SystemTime::now(),

@@ -16,14 +16,16 @@ use super::{sse, Reply, Token, Totals};
 use crate::simulate::json::Obj;
 use crate::simulate::words;
 
-/// llama.cpp's `timings` object from measured totals. `prompt_n` is the
-/// stand-in prompt count and nothing is cached; the derived rates divide by
-/// zero for a single token or an instant prompt and then serialize as
-/// `null`, exactly as llama.cpp's do.
+/// llama.cpp's `timings` object from measured totals (server-task.cpp
+/// `result_timings::to_json`). `prompt_n` is the stand-in prompt count and
+/// nothing is cached; the derived rates divide by zero for a single token
+/// or an instant prompt and then serialize as `null`, exactly as
+/// llama.cpp's do. `draft_n` / `draft_n_accepted` follow only when a draft
+/// model drafted something (`if (draft_n > 0)` upstream).
 pub(super) fn timings(t: &Totals) -> Obj {
     let prompt_n = t.input_tokens as f64;
     let predicted_n = t.output_tokens as f64;
-    Obj::new()
+    let o = Obj::new()
         .field("cache_n", 0)
         .field("prompt_n", t.input_tokens)
         .field("prompt_ms", t.prompt_ms)
@@ -35,7 +37,13 @@ pub(super) fn timings(t: &Totals) -> Obj {
         .field(
             "predicted_per_second",
             1000.0 / t.predicted_ms * predicted_n,
-        )
+        );
+    match t.drafts {
+        Some((drafted, accepted)) if drafted > 0 => o
+            .field("draft_n", drafted)
+            .field("draft_n_accepted", accepted),
+        _ => o,
+    }
 }
 
 pub(super) fn token(r: &mut Reply, t: &Token) -> String {

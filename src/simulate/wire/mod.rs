@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use super::ids::IdSource;
-use super::plan::{BodyFlags, Plan};
+use super::plan::{BodyFlags, Plan, Timeline};
 use super::words;
 use crate::decode::api::ApiKind;
 use crate::decode::event::OutputChannel;
@@ -62,12 +62,20 @@ pub(crate) struct Totals {
     pub reasoning_tokens: u64,
     /// Prompt tokens (the stand-in count, see `BodyFlags::prompt_tokens`).
     pub input_tokens: u64,
-    /// Arrival to the first token, ms.
+    /// Prompt start (slot held, model loaded) to the first token, ms: the
+    /// prefill plus the base ttft, never the queue or load wait (llama.cpp
+    /// `prompt_ms`, Ollama `prompt_eval_duration`). Without a load or slot
+    /// wait the start is the arrival.
     pub prompt_ms: f64,
     /// First to last token, ms (llama.cpp `predicted_ms`).
     pub predicted_ms: f64,
-    /// Arrival to the end of generation, ms.
+    /// Arrival to the end of generation, ms (Ollama `total_duration`:
+    /// load and queue included).
     pub total_ms: f64,
+    /// The wait for the model to load, ms (Ollama `load_duration`).
+    pub load_ms: f64,
+    /// Speculative decoding `(draft_n, draft_n_accepted)`, if any.
+    pub drafts: Option<(u64, u64)>,
 }
 
 impl Totals {
@@ -77,19 +85,22 @@ impl Totals {
     pub(crate) fn measure(
         plan: &Plan,
         input_tokens: u64,
-        arrival: Instant,
+        timeline: &Timeline,
         first: Instant,
         last: Instant,
         end: Instant,
     ) -> Totals {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let output_tokens = plan.exact(plan.total());
         Totals {
-            output_tokens: plan.exact(plan.total()),
+            output_tokens,
             reasoning_tokens: plan.exact(plan.reasoning),
             input_tokens,
-            prompt_ms: ms(first.saturating_duration_since(arrival)),
+            prompt_ms: ms(first.saturating_duration_since(timeline.start)),
             predicted_ms: ms(last.saturating_duration_since(first)),
-            total_ms: ms(end.saturating_duration_since(arrival)),
+            total_ms: ms(end.saturating_duration_since(timeline.arrival)),
+            load_ms: ms(timeline.load),
+            drafts: plan.drafts(output_tokens),
         }
     }
 }
@@ -329,6 +340,52 @@ pub(crate) fn error_body(api: ApiKind, status: u16, message: &str) -> String {
     }
 }
 
+/// The refusal of a prompt too long for the context, as each server family
+/// words it: `(status, body)`.
+///
+/// - llama-server (every route but Ollama's and TGI's): 400 with
+///   `exceed_context_size_error` and the two numbers, exactly as the
+///   capture `error_context_overflow_stream` (server-task.cpp
+///   `server_task_result_error::to_json`, message from server-context.cpp);
+/// - Ollama: 400 `{"error":"the prompt is longer than the context length
+///   …"}` (llm/llama_server.go, without context shift);
+/// - TGI: 422 validation error naming the limit.
+pub(crate) fn context_error(api: ApiKind, n_prompt: u64, n_ctx: u64) -> (u16, String) {
+    match api {
+        ApiKind::OllamaChat | ApiKind::OllamaGenerate => (
+            400,
+            ollama::error_object(
+                "the prompt is longer than the context length currently available to the model; \
+                 shorten the prompt, adjust the context length in settings, or use a model with \
+                 a longer context length",
+            ),
+        ),
+        ApiKind::TgiGenerate => (
+            422,
+            tgi::error_object(
+                422,
+                &format!(
+                    "Input validation error: `inputs` must have less than {n_ctx} tokens. \
+                     Given: {n_prompt}"
+                ),
+            ),
+        ),
+        _ => {
+            let message = format!(
+                "request ({n_prompt} tokens) exceeds the available context size \
+                 ({n_ctx} tokens), try increasing it"
+            );
+            let error = super::json::Obj::new()
+                .field("code", 400)
+                .field("message", message)
+                .field("type", "exceed_context_size_error")
+                .field("n_prompt_tokens", n_prompt)
+                .field("n_ctx", n_ctx);
+            (400, super::json::Obj::new().obj("error", error).finish())
+        }
+    }
+}
+
 /// The SSE keep-alive comment (`x-sim-keepalive-ms`).
 pub(crate) const KEEPALIVE: &str = ": ping\n\n";
 
@@ -375,7 +432,7 @@ pub(crate) mod test_support {
         let totals = Totals::measure(
             &plan,
             reply.input_tokens,
-            t0,
+            &Timeline::immediate(t0),
             t0 + Duration::from_millis(200),
             t0 + Duration::from_millis(1200),
             t0 + Duration::from_millis(1200),
@@ -435,7 +492,7 @@ mod tests {
         let t = Totals::measure(
             &plan,
             7,
-            t0,
+            &Timeline::immediate(t0),
             t0 + Duration::from_millis(50),
             t0 + Duration::from_millis(165),
             t0 + Duration::from_millis(170),
@@ -480,6 +537,23 @@ mod tests {
         assert_eq!(r.content_type(false), JSON);
         let (r, _) = reply(ApiKind::TgiGenerate, 0, 1, false, false);
         assert_eq!(r.content_type(true), "text/event-stream");
+    }
+
+    #[test]
+    fn a_llama_server_context_refusal_matches_the_real_capture() {
+        let (status, body) = context_error(ApiKind::OpenaiChat, 5031, 2048);
+        assert_eq!(status, 400);
+        assert_eq!(
+            body,
+            r#"{"error":{"code":400,"message":"request (5031 tokens) exceeds the available context size (2048 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5031,"n_ctx":2048}}"#
+        );
+        let (status, body) = context_error(ApiKind::OllamaChat, 10, 5);
+        assert_eq!(status, 400);
+        assert!(
+            body.starts_with(r#"{"error":"the prompt is longer"#),
+            "{body}"
+        );
+        assert_eq!(context_error(ApiKind::TgiGenerate, 10, 5).0, 422);
     }
 
     #[test]

@@ -8,8 +8,12 @@
 //!   The durations (`total_duration`, `prompt_eval_duration`,
 //!   `eval_duration`, integer ns) come only with server timings, measured:
 //!   `eval_duration` is first to last token, `prompt_eval_duration` arrival
-//!   to first token. `load_duration` is 0 and, being `omitempty` in Ollama,
-//!   omitted. `/api/generate`'s `context` token array is omitted (it encodes
+//!   to first token (prefill and base ttft, after any load or queue wait).
+//!   `load_duration` (integer ns, after `total_duration` as in api/types.go
+//!   `Metrics`) is the call's wait for its model to load and comes whenever
+//!   it is not zero (Ollama always sends it; `omitempty` drops a zero).
+//! - `prompt_eval_count` is the prompt as processed: when the prompt was
+//!   longer than the context and cut, the cut count. `/api/generate`'s `context` token array is omitted (it encodes
 //!   the prompt).
 //! - `created_at` is the wall-clock time of each line, RFC 3339 with
 //!   nanoseconds as Go writes it (trailing zeros trimmed).
@@ -58,6 +62,10 @@ fn done(r: &Reply, o: Obj, t: &Totals) -> Obj {
     let mut o = o.field("done", true).field("done_reason", "stop");
     if r.timings {
         o = o.field("total_duration", ns(t.total_ms));
+    }
+    // Ollama always reports the load; `omitempty` drops it when zero.
+    if ns(t.load_ms) > 0 {
+        o = o.field("load_duration", ns(t.load_ms));
     }
     o = o.field("prompt_eval_count", t.input_tokens);
     if r.timings {
