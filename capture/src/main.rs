@@ -4,7 +4,7 @@
 //! standard output.
 //!
 //! ```text
-//! speedtap-capture [--interface lo|any|NAME] --port N [--port M ...] [--snaplen BYTES]
+//! speedtap-capture [--interface lo|any|NAME] --port N [--port M ...] [--snaplen 65568]
 //! speedtap-capture --check [--interface NAME]
 //! ```
 //!
@@ -59,9 +59,18 @@ use pcap::{Active, Capture, Precision};
 const MAGIC: &[u8; 7] = b"STCAP1\n";
 const KIND_PACKET: u8 = 0;
 const KIND_STATS: u8 = 1;
+/// Bytes kept of each packet: the largest loopback packet (its MTU is 65536)
+/// plus the largest link header (20, Linux cooked v2 on `any`), whole.
+///
+/// Not larger: in immediate mode libpcap uses a TPACKET_V2 ring whose slots
+/// are sized for the snaplen and rounded up to a power of two pages, so with
+/// 262144 the 32 MiB ring holds 64 packets, with 65568 it holds 256. Measured
+/// at 30,000 packets/s on `lo` with both cores busy: 1,849 kernel drops in
+/// 4 s with 262144 (6,917 with a 16 MiB ring), none with 65568.
+const DEFAULT_SNAPLEN: u32 = 65_568;
 /// The kernel ring's size: room for bursts of many concurrent streams while
-/// the helper is descheduled.
-const BUFFER_BYTES: i32 = 16 << 20;
+/// the helper is descheduled (pinned kernel memory, freed when it exits).
+const BUFFER_BYTES: i32 = 32 << 20;
 const STATS_EVERY: Duration = Duration::from_secs(1);
 /// What the engine's stdout pipe is flushed at, at most, when packets keep
 /// coming; it is flushed at once whenever the ring is empty.
@@ -74,13 +83,13 @@ struct Args {
     check: bool,
 }
 
-const USAGE: &str = "usage: speedtap-capture [--interface lo] --port N [--port M ...] [--snaplen 262144] | --check [--interface lo]";
+const USAGE: &str = "usage: speedtap-capture [--interface lo] --port N [--port M ...] [--snaplen 65568] | --check [--interface lo]";
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
         interface: "lo".into(),
         ports: Vec::new(),
-        snaplen: 262_144,
+        snaplen: DEFAULT_SNAPLEN,
         check: false,
     };
     while let Some(arg) = args.next() {
@@ -108,7 +117,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 parsed.snaplen = v
                     .parse::<u32>()
                     .ok()
-                    .filter(|n| (64..=i32::MAX as u32).contains(n))
+                    .filter(|n| (64..=16 << 20).contains(n))
                     .ok_or_else(|| format!("bad snaplen {v:?}"))?;
             }
             "--check" => parsed.check = true,
@@ -123,6 +132,14 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
 }
 
 /// The kernel filter: TCP to or from any of the ports, IPv4 and IPv6.
+///
+/// Loopback packets reach a packet socket twice, as sent and as received;
+/// libpcap drops the sent copy after the kernel queued it. Dropping it in the
+/// kernel (`inbound`) would halve the ring's use, but libpcap runs the filter
+/// in userland on the packets that were in the ring when it was set, where
+/// `inbound` (packet metadata) matches nothing. With it, a connection's SYN
+/// went missing in 2 of about 40 starts while other loopback traffic ran
+/// (not reproduced on purpose since). So, no `inbound`.
 fn filter_for(ports: &[u16]) -> String {
     if ports.is_empty() {
         return "tcp".into();
@@ -348,7 +365,7 @@ mod tests {
         let a = args(&["--port", "8080", "--port=11434", "-i", "any"]).unwrap();
         assert_eq!(
             (a.interface.as_str(), a.ports, a.snaplen),
-            ("any", vec![8080, 11434], 262_144)
+            ("any", vec![8080, 11434], DEFAULT_SNAPLEN)
         );
         assert!(args(&["--check"]).unwrap().check);
         assert!(args(&[]).is_err());

@@ -43,7 +43,8 @@ pub struct CapturedPacket {
 /// The helper's counters, from its start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CaptureStats {
-    /// Packets that passed the filter.
+    /// Packets that passed the kernel filter. On `lo` each packet counts
+    /// twice, as sent and as received; only the received copy is passed on.
     pub received: u64,
     /// Packets the kernel dropped: its ring buffer was full.
     pub dropped: u64,

@@ -193,7 +193,8 @@ pub struct CaptureConfig {
     pub interface: String,
     /// TCP ports to watch, either direction; at least one.
     pub ports: Vec<u16>,
-    /// Bytes kept of each packet.
+    /// Bytes kept of each packet; the default, the helper's, keeps every
+    /// loopback packet whole (larger wastes the kernel ring, see the helper).
     pub snaplen: u32,
 }
 
@@ -202,7 +203,7 @@ impl Default for CaptureConfig {
         Self {
             interface: "lo".into(),
             ports: Vec::new(),
-            snaplen: 262_144,
+            snaplen: 65_568,
         }
     }
 }
