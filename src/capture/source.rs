@@ -49,6 +49,8 @@ pub const MAX_LAG: Duration = Duration::from_secs(5);
 const STEP_NS: i64 = 1_000_000;
 /// How often the offset follows the wall clock's slewing.
 const RESAMPLE_NS: i64 = 1_000_000_000;
+/// How long [`CaptureSource::start`] waits for the helper to open the capture.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// A clock reading whose monotonic bracket is wider than this is dropped.
 const MAX_BRACKET_NS: i64 = 50_000;
 
@@ -143,8 +145,10 @@ fn find_helper_in(
 }
 
 fn is_permission_error(text: &str) -> bool {
+    // libpcap says "socket: Operation not permitted" (EPERM), or "You don't
+    // have permission to capture on that device (...)".
     let t = text.to_ascii_lowercase();
-    t.contains("not permitted") || t.contains("permission denied")
+    t.contains("not permitted") || t.contains("permission")
 }
 
 /// Classifies the helper's words on a failure.
@@ -265,7 +269,8 @@ impl CaptureSource {
     }
 
     /// Starts `helper` on `config` and returns once the capture is open (its
-    /// stream's header read), so packets sent after this are seen. Packets go
+    /// stream's header read, within [`START_TIMEOUT`]), so packets sent after
+    /// this are seen. Packets go
     /// to `sink` with `try_send`: when it is full they are dropped and counted
     /// in [`SourceStats::sink_dropped`], the reader never waits for the
     /// consumer. The reader stops when the sink closes.
@@ -293,68 +298,56 @@ impl CaptureSource {
                 helper: helper.to_path_buf(),
                 source,
             })?;
-        let mut stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-
-        let mut decoder = FeedDecoder::new();
-        let mut pending = Vec::new();
-        let mut buf = vec![0u8; 64 << 10];
-        let link = loop {
-            let n = match stdout.read(&mut buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(CaptureError::Helper(e.to_string()));
-                }
-            };
-            if n == 0 {
-                let _ = child.wait();
-                let said = read_tail(&mut stderr);
-                let said = if said.is_empty() {
-                    format!("{HELPER_NAME} exited before opening the capture")
-                } else {
-                    said
-                };
-                return Err(helper_failure(helper, said));
-            }
-            match decoder.push_into(&buf[..n], &mut pending) {
-                Ok(()) => {}
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(CaptureError::Helper(e.to_string()));
-                }
-            }
-            if let Some(link) = decoder.link_type() {
-                break link;
-            }
-        };
-
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        let (opened_tx, opened) = std::sync::mpsc::sync_channel(1);
         let shared = Arc::new(Mutex::new(Shared::default()));
         let reader = Reader {
             stdout,
             stderr,
-            decoder,
-            pending,
-            buf,
+            decoder: FeedDecoder::new(),
+            pending: Vec::new(),
+            buf: vec![0u8; 64 << 10],
             clock: ClockMap::new(),
             base,
             read_at: 0,
             sink,
             shared: shared.clone(),
+            opened: Some(opened_tx),
         };
-        let reader = std::thread::Builder::new()
+        let reader = match std::thread::Builder::new()
             .name("capture-reader".into())
             .spawn(move || reader.run())
-            .map_err(|e| CaptureError::Helper(e.to_string()))?;
-        Ok(Self {
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(CaptureError::Helper(e.to_string()));
+            }
+        };
+        let mut source = Self {
             child,
             reader: Some(reader),
             shared,
-            link,
-        })
+            link: LinkType(0),
+        };
+        match opened.recv_timeout(START_TIMEOUT) {
+            Ok(Ok(link)) => {
+                source.link = link;
+                Ok(source)
+            }
+            Ok(Err(said)) => {
+                source.shutdown();
+                Err(helper_failure(helper, said))
+            }
+            Err(_) => {
+                source.shutdown();
+                Err(CaptureError::Helper(format!(
+                    "{HELPER_NAME} did not open the capture within {START_TIMEOUT:?}"
+                )))
+            }
+        }
     }
 
     /// The link-layer type of the packets' `data`.
@@ -420,6 +413,9 @@ struct Reader {
     read_at: i64,
     sink: mpsc::Sender<SourcePacket>,
     shared: Arc<Mutex<Shared>>,
+    /// Told the link type once the header is read, or why the stream ended
+    /// before it.
+    opened: Option<std::sync::mpsc::SyncSender<Result<LinkType, String>>>,
 }
 
 impl Reader {
@@ -448,7 +444,15 @@ impl Reader {
                 let why = self.deliver().unwrap_or_else(|| e.to_string());
                 break why;
             }
+            if let Some(link) = self.decoder.link_type() {
+                if let Some(opened) = self.opened.take() {
+                    let _ = opened.send(Ok(link));
+                }
+            }
         };
+        if let Some(opened) = self.opened.take() {
+            let _ = opened.send(Err(ended.clone()));
+        }
         // Dropping stdout closes the pipe: the helper exits on its own.
         self.shared.lock().unwrap().ended = Some(ended);
     }
@@ -719,6 +723,119 @@ mod tests {
         let e = helper_failure(helper, "No such device exists".into());
         assert!(matches!(e, CaptureError::Helper(_)), "{e}");
         assert_eq!(e.grant_command(), None);
+    }
+
+    /// A stand-in helper: a shell script in its own temporary folder.
+    fn fake_helper(name: &str, script: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("speedtap-fake-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(HELPER_NAME);
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// Retries while another test thread's fork still holds the script open
+    /// for writing (ETXTBSY).
+    fn retry_busy<T>(mut f: impl FnMut() -> Result<T, CaptureError>) -> Result<T, CaptureError> {
+        for _ in 0..50 {
+            match f() {
+                Err(CaptureError::Spawn { source, .. })
+                    if source.raw_os_error() == Some(libc::ETXTBSY) =>
+                {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                r => return r,
+            }
+        }
+        f()
+    }
+
+    fn config(port: u16) -> CaptureConfig {
+        CaptureConfig {
+            ports: vec![port],
+            ..CaptureConfig::default()
+        }
+    }
+
+    #[test]
+    fn without_permission_check_and_start_name_the_grant_command() {
+        let said = "speedtap-capture: cannot capture on lo: libpcap error: socket: Operation not permitted";
+        // As the helper does: the answer to --check on stdout, errors on stderr.
+        let helper = fake_helper(
+            "denied",
+            &format!("[ \"$1\" = --check ] && echo '{said}' || echo '{said}' >&2; exit 1"),
+        );
+        let e = retry_busy(|| check(&helper, "lo")).unwrap_err();
+        let grant = format!("sudo setcap cap_net_raw=eip {}", helper.display());
+        assert_eq!(e.grant_command(), Some(grant.as_str()), "{e}");
+        let (tx, _rx) = mpsc::channel(8);
+        let e = retry_busy(|| CaptureSource::start(&helper, &config(1), tx.clone()))
+            .err()
+            .unwrap();
+        assert_eq!(e.grant_command(), Some(grant.as_str()), "{e}");
+        assert!(e.to_string().contains(said), "{e}");
+        std::fs::remove_dir_all(helper.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_fake_stream_is_delivered_and_its_end_reported() {
+        // Header (Ethernet), one 3-byte packet stamped at the epoch, stats.
+        let helper = fake_helper(
+            "stream",
+            r"printf 'STCAP1\n\001\000\000\000'
+printf '\000\000\000\000\000\000\000\000\000\003\000\000\000\003\000\000\000abc'
+printf '\001\001\000\000\000\000\000\000\000\002\000\000\000\000\000\000\000\000\000\000\000\000\000\000\000'
+echo 'speedtap-capture: the end' >&2",
+        );
+        let (tx, mut rx) = mpsc::channel(8);
+        let before = Instant::now();
+        let source = retry_busy(|| CaptureSource::start(&helper, &config(1), tx.clone())).unwrap();
+        drop(tx);
+        assert_eq!(source.link_type(), LinkType(1));
+        let p = rx.blocking_recv().expect("the packet");
+        assert_eq!(&p.packet.data[..], b"abc");
+        // Stamped long before the start: placed at the start at the earliest.
+        assert!(p.at >= before && p.at <= Instant::now());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while source.ended().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(source.ended().as_deref(), Some("speedtap-capture: the end"));
+        let stats = source.stop();
+        assert_eq!(stats.delivered, 1);
+        assert_eq!(
+            stats.kernel,
+            CaptureStats {
+                received: 1,
+                dropped: 2,
+                if_dropped: 0
+            }
+        );
+        assert_eq!(stats.lost(), 2);
+        std::fs::remove_dir_all(helper.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_full_sink_drops_and_counts_without_blocking() {
+        let packet = r"\000\000\000\000\000\000\000\000\000\001\000\000\000\001\000\000\000x";
+        let helper = fake_helper(
+            "full",
+            &format!("printf 'STCAP1\\n\\001\\000\\000\\000'\nfor i in 1 2 3 4 5; do printf '{packet}'; done\nexec sleep 5"),
+        );
+        let (tx, mut rx) = mpsc::channel(2);
+        let source = retry_busy(|| CaptureSource::start(&helper, &config(1), tx.clone())).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while source.stats().delivered + source.stats().sink_dropped < 5
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let stats = source.stop();
+        assert_eq!((stats.delivered, stats.sink_dropped), (2, 3));
+        assert!(rx.try_recv().is_ok() && rx.try_recv().is_ok());
+        std::fs::remove_dir_all(helper.parent().unwrap()).unwrap();
     }
 
     /// The helper as built beside this test binary, or in the package's
