@@ -5,8 +5,12 @@
 //!
 //! The engine itself never opens a packet socket, also when it runs as root:
 //! one path. The helper needs the capability `CAP_NET_RAW` and nothing else
-//! (see the helper's crate doc for what was tried); [`CaptureError::NoPermission`]
-//! names the one command that grants it.
+//! (`CAP_NET_ADMIN` only serves promiscuous mode, which loopback capture
+//! doesn't use; see the helper's crate doc for what was tried).
+//! [`CaptureError::NoPermission`] names the one command that grants it,
+//! `sudo setcap cap_net_raw=eip <the helper's absolute path>`. A file
+//! capability is lost when the helper is rebuilt or copied, and is ignored on
+//! a file system mounted `nosuid`.
 //!
 //! # Timestamps
 //! The kernel stamps each packet on the wall clock (CLOCK_REALTIME, ns); the
