@@ -2,6 +2,7 @@
 //! tokens per second, by tapping its response stream.
 //!
 //! # Overview
+//! - [`capture`] turns captured loopback packets into HTTP exchanges;
 //! - [`decode`] turns response bytes of any supported API into typed events;
 //! - [`tokens`] estimates token counts with tiktoken (o200k_base by default);
 //! - [`meter`] holds the pure metric maths: the per-call meter, route
@@ -11,6 +12,7 @@
 //!   benchmarks.
 
 pub mod api;
+pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod decode;
