@@ -13,6 +13,7 @@
 //! - [`flows`] is the connection table that routes segments to the above
 //!   for the configured server ports.
 
+pub mod http1;
 pub mod packet;
 pub mod reassembly;
 
