@@ -18,6 +18,20 @@
 //! line. Responses that can no longer be matched to their request with
 //! certainty are parsed and dropped, never attributed to another request.
 //!
+//! A response whose framing is broken (not a gap: the server sent
+//! something unparseable) is handled like a gap that loses the framing,
+//! and its exchange ends with `gap: true` too: either way its numbers are
+//! not to be trusted.
+//!
+//! Known limit: a request with `Expect: 100-continue` answered by a final
+//! status without `100 Continue`, whose client then sends no body, leaves
+//! the request side waiting for that body; the next request on the
+//! connection is read as body bytes and lost (clients close the connection
+//! in that case, so it rarely matters).
+//!
+//! Bytes are copied once, into each direction's parse buffer; body events
+//! are zero-copy slices of that buffer.
+//!
 //! Privacy: of the headers only Host, Content-Type, Content-Encoding and
 //! User-Agent are kept (see [`Headers`]); the path is kept without its
 //! query string. Authorization, cookies and every other header value are
@@ -823,6 +837,8 @@ impl Http1Conn {
         if let Some(id) = in_flight {
             self.mark_gap(id);
         }
+        // Bytes before a gap never join bytes after it.
+        self.req_buf.clear();
         self.lose_request_framing(at, out);
     }
 
@@ -872,6 +888,7 @@ impl Http1Conn {
             })
         });
         push(out, at, gap_event(hit, false, missing));
+        self.resp_buf.clear();
         self.lose_response_framing(at, out);
     }
 
@@ -1559,6 +1576,38 @@ e\r\ndata: [DONE]\n\n\r\n0\r\nX-Trailer: t\r\nX-Other: u\r\n\r\n";
                 "resp-head 1 200",
                 "resp-body 1 c",
                 "resp-end 1"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_request_head_cut_by_a_gap_is_not_stitched_across_it() {
+        let mut c = fresh();
+        let mut out = run(&mut c, &[(CLIENT, Some(b"GET /a HTTP/1.1\r\n"))]);
+        c.on_gap(CLIENT, 9, 1, &mut out);
+        c.on_data(CLIENT, b"\r\n", 2, &mut out);
+        c.on_data(
+            SERVER,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na",
+            3,
+            &mut out,
+        );
+        c.on_data(CLIENT, b"GET /b HTTP/1.1\r\n\r\n", 4, &mut out);
+        c.on_data(
+            SERVER,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb",
+            5,
+            &mut out,
+        );
+        assert_eq!(
+            lines(&out),
+            [
+                "gap client None 9",
+                "req-head 0 GET /b",
+                "req-end 0",
+                "resp-head 0 200",
+                "resp-body 0 b",
+                "resp-end 0"
             ]
         );
     }

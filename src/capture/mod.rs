@@ -12,6 +12,22 @@
 //!   responses, matched in order;
 //! - [`flows`] is the connection table that routes segments to the above
 //!   for the configured server ports.
+//!
+//! How the engine drives it, per capture source:
+//!
+//! ```text
+//! let mut flows = Flows::new(ports);          // one ServerPort per route
+//! flows.ignore(proxy_upstream_local_addr);    // before the proxy connects
+//! for (frame, link, ts) in packets {
+//!     if let Some(seg) = packet::parse(link, &frame) {
+//!         for ev in flows.feed(seg, ts) { /* route by ev.conn.server */ }
+//!     }
+//! }
+//! every 100 ms: flows.give_up_holes(now_ts, hole_wait); flows.sweep(now_ts, idle)
+//! ```
+//!
+//! `now_ts` is on the packet clock (the latest packet timestamp, or the
+//! capture clock read by the engine): the core never reads a clock.
 
 pub mod flows;
 pub mod http1;
