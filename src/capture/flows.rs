@@ -152,11 +152,20 @@ impl Flows {
     /// Ignores every segment to or from `addr` (exact address and port):
     /// the engine registers its own proxy's upstream sockets, before they
     /// connect, so proxied calls are recorded once. A connection already
-    /// tracked with that address is dropped without events.
-    pub fn ignore(&mut self, addr: SocketAddr) {
+    /// tracked with that address (the capture read its SYN before the
+    /// engine learned the socket's address) is dropped without events;
+    /// its id is returned so the engine can drop what it started for it.
+    pub fn ignore(&mut self, addr: SocketAddr) -> Vec<ConnId> {
         self.ignored.insert(addr);
-        self.conns
-            .retain(|_, c| c.id.client != addr && c.id.server != addr);
+        let mut dropped = Vec::new();
+        self.conns.retain(|_, c| {
+            let keep = c.id.client != addr && c.id.server != addr;
+            if !keep {
+                dropped.push(c.id);
+            }
+            keep
+        });
+        dropped
     }
 
     /// Stops ignoring `addr` (its socket closed; the port may be reused).
@@ -681,7 +690,11 @@ mod tests {
         let mut talk = Talk::new("127.0.0.1:50000", "127.0.0.1:11434", 1, 2);
         feed_all(&mut f, talk.handshake(), 0);
         assert_eq!(f.len(), 1);
-        f.ignore(talk.client);
+        let dropped = f.ignore(talk.client);
+        assert_eq!(
+            dropped.iter().map(|c| c.client).collect::<Vec<_>>(),
+            [talk.client]
+        );
         assert!(f.is_empty());
         assert!(f.feed(talk.client(REQUEST), 5).is_empty());
     }

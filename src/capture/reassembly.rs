@@ -143,9 +143,16 @@ impl Reassembler {
             return;
         }
         if end > self.next as i64 && !payload.is_empty() {
-            // Clip what was already delivered, then hold the new pieces.
+            // Clip what was already delivered; the next bytes with nothing
+            // held (the usual case) go straight out, the rest is held.
             let skip = (self.next as i64 - start).max(0);
-            self.hold((start + skip) as u64, payload.slice(skip as usize..), at);
+            let bytes = payload.slice(skip as usize..);
+            if start + skip == self.next as i64 && self.held.is_empty() {
+                self.next += bytes.len() as u64;
+                out.push(Delivery::Data { bytes, at });
+            } else {
+                self.hold((start + skip) as u64, bytes, at);
+            }
         }
         if flags.fin && end >= 0 && self.fin_at.is_none() {
             self.fin_at = Some(end as u64);
