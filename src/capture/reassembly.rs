@@ -294,7 +294,7 @@ mod tests {
         }
     }
 
-    fn data() -> TcpFlags {
+    fn data_flags() -> TcpFlags {
         flags(false, false, false)
     }
 
@@ -311,7 +311,7 @@ mod tests {
         let mut out = Vec::new();
         r.push(
             seq,
-            data(),
+            data_flags(),
             Bytes::copy_from_slice(payload.as_bytes()),
             at,
             &mut out,
@@ -530,6 +530,101 @@ mod tests {
         assert_eq!(text(&push(&mut r, 1020, "t", 3)), "<gap 2>cdef");
         assert_eq!(r.held_bytes(), 5);
         assert!(r.held_bytes() <= 8);
+    }
+
+    /// A recognizable stream: each byte says where it is.
+    fn stream(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    /// Segments covering `data` cut at `cuts`, from sequence `first`.
+    fn cover(data: &[u8], first: u32, cuts: &[usize]) -> Vec<(u32, Bytes)> {
+        let mut bounds: Vec<usize> = cuts.iter().map(|&c| c.min(data.len())).collect();
+        bounds.extend([0, data.len()]);
+        bounds.sort_unstable();
+        bounds.dedup();
+        bounds
+            .windows(2)
+            .map(|w| {
+                (
+                    first.wrapping_add(w[0] as u32),
+                    Bytes::copy_from_slice(&data[w[0]..w[1]]),
+                )
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_arrival_order_of_overlapping_segments_gives_the_stream_back(
+            isn: u32,
+            len in 1usize..300,
+            cuts in proptest::collection::vec(0usize..300, 0..20),
+            extra in proptest::collection::vec((0usize..300, 1usize..60), 0..10),
+            keys in proptest::collection::vec(proptest::prelude::any::<u16>(), 40),
+        ) {
+            let data = stream(len);
+            let first = isn.wrapping_add(1);
+            let mut segs = cover(&data, first, &cuts);
+            for (start, n) in extra {
+                let start = start % len;
+                let end = (start + n).min(len);
+                segs.push((first.wrapping_add(start as u32), Bytes::copy_from_slice(&data[start..end])));
+            }
+            let mut order: Vec<usize> = (0..segs.len()).collect();
+            order.sort_by_key(|&i| keys[i % keys.len()] ^ (i as u16).wrapping_mul(40503));
+            let mut r = opened(isn);
+            let mut out = Vec::new();
+            for (t, &i) in order.iter().enumerate() {
+                let (seq, bytes) = segs[i].clone();
+                r.push(seq, data_flags(), bytes, t as Nanos, &mut out);
+            }
+            r.push(first.wrapping_add(len as u32), flags(false, true, false), Bytes::new(), 999, &mut out);
+            let mut got = Vec::new();
+            for d in &out[..out.len() - 1] {
+                match d {
+                    Delivery::Data { bytes, .. } => got.extend_from_slice(bytes),
+                    other => proptest::prop_assert!(false, "unexpected {:?}", other),
+                }
+            }
+            proptest::prop_assert_eq!(got, data);
+            proptest::prop_assert_eq!(out.last(), Some(&Delivery::End { reset: false, at: 999 }));
+        }
+
+        #[test]
+        fn lost_segments_become_gaps_of_exactly_their_size(
+            isn: u32,
+            len in 1usize..300,
+            cuts in proptest::collection::vec(0usize..300, 0..20),
+            lost in proptest::collection::vec(proptest::prelude::any::<bool>(), 21),
+        ) {
+            let data = stream(len);
+            let segs = cover(&data, isn.wrapping_add(1), &cuts);
+            let mut r = opened(isn);
+            let mut out = Vec::new();
+            for (i, (seq, bytes)) in segs.iter().enumerate() {
+                if !lost[i] {
+                    r.push(*seq, data_flags(), bytes.clone(), i as Nanos, &mut out);
+                }
+            }
+            while r.held_bytes() > 0 {
+                r.give_up_hole(1_000, &mut out);
+            }
+            let mut offset = 0usize;
+            for d in &out {
+                match d {
+                    Delivery::Data { bytes, .. } => {
+                        proptest::prop_assert_eq!(&bytes[..], &data[offset..offset + bytes.len()]);
+                        offset += bytes.len();
+                    }
+                    Delivery::Gap { missing_bytes, .. } => offset += *missing_bytes as usize,
+                    Delivery::End { .. } => proptest::prop_assert!(false, "no FIN was sent"),
+                }
+            }
+            let last_kept = segs.iter().enumerate().rev().find(|(i, _)| !lost[*i]);
+            let expected_end = last_kept.map_or(0, |(_, (seq, b))| seq.wrapping_sub(isn.wrapping_add(1)) as usize + b.len());
+            proptest::prop_assert_eq!(offset, expected_end);
+        }
     }
 
     #[test]
