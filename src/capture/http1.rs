@@ -1581,6 +1581,41 @@ e\r\ndata: [DONE]\n\n\r\n0\r\nX-Trailer: t\r\nX-Other: u\r\n\r\n";
     }
 
     #[test]
+    fn a_gap_inside_a_request_body_keeps_reading_it_and_flags_the_exchange() {
+        let mut c = fresh();
+        let mut out = run(
+            &mut c,
+            &[(
+                CLIENT,
+                Some(b"POST /x HTTP/1.1\r\nContent-Length: 10\r\n\r\nab"),
+            )],
+        );
+        c.on_gap(CLIENT, 3, 1, &mut out);
+        c.on_data(CLIENT, b"fghijGET /y HTTP/1.1\r\n\r\n", 2, &mut out);
+        c.on_data(
+            SERVER,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx",
+            3,
+            &mut out,
+        );
+        assert_eq!(
+            lines(&out),
+            [
+                "req-head 0 POST /x",
+                "req-body 0 ab",
+                "gap client Some(0) 3",
+                "req-body 0 fghij",
+                "req-end 0 incomplete",
+                "req-head 1 GET /y",
+                "req-end 1",
+                "resp-head 0 200",
+                "resp-body 0 x",
+                "resp-end 0 incomplete gap",
+            ]
+        );
+    }
+
+    #[test]
     fn a_request_head_cut_by_a_gap_is_not_stitched_across_it() {
         let mut c = fresh();
         let mut out = run(&mut c, &[(CLIENT, Some(b"GET /a HTTP/1.1\r\n"))]);
