@@ -2,7 +2,8 @@
 //! tokens per second, by tapping its response stream.
 //!
 //! # Overview
-//! - [`capture`] reads model servers' loopback packets via `speedtap-capture`;
+//! - [`capture`] reads model servers' loopback packets (through the
+//!   `speedtap-capture` helper) and turns them into HTTP exchanges;
 //! - [`decode`] turns response bytes of any supported API into typed events;
 //! - [`tokens`] estimates token counts with tiktoken (o200k_base by default);
 //! - [`meter`] holds the pure metric maths: the per-call meter, route
