@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use speedtap::decode::ApiKind;
-use speedtap::engine::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
-use speedtap::meter::{Phase, Snapshot, TokenSource};
-use speedtap::store::{ms_to_rfc3339, Store, StoreWriter};
+use speedtap::model::time::ms_to_rfc3339;
+use speedtap::model::ApiKind;
+use speedtap::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
+use speedtap::model::{Phase, Snapshot, TokenSource};
+use speedtap::store::{Store, StoreWriter};
 
 /// A typical settled call: ok, server-reported numbers, a TTFT breakdown.
 fn call(i: u64) -> Call {

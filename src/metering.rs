@@ -25,9 +25,10 @@ use tokio::time::Instant;
 
 use crate::decode::detect::BodyFraming;
 use crate::decode::stream::StreamDecoder;
-use crate::decode::{ApiKind, ServerTimings, StreamEvent};
+use crate::decode::{ServerTimings, StreamEvent};
 use crate::meter::call::CallMeter;
-use crate::meter::{Phase, Snapshot, TokenSource};
+use crate::model::ApiKind;
+use crate::model::{Phase, Snapshot, TokenSource};
 use crate::tokens::TokenEstimator;
 
 /// How the response body ended, as the interceptor saw it. This is the
@@ -433,7 +434,10 @@ mod tests {
         assert_eq!(r.outcome, Outcome::Ok);
         assert_eq!(r.snapshot.output_tokens, WORDS);
         assert_eq!(r.snapshot.output_tokens_per_second, Some(RATE));
-        assert_eq!(r.snapshot.elapsed_ms, 2200, "the transport's tail is not the call's");
+        assert_eq!(
+            r.snapshot.elapsed_ms, 2200,
+            "the transport's tail is not the call's"
+        );
         assert!(r.snapshot.is_final);
     }
 

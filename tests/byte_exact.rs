@@ -30,7 +30,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use speedtap::engine::{CallStatus, CallsQuery, EngineQueries, RunningEngine};
+use speedtap::model::{CallStatus, CallsQuery, EngineQueries};
+
+use speedtap::host::RunningEngine;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;

@@ -16,15 +16,16 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
-use speedtap::decode::ApiKind;
 use speedtap::engine::metrics::Metrics;
-use speedtap::engine::model::{CallDetails, TtftBreakdown};
-use speedtap::engine::{
+use speedtap::model::ApiKind;
+use speedtap::model::Stats;
+use speedtap::model::{
     Call, CallIdentity, CallStatus, CallsQuery, EngineEvent, EngineQueries, SpeedEvent,
 };
-use speedtap::meter::global::Stats;
-use speedtap::meter::{Phase, Snapshot, TokenSource};
-use speedtap::store::{parse_export, ExportFormat, HistoryFilter, ModelSummary, Store};
+use speedtap::model::{CallDetails, TtftBreakdown};
+use speedtap::model::{ExportFormat, HistoryFilter, ModelSummary};
+use speedtap::model::{Phase, Snapshot, TokenSource};
+use speedtap::store::{parse_export, Store};
 
 // ---------------------------------------------------------------- the fake
 

@@ -6,9 +6,11 @@ mod proxy_support;
 use std::time::Duration;
 
 use proxy_support::settled_calls;
-use speedtap::config::{load_config, RouteSpec};
-use speedtap::engine::control::{RouteDoc, SettingsDoc};
-use speedtap::engine::{CallStatus, Engine, EngineOptions, EngineQueries};
+use speedtap::config::load_config;
+use speedtap::host::{Engine, EngineOptions};
+use speedtap::model::RouteSpec;
+use speedtap::model::{CallStatus, EngineQueries};
+use speedtap::model::{RouteDoc, SettingsDoc};
 
 fn temp_config(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("speedtap-test-{}-{name}", std::process::id()));

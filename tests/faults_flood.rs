@@ -16,7 +16,9 @@ mod proxy_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use speedtap::engine::{CallStatus, CallsQuery, EngineQueries, RunningEngine};
+use speedtap::model::{CallStatus, CallsQuery, EngineQueries};
+
+use speedtap::host::RunningEngine;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;

@@ -27,15 +27,16 @@ use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use speedtap::decode::ApiKind;
-use speedtap::engine::metrics::{
-    record_proxy_latency, GenAiHistogram, Metrics, DURATION_BUCKETS, PROXY_LATENCY_BUCKETS,
-    TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
+use speedtap::engine::metrics::otlp::start_otlp_exporter;
+use speedtap::engine::metrics::schema::{
+    GenAiHistogram, DURATION_BUCKETS, PROXY_LATENCY_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS,
+    TTFT_BUCKETS,
 };
-use speedtap::engine::otlp::start_otlp_exporter;
-use speedtap::engine::{Call, CallIdentity, CallStatus};
-use speedtap::meter::global::Stats;
-use speedtap::meter::{Phase, Snapshot, TokenSource};
+use speedtap::engine::metrics::{record_proxy_latency, Metrics};
+use speedtap::model::ApiKind;
+use speedtap::model::Stats;
+use speedtap::model::{Call, CallIdentity, CallStatus};
+use speedtap::model::{Phase, Snapshot, TokenSource};
 
 fn call(
     id: u32,

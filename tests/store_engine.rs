@@ -26,14 +26,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use speedtap::config::RouteSpec;
-use speedtap::engine::RunningEngine;
-use speedtap::engine::{
-    Call, CallStatus, CallsQuery, Engine, EngineEvent, EngineOptions, EngineQueries,
-};
-use speedtap::meter::TokenSource;
+use speedtap::host::RunningEngine;
+use speedtap::host::{Engine, EngineOptions};
+use speedtap::model::HistoryFilter;
+use speedtap::model::RouteSpec;
+use speedtap::model::TokenSource;
+use speedtap::model::{Call, CallStatus, CallsQuery, EngineEvent, EngineQueries};
 use speedtap::simulate::{SimConfig, SimServer};
-use speedtap::store::{HistoryFilter, Store};
+use speedtap::store::Store;
 use speedtap::tokens::O200kEstimator;
 
 use store_engine_support::*;
@@ -625,7 +625,10 @@ fn a_30_mb_request_keeps_its_model_and_the_proxy_memory_stays_flat() {
     let long = &calls[0];
     assert_eq!(long["status"], "ok", "{long}");
     assert_eq!(long["model"], MODEL, "{long}");
-    assert!(long["speed"]["output_tokens_per_second"].is_number(), "{long}");
+    assert!(
+        long["speed"]["output_tokens_per_second"].is_number(),
+        "{long}"
+    );
     let grew = peak_rss_kib(run.proc.child.id()).saturating_sub(before);
     assert!(
         grew < 8 * 1024,

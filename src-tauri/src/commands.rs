@@ -9,13 +9,13 @@
 //! string`).
 
 use serde::{Deserialize, Serialize};
-use speedtap::api::routes::MAX_LIMIT;
-use speedtap::engine::control::{
-    DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc,
-};
-use speedtap::engine::{Call, CallsQuery, EngineHandle, EngineQueries};
-use speedtap::meter::global::Stats;
-use speedtap::store::{self, ExportFormat, HistoryFilter, ModelSummary};
+use speedtap::host::EngineHandle;
+use speedtap::model::Stats;
+use speedtap::model::MAX_LIMIT;
+use speedtap::model::{Call, CallsQuery, EngineQueries};
+use speedtap::model::{DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
+use speedtap::model::{ExportFormat, HistoryFilter, ModelSummary};
+use speedtap::store;
 use tauri::State;
 
 /// Why a command failed. Serialised as its message.

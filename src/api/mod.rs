@@ -46,7 +46,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 
-use crate::engine::EngineQueries;
+use crate::model::EngineQueries;
 
 pub mod dashboard;
 pub mod host_guard;

@@ -32,10 +32,11 @@ use tokio::sync::watch;
 
 use super::host_guard::{self, HostRejection};
 use super::{dashboard, sse, BoxBody};
-use crate::engine::control::SettingsDoc;
 use crate::engine::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
-use crate::engine::{Call, CallsQuery, EngineQueries};
-use crate::store::{self, ExportFormat, HistoryFilter, ModelSummary};
+use crate::model::SettingsDoc;
+use crate::model::{Call, CallsQuery, EngineQueries};
+use crate::model::{ExportFormat, HistoryFilter, ModelSummary};
+use crate::store;
 
 /// The largest `limit` honoured; larger values are clamped, not refused, so a
 /// script asking for "everything" gets what the engine keeps.
@@ -388,8 +389,8 @@ pub fn history_filter(
             return Err(format!(
                 "since must be before until (calls started in [since, until)), got since={} \
                  and until={}",
-                store::ms_to_rfc3339(since),
-                store::ms_to_rfc3339(until)
+                crate::model::time::ms_to_rfc3339(since),
+                crate::model::time::ms_to_rfc3339(until)
             ));
         }
     }
@@ -542,10 +543,10 @@ mod tests {
         async fn call(&self, _: String) -> Option<Call> {
             None
         }
-        async fn stats(&self) -> crate::meter::global::Stats {
-            crate::meter::global::Stats::default()
+        async fn stats(&self) -> crate::model::Stats {
+            crate::model::Stats::default()
         }
-        async fn subscribe(&self) -> tokio::sync::mpsc::Receiver<crate::engine::EngineEvent> {
+        async fn subscribe(&self) -> tokio::sync::mpsc::Receiver<crate::model::EngineEvent> {
             tokio::sync::mpsc::channel(1).1
         }
         fn metrics_text(&self) -> String {

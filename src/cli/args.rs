@@ -1,12 +1,12 @@
 //! The command line, as clap parses it. The doc comments are the `--help`
 //! text. The flags are documented in `docs/api.md`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::store::ExportFormat;
+use crate::host::args::RunArgs;
+use crate::model::ExportFormat;
 
 /// speedtap: live TTFT and tokens per second for every local LLM call.
 ///
@@ -32,49 +32,6 @@ pub enum Command {
     /// Write the calls in the history database as CSV or JSON Lines,
     /// oldest first.
     Export(ExportArgs),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct RunArgs {
-    /// Config file (TOML). Default: the platform config file, if it exists.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// A route: a listener at LISTEN forwarding to the base URL UPSTREAM,
-    /// e.g. `ollama=127.0.0.1:11435=http://127.0.0.1:11434`. Repeatable.
-    #[arg(long = "route", value_name = "NAME=LISTEN=UPSTREAM")]
-    pub routes: Vec<String>,
-    /// Address of the control API and web dashboard [default: 127.0.0.1:7878].
-    #[arg(long, value_name = "ADDR")]
-    pub api: Option<SocketAddr>,
-    /// The store of settled calls and calibration.
-    #[arg(long, value_name = "FILE", conflicts_with = "no_db")]
-    pub db: Option<PathBuf>,
-    /// Keep everything in memory only.
-    #[arg(long)]
-    pub no_db: bool,
-    /// A first token later than this raises a warning [default: 5000].
-    #[arg(long, value_name = "N")]
-    pub slow_ttft_ms: Option<u64>,
-    /// One JSON line per published call snapshot on stdout.
-    #[arg(long)]
-    pub json: bool,
-    /// Allow listening on non-loopback addresses.
-    #[arg(long)]
-    pub allow_remote: bool,
-    /// Also push metrics by OTLP/HTTP to this collector, e.g.
-    /// `http://127.0.0.1:4318`.
-    #[arg(long, value_name = "URL")]
-    pub otlp_endpoint: Option<String>,
-    /// Keep settled calls in the store this many days.
-    #[arg(long, value_name = "DAYS", default_value_t = 90)]
-    pub retention_days: u64,
-    /// Cap the store's size; the oldest calls go first.
-    #[arg(long, value_name = "MB", default_value_t = 1024)]
-    pub max_db_mb: u64,
-    /// Cut a response when its upstream sends nothing for this long, e.g.
-    /// `5m` [default: off: a slow model is never cut].
-    #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_idle_timeout)]
-    pub idle_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Args)]

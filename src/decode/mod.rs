@@ -9,7 +9,6 @@
 //! - [`think`] splits inline `<think>...</think>` text into reasoning;
 //! - [`stream`] ties them together: [`StreamDecoder`] is what the proxy feeds.
 
-pub mod api;
 pub mod detect;
 pub mod event;
 pub mod ndjson;
@@ -19,6 +18,5 @@ pub mod sse;
 pub mod stream;
 pub mod think;
 
-pub use api::ApiKind;
 pub use event::{OutputChannel, ServerTimings, StreamEvent, Usage};
 pub use stream::StreamDecoder;

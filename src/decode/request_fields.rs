@@ -398,7 +398,10 @@ mod tests {
         assert_eq!(scan(r#"{"model":42,"stream":"true"}"#), fields(None, None));
         assert_eq!(scan(r#"{"stream":null}"#), fields(None, None));
         assert_eq!(scan(r#"{"stream":1}"#), fields(None, None));
-        assert_eq!(scan(r#"{"model":["a"],"stream":{"x":1}}"#), fields(None, None));
+        assert_eq!(
+            scan(r#"{"model":["a"],"stream":{"x":1}}"#),
+            fields(None, None)
+        );
     }
 
     #[test]
@@ -411,7 +414,10 @@ mod tests {
 
     #[test]
     fn the_model_is_unescaped_as_json_says() {
-        assert_eq!(scan(r#"{"model":"a\u00e9\/b\"c"}"#).model.as_deref(), Some("aé/b\"c"));
+        assert_eq!(
+            scan(r#"{"model":"a\u00e9\/b\"c"}"#).model.as_deref(),
+            Some("aé/b\"c")
+        );
     }
 
     #[test]
@@ -423,12 +429,16 @@ mod tests {
 
     #[test]
     fn a_byte_order_mark_is_skipped() {
-        assert_eq!(scan("\u{feff}{\"model\":\"m\"}").model.as_deref(), Some("m"));
+        assert_eq!(
+            scan("\u{feff}{\"model\":\"m\"}").model.as_deref(),
+            Some("m")
+        );
     }
 
     #[test]
     fn a_cut_body_keeps_what_came_before_the_cut() {
-        let body = r#"{"model":"llama3.2","stream":true,"messages":[{"role":"user","content":"long"}]}"#;
+        let body =
+            r#"{"model":"llama3.2","stream":true,"messages":[{"role":"user","content":"long"}]}"#;
         let cut_in_model = &body[..14];
         assert_eq!(scan(cut_in_model), fields(None, None));
         let after_model = &body[..21];
@@ -444,7 +454,10 @@ mod tests {
             scan(r#"{"model":"m" "stream":true}"#),
             fields(Some("m"), None)
         );
-        assert_eq!(scan(r#"{"model":"m",,"stream":true}"#), fields(Some("m"), None));
+        assert_eq!(
+            scan(r#"{"model":"m",,"stream":true}"#),
+            fields(Some("m"), None)
+        );
     }
 
     #[test]
@@ -467,7 +480,10 @@ mod tests {
 
     #[test]
     fn long_or_escaped_keys_are_other_keys() {
-        assert_eq!(scan(r#"{"mod\u0065l":"a","modelmodelmodelmodel":"b"}"#), fields(None, None));
+        assert_eq!(
+            scan(r#"{"mod\u0065l":"a","modelmodelmodelmodel":"b"}"#),
+            fields(None, None)
+        );
     }
 
     #[test]
@@ -495,7 +511,11 @@ mod tests {
         for piece in body.chunks(16 * 1024) {
             s.feed(piece);
         }
-        assert!(s.buf.capacity() <= MAX_MODEL_BYTES, "kept {}", s.buf.capacity());
+        assert!(
+            s.buf.capacity() <= MAX_MODEL_BYTES,
+            "kept {}",
+            s.buf.capacity()
+        );
         assert!(s.is_finished());
         assert_eq!(s.into_fields(), fields(Some("m"), Some(true)));
     }

@@ -16,7 +16,7 @@ use actix::prelude::*;
 use tokio::time::Instant;
 
 use super::messages::{Broadcast, FirstTokenLate, SetNotificationsPaused};
-use super::model::{EngineEvent, SlowFirstToken};
+use crate::model::{EngineEvent, SlowFirstToken};
 
 /// At most one slow-first-token notification per route in this period.
 pub const NOTIFY_THROTTLE: Duration = Duration::from_secs(60);

@@ -17,13 +17,14 @@ use actix::prelude::*;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::control::{HistoryDoc, HistoryPoint};
 use super::messages::*;
 use super::metrics::Metrics;
-use super::model::{Call, CallStatus, EngineEvent};
 use crate::meter::calibration::CalibrationTable;
-use crate::meter::global::{GlobalMeter, Stats, ACTIVE_CADENCE};
-use crate::meter::TokenSource;
+use crate::meter::global::{GlobalMeter, ACTIVE_CADENCE};
+use crate::model::Stats;
+use crate::model::TokenSource;
+use crate::model::{Call, CallStatus, EngineEvent};
+use crate::model::{HistoryDoc, HistoryPoint};
 use crate::store::StoreWriter;
 
 /// How many settled calls the supervisor keeps for the API. The contract
@@ -377,10 +378,10 @@ pub(crate) mod tests {
     use tokio::sync::mpsc::error::TryRecvError;
 
     use super::*;
-    use crate::decode::ApiKind;
-    use crate::engine::model::{CallIdentity, CallStatus, SlowFirstToken};
-    use crate::engine::queries::CallsQuery;
-    use crate::meter::{Phase, Snapshot};
+    use crate::model::ApiKind;
+    use crate::model::CallsQuery;
+    use crate::model::{CallIdentity, CallStatus, SlowFirstToken};
+    use crate::model::{Phase, Snapshot};
 
     /// The clock moves in steps this small, so a timer fires within one
     /// step of its deadline and arrival times are known to the step.

@@ -11,6 +11,3 @@ pub mod call;
 pub mod global;
 pub mod limits;
 pub mod rate;
-pub mod snapshot;
-
-pub use snapshot::{Phase, Snapshot, TokenSource};

@@ -33,7 +33,7 @@ use super::json::Obj;
 use super::plan::{self, BodyFlags, Ending, Plan, DEFAULT_MODEL};
 use super::wire::{self, Framing, Reply, Totals};
 use super::SimConfig;
-use crate::decode::api::ApiKind;
+use crate::model::ApiKind;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = BoxBody<Bytes, BoxError>;

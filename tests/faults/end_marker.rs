@@ -15,7 +15,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use speedtap::engine::{CallStatus, RunningEngine};
+use speedtap::model::CallStatus;
+
+use speedtap::host::RunningEngine;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::sync::Notify;
 
@@ -72,9 +74,15 @@ fn scripts() -> Vec<Script> {
             path: "/v1/chat/completions",
             request: r#"{"messages":[],"model":"m","stream":true}"#.into(),
             content_type: "text/event-stream",
-            body: repeat(sse(None, r#"{"choices":[{"index":0,"delta":{"content":" the"}}]}"#)),
+            body: repeat(sse(
+                None,
+                r#"{"choices":[{"index":0,"delta":{"content":" the"}}]}"#,
+            )),
             end: vec![
-                sse(None, r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#),
+                sse(
+                    None,
+                    r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+                ),
                 sse(None, "[DONE]"),
             ],
         },
@@ -84,7 +92,10 @@ fn scripts() -> Vec<Script> {
             content_type: "text/event-stream",
             body: repeat(sse(None, r#"{"choices":[{"text":" the","index":0}]}"#)),
             end: vec![
-                sse(None, r#"{"choices":[{"text":"","index":0,"finish_reason":"stop"}]}"#),
+                sse(
+                    None,
+                    r#"{"choices":[{"text":"","index":0,"finish_reason":"stop"}]}"#,
+                ),
                 sse(None, "[DONE]"),
             ],
         },
@@ -110,7 +121,10 @@ fn scripts() -> Vec<Script> {
                 r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" the"}}"#,
             )),
             end: vec![
-                sse(Some("content_block_stop"), r#"{"type":"content_block_stop","index":0}"#),
+                sse(
+                    Some("content_block_stop"),
+                    r#"{"type":"content_block_stop","index":0}"#,
+                ),
                 sse(Some("message_stop"), r#"{"type":"message_stop"}"#),
             ],
         },
@@ -282,7 +296,11 @@ async fn run(
             let head = c.head().await.expect("response head");
             assert_eq!(head.status(), 200, "{}", script.path);
             let until = until(&script);
-            assert!(read_until(&mut c, &until).await, "{}: stream ended early", script.path);
+            assert!(
+                read_until(&mut c, &until).await,
+                "{}: stream ended early",
+                script.path
+            );
             match client {
                 Client::HangsUp => drop(c),
                 Client::ReadsOn => {

@@ -29,7 +29,9 @@ mod wire;
 
 use std::time::Duration;
 
-use speedtap::engine::{Call, CallsQuery, EngineEvent, EngineQueries, RunningEngine};
+use speedtap::model::{Call, CallsQuery, EngineEvent, EngineQueries};
+
+use speedtap::host::RunningEngine;
 use tokio::time::Instant;
 
 /// How long a test waits for the engine to settle calls (real time).

@@ -26,8 +26,8 @@ use http_body::{Body, Frame as HttpFrame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::engine::call_actor::CallActor;
 use crate::decode::request_fields::RequestScanner;
+use crate::engine::call_actor::CallActor;
 use crate::engine::messages::{BodyEnded, Frame, RequestFieldsSeen};
 use crate::engine::metrics::record_proxy_latency;
 use crate::metering::StreamEnd;

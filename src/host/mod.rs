@@ -15,33 +15,35 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, RwLock};
 use std::time::Duration;
 
-use actix::prelude::*;
+use actix::{Actor, Addr, Arbiter, ArbiterHandle, System};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use super::control::{
-    DemoDoc, DiscoveredDoc, HistoryDoc, RouteDoc, RouteInfo, RoutesDoc, SaveOutcome, ServerDoc,
-    SettingsDoc,
-};
-use super::messages::{
+use crate::config::{self, ConfigFile, Settings};
+use crate::engine::messages::{
     AttachStore, DetachStore, GetCalibration, GetCall, GetCalls, GetHistory, GetStats, Persisted,
     SetNotificationsPaused, Subscribe,
 };
-use super::metrics::Metrics;
-use super::model::{Call, EngineEvent};
-use super::notifier::{Notifier, SlowFirstTokenHook};
-use super::proxy::limits::ProxyLimits;
-use super::proxy::{listen, EngineLink, RouteProxy};
-use super::queries::{CallsQuery, EngineQueries};
-use super::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
-use crate::config::{self, ConfigFile, RouteSpec, Settings};
+use crate::engine::metrics::otlp::{start_otlp_exporter, OtlpExporter};
+use crate::engine::metrics::Metrics;
+use crate::engine::notifier::{Notifier, SlowFirstTokenHook};
+use crate::engine::proxy::limits::ProxyLimits;
+use crate::engine::proxy::{listen, EngineLink, RouteProxy};
+use crate::engine::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
 use crate::meter::calibration::CalibrationTable;
-use crate::meter::global::Stats;
+use crate::model::{
+    BoundRoute, Call, CallsQuery, DemoDoc, DiscoveredDoc, EngineEvent, EngineQueries, ExportFormat,
+    HistoryDoc, HistoryFilter, ModelSummary, RouteDoc, RouteInfo, RouteSpec, RoutesDoc,
+    SaveOutcome, ServerDoc, SettingsDoc, Stats,
+};
 use crate::simulate::{SimConfig, SimServer};
-use crate::store::export::ExportFormat;
-use crate::store::{HistoryFilter, ModelSummary, Store, StoreWriter};
+use crate::store::{Store, StoreWriter};
 use crate::tokens::{default_estimator, TokenEstimator};
+
+pub mod args;
+pub mod demo;
+pub mod settings;
 
 /// Why the engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,9 @@ pub enum EngineError {
     /// The actor threads could not be started.
     #[error("cannot start the metering threads: {0}")]
     Actors(String),
+    /// The OTLP exporter could not be started.
+    #[error("--otlp-endpoint: {0}")]
+    Otlp(String),
 }
 
 /// After the drain, how long shutdown waits for the calls it ended to be
@@ -90,6 +95,11 @@ pub struct EngineOptions {
     pub max_db_bytes: u64,
     /// The proxy's connection limits and optional idle timeout.
     pub proxy_limits: ProxyLimits,
+    /// Push metrics to this OTLP/HTTP collector (`--otlp-endpoint`), every
+    /// `otlp_interval`; `None` exports nothing.
+    pub otlp_endpoint: Option<String>,
+    /// How often metrics are pushed when `otlp_endpoint` is set.
+    pub otlp_interval: Duration,
 }
 
 /// Default retention of settled calls.
@@ -118,6 +128,8 @@ impl EngineOptions {
             retention: DEFAULT_RETENTION,
             max_db_bytes: DEFAULT_MAX_DB_BYTES,
             proxy_limits: ProxyLimits::default(),
+            otlp_endpoint: None,
+            otlp_interval: settings::OTLP_INTERVAL,
         }
     }
 
@@ -131,21 +143,6 @@ impl EngineOptions {
         options.notify_settled = settings.notify_settled;
         options.proxy_limits.idle_timeout = settings.idle_timeout;
         options
-    }
-}
-
-/// A route as it is actually bound.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BoundRoute {
-    pub name: String,
-    pub listen: SocketAddr,
-    pub upstream: String,
-}
-
-impl BoundRoute {
-    /// The URL a client should use instead of the upstream's.
-    pub fn proxy_url(&self) -> String {
-        format!("http://{}", self.listen)
     }
 }
 
@@ -419,7 +416,7 @@ impl EngineQueries for EngineHandle {
         let running = state.traffic.as_ref().is_some_and(|t| !t.is_finished());
         if !running {
             let proxy = state.route.proxy_url();
-            state.traffic = Some(tokio::spawn(super::demo::run_traffic(proxy)));
+            state.traffic = Some(tokio::spawn(demo::run_traffic(proxy)));
         }
         Ok(DemoDoc {
             running: true,
@@ -435,6 +432,7 @@ pub struct RunningEngine {
     pub api: Option<SocketAddr>,
     stop_accepting: watch::Sender<bool>,
     system: System,
+    otlp: Option<OtlpExporter>,
 }
 
 /// The actor side, as handed back from its thread.
@@ -523,6 +521,13 @@ impl Engine {
         }
         let calibration = Arc::new(RwLock::new(calibration));
         let metrics = Arc::new(Metrics::new());
+        let otlp = match &options.otlp_endpoint {
+            Some(endpoint) => Some(
+                start_otlp_exporter(endpoint, options.otlp_interval, metrics.clone())
+                    .map_err(EngineError::Otlp)?,
+            ),
+            None => None,
+        };
         let actors = start_actors(
             calibration.clone(),
             metrics.clone(),
@@ -624,11 +629,17 @@ impl Engine {
             api,
             stop_accepting,
             system: actors.system,
+            otlp,
         })
     }
 }
 
 impl RunningEngine {
+    /// Where metrics are pushed, when an OTLP exporter runs.
+    pub fn otlp_url(&self) -> Option<&str> {
+        self.otlp.as_ref().map(OtlpExporter::url)
+    }
+
     /// Stops accepting, lets in-flight calls finish for up to `grace`,
     /// then stops the actors (settling any call still open as abandoned).
     pub async fn shutdown(self, grace: Duration) {
@@ -672,6 +683,10 @@ impl RunningEngine {
             let _ = tokio::task::spawn_blocking(move || drop(writer)).await;
         }
         self.system.stop();
+        if let Some(exporter) = self.otlp {
+            // The last calls get exported before the process ends.
+            let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+        }
     }
 }
 

@@ -6,10 +6,10 @@ use std::future::Future;
 
 use tokio::sync::mpsc;
 
+use super::call::{Call, EngineEvent};
 use super::control::{DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
-use super::model::{Call, EngineEvent};
-use crate::meter::global::Stats;
-use crate::store::{ExportFormat, HistoryFilter, ModelSummary};
+use super::history::{ExportFormat, HistoryFilter, ModelSummary};
+use super::stats::Stats;
 
 /// `GET /api/v1/calls?limit=N&route=NAME`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub trait EngineQueries: Clone + Send + Sync + 'static {
     /// The Prometheus text exposition of the engine's metrics.
     fn metrics_text(&self) -> String;
 
-    // The UI's extensions (see `engine::control`). The defaults describe an
+    // The UI's extensions (see `model::control`). The defaults describe an
     // engine without them, so test fakes only implement what they need.
 
     /// The routes bound now.
