@@ -23,7 +23,7 @@ use speedtap::model::{
     Call, CallIdentity, CallStatus, CallsQuery, EngineEvent, EngineQueries, SpeedEvent,
 };
 use speedtap::model::{CallDetails, TtftBreakdown};
-use speedtap::model::{ExportFormat, HistoryFilter, ModelSummary};
+use speedtap::model::{ExportFormat, HistoryFilter, ModelSummary, QueryError};
 use speedtap::model::{Phase, Snapshot, TokenSource};
 use speedtap::store::{parse_export, Store};
 
@@ -86,23 +86,32 @@ impl EngineQueries for FakeEngine {
         self.metrics.render()
     }
 
-    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, String> {
+    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, QueryError> {
         self.record("history", &filter);
         let store = self.store.lock().unwrap();
-        store.history(&filter).map_err(|e| e.to_string())
+        store
+            .history(&filter)
+            .map_err(|e| QueryError::Io(e.to_string()))
     }
 
-    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, String> {
+    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, QueryError> {
         self.record("models", &filter);
         let store = self.store.lock().unwrap();
-        store.models(&filter).map_err(|e| e.to_string())
+        store
+            .models(&filter)
+            .map_err(|e| QueryError::Io(e.to_string()))
     }
 
-    async fn export(&self, filter: HistoryFilter, format: ExportFormat) -> Result<Vec<u8>, String> {
+    async fn export(
+        &self,
+        filter: HistoryFilter,
+        format: ExportFormat,
+    ) -> Result<Vec<u8>, QueryError> {
         self.record("export", &filter);
         let store = self.store.lock().unwrap();
         let mut out = Vec::new();
-        speedtap::store::export(&store, &filter, format, &mut out).map_err(|e| e.to_string())?;
+        speedtap::store::export(&store, &filter, format, &mut out)
+            .map_err(|e| QueryError::Io(e.to_string()))?;
         Ok(out)
     }
 }

@@ -33,9 +33,9 @@ use crate::engine::proxy::{listen, EngineLink, RouteProxy};
 use crate::engine::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
 use crate::meter::calibration::CalibrationTable;
 use crate::model::{
-    BoundRoute, Call, CallsQuery, DemoDoc, DiscoveredDoc, EngineEvent, EngineQueries, ExportFormat,
-    HistoryDoc, HistoryFilter, ModelSummary, RouteDoc, RouteInfo, RouteSpec, RoutesDoc,
-    SaveOutcome, ServerDoc, SettingsDoc, Stats,
+    engine::NO_STORE, BoundRoute, Call, CallsQuery, DemoDoc, DiscoveredDoc, EngineEvent,
+    EngineQueries, ExportFormat, HistoryDoc, HistoryFilter, ModelSummary, QueryError, RouteDoc,
+    RouteInfo, RouteSpec, RoutesDoc, SaveOutcome, ServerDoc, SettingsDoc, Stats,
 };
 use crate::simulate::{SimConfig, SimServer};
 use crate::store::{Store, StoreWriter};
@@ -202,16 +202,16 @@ impl EngineHandle {
     async fn query<T: Send + 'static>(
         &self,
         job: impl FnOnce(&Store) -> Result<T, crate::store::StoreError> + Send + 'static,
-    ) -> Result<T, String> {
+    ) -> Result<T, QueryError> {
         let Some(reader) = self.shared.reader.clone() else {
-            return Err("no store: history needs --db (it is off with --no-db)".to_owned());
+            return Err(QueryError::Unavailable(NO_STORE.to_owned()));
         };
         tokio::task::spawn_blocking(move || {
             let store = reader.lock().unwrap_or_else(|p| p.into_inner());
-            job(&store).map_err(|e| e.to_string())
+            job(&store).map_err(|e| QueryError::Io(e.to_string()))
         })
         .await
-        .map_err(|e| format!("store query failed: {e}"))?
+        .map_err(|e| QueryError::Io(format!("store query failed: {e}")))?
     }
 
     /// A copy of the current calibration table.
@@ -316,32 +316,39 @@ impl EngineQueries for EngineHandle {
         }
     }
 
-    async fn get_settings(&self) -> Result<SettingsDoc, String> {
+    async fn get_settings(&self) -> Result<SettingsDoc, QueryError> {
         Ok(self.settings_snapshot())
     }
 
     /// Validates, writes the config file (keeping its other keys), applies
     /// the threshold and notification switches at once; route changes are
     /// saved for the next start (rebinding live would cut calls in flight).
-    async fn save_settings(&self, doc: SettingsDoc) -> Result<SaveOutcome, String> {
+    async fn save_settings(&self, doc: SettingsDoc) -> Result<SaveOutcome, QueryError> {
         let mut routes = Vec::new();
         for (i, r) in doc.routes.iter().enumerate() {
             let spec = RouteSpec::new(&r.name, &r.listen, &r.upstream)
-                .map_err(|e| format!("routes[{i}] ({}): {e}", r.name))?;
+                .map_err(|e| QueryError::BadInput(format!("routes[{i}] ({}): {e}", r.name)))?;
             if routes.iter().any(|o: &RouteSpec| o.name == spec.name) {
-                return Err(format!(
+                return Err(QueryError::BadInput(format!(
                     "routes[{i}]: the name {:?} is used twice",
                     spec.name
-                ));
+                )));
             }
             routes.push(spec);
         }
         if doc.slow_ttft_ms == 0 {
-            return Err("slow_ttft_ms: must be at least 1".into());
+            return Err(QueryError::BadInput(
+                "slow_ttft_ms: must be at least 1".into(),
+            ));
         }
         let path = self.shared.config_path.clone();
         let mut file = if path.exists() {
-            config::load_config(&path).map_err(|e| e.to_string())?
+            config::load_config(&path).map_err(|e| match e {
+                // The file is there but can't be read: the engine's side.
+                config::ConfigError::Io { .. } => QueryError::Io(e.to_string()),
+                // It doesn't parse: saving over it would lose what it says.
+                _ => QueryError::Conflict(e.to_string()),
+            })?
         } else {
             ConfigFile::default()
         };
@@ -350,7 +357,7 @@ impl EngineQueries for EngineHandle {
         file.notifications = Some(doc.notifications);
         file.notify_settled = Some(doc.notify_settled);
         config::save_config(&path, &file)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            .map_err(|e| QueryError::Io(format!("cannot write {}: {e}", path.display())))?;
 
         self.shared
             .link
@@ -371,15 +378,19 @@ impl EngineQueries for EngineHandle {
         })
     }
 
-    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, String> {
+    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, QueryError> {
         self.query(move |s| s.history(&filter)).await
     }
 
-    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, String> {
+    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, QueryError> {
         self.query(move |s| s.models(&filter)).await
     }
 
-    async fn export(&self, filter: HistoryFilter, format: ExportFormat) -> Result<Vec<u8>, String> {
+    async fn export(
+        &self,
+        filter: HistoryFilter,
+        format: ExportFormat,
+    ) -> Result<Vec<u8>, QueryError> {
         self.query(move |s| {
             let mut out = Vec::new();
             crate::store::export::export(s, &filter, format, &mut out)?;
@@ -390,20 +401,24 @@ impl EngineQueries for EngineHandle {
 
     /// Starts the simulator and a `demo` route once, then (again) a minute
     /// of demo traffic unless some is still running.
-    async fn start_demo(&self) -> Result<DemoDoc, String> {
+    async fn start_demo(&self) -> Result<DemoDoc, QueryError> {
         let mut demo = self.shared.demo.lock().await;
         if demo.is_none() {
             let sim = SimServer::start("127.0.0.1:0", SimConfig::default())
                 .await
-                .map_err(|e| format!("cannot start the simulator: {e}"))?;
+                .map_err(|e| QueryError::Io(format!("cannot start the simulator: {e}")))?;
             // "demo", unless a configured route already has that name.
             let taken: Vec<String> = self.bound_routes().into_iter().map(|r| r.name).collect();
             let name = std::iter::once("demo".to_owned())
                 .chain((2..).map(|i| format!("demo-{i}")))
                 .find(|n| !taken.contains(n))
                 .unwrap_or_else(|| "demo".to_owned());
-            let spec = RouteSpec::new(&name, "127.0.0.1:0", &sim.base_url())?;
-            let route = self.add_route(spec).await.map_err(|e| e.to_string())?;
+            let spec =
+                RouteSpec::new(&name, "127.0.0.1:0", &sim.base_url()).map_err(QueryError::Io)?;
+            let route = self
+                .add_route(spec)
+                .await
+                .map_err(|e| QueryError::Io(e.to_string()))?;
             *demo = Some(Demo {
                 _sim: sim,
                 route,
@@ -411,7 +426,7 @@ impl EngineQueries for EngineHandle {
             });
         }
         let Some(state) = demo.as_mut() else {
-            return Err("demo did not start".into());
+            return Err(QueryError::Io("demo did not start".into()));
         };
         let running = state.traffic.as_ref().is_some_and(|t| !t.is_finished());
         if !running {

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::call::CallStatus;
+use super::time::{ms_to_rfc3339, parse_time};
 
 /// The most calls one list query returns (`limit` is clamped to it).
 pub const MAX_LIMIT: usize = 10_000;
@@ -91,5 +92,38 @@ impl std::str::FromStr for ExportFormat {
                 "unknown export format {other:?}: expected csv or jsonl"
             )),
         }
+    }
+}
+
+/// `since`/`until` as a front end received them: unix milliseconds or an
+/// RFC 3339 time. Empty is no bound. The error names the parameter.
+pub fn time_bound(name: &str, value: &str) -> Result<Option<u64>, String> {
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
+    parse_time(value).map(Some).map_err(|_| {
+        format!(
+            "{name} must be unix milliseconds or an RFC 3339 time such as \
+             2026-11-30T10:42:07Z, got {value:?}"
+        )
+    })
+}
+
+impl HistoryFilter {
+    /// Checks the time window: calls started in `[since, until)`, so
+    /// `since` must be before `until` (an empty window is refused: swapped
+    /// bounds are the likelier mistake). The rule every front end applies.
+    pub fn check_window(&self) -> Result<(), String> {
+        if let (Some(since), Some(until)) = (self.since_ms, self.until_ms) {
+            if since >= until {
+                return Err(format!(
+                    "since must be before until (calls started in [since, until)), got since={} \
+                     and until={}",
+                    ms_to_rfc3339(since),
+                    ms_to_rfc3339(until)
+                ));
+            }
+        }
+        Ok(())
     }
 }

@@ -28,8 +28,8 @@ pub use control::{
     BoundRoute, DemoDoc, DiscoveredDoc, HistoryDoc, HistoryPoint, RouteDoc, RouteInfo, RoutesDoc,
     SaveOutcome, ServerDoc, SettingsDoc,
 };
-pub use engine::{CallsQuery, EngineQueries};
-pub use history::{ExportFormat, HistoryFilter, ModelSummary, MAX_LIMIT};
+pub use engine::{CallsQuery, EngineQueries, QueryError};
+pub use history::{time_bound, ExportFormat, HistoryFilter, ModelSummary, MAX_LIMIT};
 pub use route::{RouteSpec, Upstream};
 pub use snapshot::{Phase, Snapshot, TokenSource};
 pub use stats::Stats;
