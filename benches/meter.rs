@@ -34,7 +34,7 @@ use std::hint::black_box;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant as StdInstant};
 
-use actix::prelude::*;
+use actix::{Actor, System, SystemRunner};
 use criterion::{Criterion, Throughput};
 use speedtap::api::sse;
 use speedtap::engine::messages::{CallOpened, CallProgress, GetStats, Subscribe};

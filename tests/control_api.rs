@@ -257,6 +257,7 @@ fn stats() -> Stats {
         low: Some(31.4),
         active: 1,
         aggregate_tps: Some(47.3),
+        dropped_subscribers: 2,
     }
 }
 
@@ -507,6 +508,7 @@ async fn stats_have_the_contract_shape() {
         [
             "active",
             "aggregate_tps",
+            "dropped_subscribers",
             "estimated",
             "high",
             "low",
@@ -514,6 +516,7 @@ async fn stats_have_the_contract_shape() {
             "tps_available"
         ]
     );
+    assert_eq!(v["dropped_subscribers"], 2);
     let parsed: Stats = serde_json::from_value(v).unwrap();
     assert_eq!(parsed, stats());
 }

@@ -506,6 +506,7 @@ mod tests {
             low: Some(31.4),
             active: 2,
             aggregate_tps: Some(94.6),
+            dropped_subscribers: 0,
         }));
         let l = lines(&view.render(Instant::now()).unwrap());
         assert_eq!(l.len(), 1);

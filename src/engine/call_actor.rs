@@ -11,7 +11,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use actix::prelude::*;
+use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Recipient, Running};
 use tokio::time::Instant;
 
 use super::details;
@@ -292,6 +292,7 @@ impl Handler<UpstreamFailed> for CallActor {
 
 #[cfg(test)]
 mod tests {
+    use actix::{Message, MessageResult};
     use bytes::Bytes;
     use tokio::sync::mpsc;
 

@@ -2,7 +2,7 @@
 //! as facts. Delivery: the proxy only ever uses `do_send` (never awaits an
 //! actor), so metering can't slow the traffic it measures.
 
-use actix::prelude::*;
+use actix::Message;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;

@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use actix::prelude::*;
+use actix::{Actor, AsyncContext, Context, Handler, MessageResult, SpawnHandle};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -89,7 +89,18 @@ impl Supervisor {
                     false
                 }
             });
-        self.dropped_subscribers += dropped;
+        if dropped > 0 {
+            self.dropped_subscribers += dropped;
+            self.metrics.add_dropped_subscribers(dropped);
+        }
+    }
+
+    /// The latest reading, with the count of dropped subscribers as of now.
+    fn stats(&self) -> Stats {
+        Stats {
+            dropped_subscribers: self.dropped_subscribers,
+            ..self.last_stats.clone()
+        }
     }
 
     /// Samples the global meter, publishes the reading and re-arms the
@@ -97,6 +108,7 @@ impl Supervisor {
     fn publish_stats(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
         self.last_stats = self.global.sample(now);
+        self.last_stats.dropped_subscribers = self.dropped_subscribers;
         self.metrics.set_active_calls(self.active.len());
         self.metrics.set_stats(&self.last_stats);
         self.record_chart_point();
@@ -337,7 +349,7 @@ impl Handler<GetCall> for Supervisor {
 impl Handler<GetStats> for Supervisor {
     type Result = MessageResult<GetStats>;
     fn handle(&mut self, _: GetStats, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.last_stats.clone())
+        MessageResult(self.stats())
     }
 }
 
@@ -375,6 +387,7 @@ pub(crate) mod tests {
 
     use std::future::Future;
 
+    use actix::{Addr, System};
     use tokio::sync::mpsc::error::TryRecvError;
 
     use super::*;
@@ -663,6 +676,8 @@ pub(crate) mod tests {
             // The others are still subscribed (empty, not closed).
             assert_eq!(kept_up.try_recv(), Err(TryRecvError::Empty));
             assert_eq!(roomy.try_recv(), Err(TryRecvError::Empty));
+            // The drop is shown, not just counted.
+            assert_eq!(sup.send(GetStats).await.unwrap().dropped_subscribers, 1);
         });
     }
 

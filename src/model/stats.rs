@@ -32,4 +32,10 @@ pub struct Stats {
     /// throughput across concurrent calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aggregate_tps: Option<f64>,
+    /// Event subscribers (SSE clients, the tray, the terminal view) the
+    /// engine dropped since it started because they fell behind: the engine
+    /// never waits for a reader, it drops it instead (a dropped reader
+    /// reconnects and re-reads). Above 0 means some reader is too slow.
+    #[serde(default)]
+    pub dropped_subscribers: u64,
 }

@@ -21,8 +21,9 @@ use prometheus_client::registry::{Registry, Unit};
 use super::schema::{
     frame_sinks_record, observations, Gauges, GenAiHistogram, LabelValue, Labels, MetricsSource,
     Observation, ObservationSink, OptionalGauge, ServerAddr, DURATION_BUCKETS, HELP_ACTIVE_CALLS,
-    HELP_CALLS, HELP_HOUR_HIGH, HELP_HOUR_LOW, HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, MAX_MODELS,
-    OTHER_MODEL, PROXY_LATENCY_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
+    HELP_CALLS, HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW, HELP_OUTPUT_TOKENS,
+    HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS, TOKEN_BUCKETS,
+    TPOT_BUCKETS, TTFT_BUCKETS,
 };
 use crate::model::{Call, CallStatus, Stats};
 
@@ -179,6 +180,7 @@ pub struct Metrics {
     calls: Family<CallLabels, Counter>,
     output_tokens: Family<Labels, Counter>,
     gauges: Gauges,
+    subscribers_dropped: Counter,
     upstreams: RwLock<HashMap<String, ServerAddr>>,
     models: Mutex<HashSet<String>>,
     otel: RwLock<Option<Arc<dyn ObservationSink>>>,
@@ -220,8 +222,8 @@ impl Metrics {
     /// Empty metrics with every family registered. A family shows in the
     /// text only once it has a sample (the text format has no way to list
     /// a labelled family without one), so a fresh scrape shows only
-    /// `speedtap_active_calls` (and the proxy latency once any process-wide
-    /// frame was measured).
+    /// `speedtap_active_calls` and `speedtap_subscribers_dropped_total`
+    /// (and the proxy latency once any process-wide frame was measured).
     pub fn new() -> Self {
         let histograms: Vec<HistogramFamily> = GenAiHistogram::ALL
             .iter()
@@ -269,6 +271,12 @@ impl Metrics {
             HELP_HOUR_LOW,
             gauges.hour_low.clone(),
         );
+        let subscribers_dropped = Counter::default();
+        registry.register(
+            "speedtap_subscribers_dropped",
+            HELP_DROPPED_SUBSCRIBERS,
+            subscribers_dropped.clone(),
+        );
         registry.register_with_unit(
             "speedtap_proxy_added_latency",
             HELP_PROXY_LATENCY,
@@ -282,6 +290,7 @@ impl Metrics {
             calls,
             output_tokens,
             gauges,
+            subscribers_dropped,
             upstreams: RwLock::new(HashMap::new()),
             models: Mutex::new(HashSet::new()),
             otel: RwLock::new(None),
@@ -369,6 +378,12 @@ impl Metrics {
     /// publishes stats).
     pub fn set_active_calls(&self, n: usize) {
         self.gauges.active.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Count event subscribers the engine dropped for falling behind
+    /// (`speedtap_subscribers_dropped_total`).
+    pub fn add_dropped_subscribers(&self, n: u64) {
+        self.subscribers_dropped.inc_by(n);
     }
 
     /// Take the hourly high and low from a published reading. A reading
@@ -471,13 +486,38 @@ mod tests {
     }
 
     #[test]
-    fn empty_metrics_show_only_the_active_gauge() {
+    fn dropped_subscribers_are_a_counter() {
+        let m = Metrics::new();
+        assert!(m
+            .render()
+            .contains("speedtap_subscribers_dropped_total 0\n"));
+        m.add_dropped_subscribers(2);
+        m.add_dropped_subscribers(1);
+        let text = m.render();
+        assert!(
+            text.contains("# TYPE speedtap_subscribers_dropped_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("speedtap_subscribers_dropped_total 3\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn empty_metrics_show_only_the_active_gauge_and_the_drop_counter() {
         // Families without a label set yet are left out of the text format;
-        // the unlabelled gauge always has its one sample, the optional ones
-        // none until a reading has them. (The proxy latency histogram is
-        // process-wide: other tests may have fed it.)
+        // the unlabelled gauge and counter always have their one sample, the
+        // optional gauges none until a reading has them. (The proxy latency
+        // histogram is process-wide: other tests may have fed it.)
         let text = Metrics::new().render();
-        assert_eq!(types(&text), ["speedtap_active_calls gauge"]);
+        assert_eq!(
+            types(&text),
+            [
+                "speedtap_active_calls gauge",
+                "speedtap_subscribers_dropped_total counter"
+            ]
+        );
     }
 
     #[test]

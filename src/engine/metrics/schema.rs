@@ -66,6 +66,9 @@ pub const HELP_HOUR_HIGH: &str =
     "Highest global tokens/s reading (at least 1 tok/s) in the last hour";
 pub const HELP_HOUR_LOW: &str =
     "Lowest global tokens/s reading (at least 1 tok/s) in the last hour";
+/// Help of `speedtap_subscribers_dropped_total`.
+pub const HELP_DROPPED_SUBSCRIBERS: &str =
+    "Event subscribers dropped for falling behind (the engine never waits for a reader)";
 pub const HELP_PROXY_LATENCY: &str =
     "Per upstream response frame: arrival at the tap to hand-off to the client connection (process-wide)";
 
