@@ -28,6 +28,8 @@
 //! Ollama and TGI). Under `cargo test --benches` criterion runs each
 //! benchmark once.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod bodies;
 
 use std::hint::black_box;

@@ -33,6 +33,8 @@
 //! `cargo test --benches` (no `--bench` argument) a short smoke run is done
 //! instead of the full one.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;

@@ -8,6 +8,8 @@
 //! database lives under the target dir (a real disk, so fsync costs what it
 //! costs), not in a tmpfs.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

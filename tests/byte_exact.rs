@@ -20,6 +20,8 @@
 //! recent 2,000 calls; each call is found by its client name (the
 //! `User-Agent` product `bx-<case>`).
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 #[path = "faults/wire.rs"]
 mod wire;
 

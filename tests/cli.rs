@@ -14,6 +14,8 @@
 //! Waiting is always "until this happens or a deadline passes": lines are
 //! read by threads and handed over through channels.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod raw_http;
 
 use std::collections::BTreeSet;

@@ -5,6 +5,8 @@
 //! with a message naming its expected line and holding a fragment, both
 //! given on its first line as `# expect: line N: FRAGMENT`.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 

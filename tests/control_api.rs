@@ -4,6 +4,8 @@
 //! shutdown; and the stored history (`/api/v1/history`, `/models`,
 //! `/export`), which the fake answers from a real in-memory store.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;

@@ -13,6 +13,8 @@
 //! events are the same as for the body fed whole, once adjacent output
 //! pieces of one channel are merged.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 #[path = "support/decode_capture.rs"]
 mod capture;
 

@@ -1,6 +1,8 @@
 //! The UI's engine controls through the real engine: bound routes, settings
 //! saved to the config file, demo traffic that really flows and is metered.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod proxy_support;
 
 use std::time::Duration;

@@ -5,6 +5,8 @@
 //! one summary line, and the exit codes are the contract's: 2 for bad flags,
 //! 1 for a database that is missing (never created) or unreadable.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

@@ -7,6 +7,8 @@
 //! A test binary of its own, with a single test: descriptors are counted
 //! process-wide, so nothing else may run beside it.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 #[path = "faults/wire.rs"]
 mod wire;
 

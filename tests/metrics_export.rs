@@ -8,6 +8,8 @@
 //! is the real one (OTel SDK, OTLP/HTTP protobuf over reqwest), flushed by
 //! its shutdown; the test waits on the receiver with a deadline.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;

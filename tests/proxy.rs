@@ -1,6 +1,8 @@
 //! The interceptor end to end over real sockets: a scripted upstream, the
 //! engine in-process, a client that records every frame.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod proxy_support;
 
 use std::collections::HashMap;

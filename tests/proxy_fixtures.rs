@@ -3,6 +3,8 @@
 //! receives the capture's exact bytes, and the settled call agrees with the
 //! capture's own `usage` and `timings` (from each folder's `index.json`).
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod proxy_support;
 
 use std::collections::HashMap;

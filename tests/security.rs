@@ -29,6 +29,8 @@
 //! location and the panic's own text, no request data unless a panic
 //! message formats some; none in `src/` does).
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod raw_http;
 mod security_support;
 mod store_engine_support;

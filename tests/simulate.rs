@@ -7,6 +7,8 @@
 //! lower bounds are exact; upper bounds allow `SLACK` for a loaded 2-core
 //! machine. Schedules are short: ttft 50 ms, 20 tokens at 200 tok/s.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 

@@ -3,6 +3,8 @@
 //! export round trips, the batching writer, its disk-full path, and crash
 //! safety under `kill -9`.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::collections::{BTreeSet, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

@@ -13,6 +13,8 @@
 //! calibration test runs the engine in-process against an in-process
 //! `SimServer`. Waiting is always on a condition with a deadline.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod raw_http;
 mod store_engine_support;
 

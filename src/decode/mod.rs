@@ -3,7 +3,7 @@
 //! Layers, each its own module:
 //! - [`sse`] and [`ndjson`] frame arbitrary byte slices into messages
 //!   (WHATWG SSE rules; one JSON object per line);
-//! - [`detect`] decides the [`ApiKind`] from the request and the body
+//! - [`detect`] decides the [`ApiKind`](crate::model::ApiKind) from the request and the body
 //!   framing from the response;
 //! - [`protocols`] turn one framed message of one API into events;
 //! - [`think`] splits inline `<think>...</think>` text into reasoning;

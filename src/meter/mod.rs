@@ -1,6 +1,6 @@
 //! The meters: pure metric maths with time passed in, no I/O.
 //!
-//! - [`snapshot`]: the published shape;
+//! - [`snapshot`](crate::model::snapshot): the published shape;
 //! - [`rate`]: the live sliding-window rate;
 //! - [`call`]: the per-call meter (`docs/metering.md` "One call");
 //! - [`calibration`]: the per-(route, model) tokenizer-drift factors;

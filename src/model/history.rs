@@ -73,7 +73,7 @@ pub enum ExportFormat {
     /// RFC 4180: a header row, comma-separated, CRLF line ends, fields with
     /// a comma, quote or line break quoted. Absent values are empty fields.
     Csv,
-    /// One [`Call`] JSON object per line (its details flattened beside the
+    /// One [`Call`](super::Call) JSON object per line (its details flattened beside the
     /// contract's fields), exactly as the history API returns them. Like the
     /// API, absent values and unset flags (`one_burst`,
     /// `unstreamed_reasoning`) are left out rather than written as `null` or

@@ -15,6 +15,8 @@
 //! The upstream here is a raw socket ([`wire::RawUpstream`]) so a test
 //! controls every byte and every way a connection ends.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 #[path = "../proxy_support/mod.rs"]
 mod proxy_support;
 

@@ -11,7 +11,7 @@
 //! `_total`, as in the OTel exporters. Bucket boundaries are exactly the
 //! conventions' recommended ones, so dashboards built for OTel-instrumented
 //! servers read ours unchanged. Names, units, help texts and buckets live in
-//! one table ([`GenAiHistogram`]) that both the Prometheus registry and the
+//! one table ([`GenAiHistogram`](schema::GenAiHistogram)) that both the Prometheus registry and the
 //! OTLP instruments are built from.
 //!
 //! | family | kind | recorded |
@@ -62,8 +62,8 @@
 //!   from first to last, or the server's own decode timing), which is the
 //!   conventions' definition turned upside down.
 //! - Model names come from client requests, so a misbehaving client could
-//!   mint a new series per request. The first [`MAX_MODELS`] distinct names
-//!   are kept; later ones are recorded as [`OTHER_MODEL`].
+//!   mint a new series per request. The first [`MAX_MODELS`](schema::MAX_MODELS) distinct names
+//!   are kept; later ones are recorded as [`OTHER_MODEL`](schema::OTHER_MODEL).
 //!
 //! Cost: a settled call costs a few histogram observations (a short lock per
 //! family, once per call). The per-frame proxy latency is two relaxed atomic

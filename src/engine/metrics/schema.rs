@@ -264,7 +264,7 @@ pub fn operation_name(api: ApiKind) -> &'static str {
 }
 
 /// What one settled call records, given its model label (already capped)
-/// and its route's upstream. Pure; see [`Metrics::record_settled`] for the
+/// and its route's upstream. Pure; see [`Metrics::record_settled`](super::Metrics::record_settled) for the
 /// rules.
 pub fn observations(
     call: &Call,
