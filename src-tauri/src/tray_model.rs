@@ -441,6 +441,7 @@ mod tests {
             low,
             active: 1,
             aggregate_tps: tps,
+            dropped_subscribers: 0,
         })
     }
 
