@@ -18,6 +18,8 @@
 //! `cargo test --benches` criterion runs each benchmark once and the table
 //! is skipped.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod bodies;
 
 use std::hint::black_box;

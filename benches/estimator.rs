@@ -15,6 +15,8 @@
 //! Under `cargo test --benches` criterion runs each benchmark once and the
 //! extra figures are skipped.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

@@ -28,22 +28,24 @@
 //! Ollama and TGI). Under `cargo test --benches` criterion runs each
 //! benchmark once.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod bodies;
 
 use std::hint::black_box;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant as StdInstant};
 
-use actix::prelude::*;
+use actix::{Actor, System, SystemRunner};
 use criterion::{Criterion, Throughput};
 use speedtap::api::sse;
 use speedtap::engine::messages::{CallOpened, CallProgress, GetStats, Subscribe};
 use speedtap::engine::metrics::Metrics;
 use speedtap::engine::supervisor::Supervisor;
-use speedtap::engine::{Call, CallIdentity, CallStatus, EngineEvent};
 use speedtap::meter::calibration::CalibrationTable;
-use speedtap::meter::{Phase, Snapshot, TokenSource};
 use speedtap::metering::{CallMetering, ResponseHead, StreamEnd};
+use speedtap::model::{Call, CallIdentity, CallStatus, EngineEvent};
+use speedtap::model::{Phase, Snapshot, TokenSource};
 use speedtap::tokens::{default_estimator, O200kEstimator, TokenEstimator};
 use tokio::time::Instant;
 
@@ -87,7 +89,7 @@ fn identity() -> CallIdentity {
     CallIdentity {
         id: "c-000001".into(),
         route: "bench".into(),
-        api: speedtap::decode::ApiKind::OpenaiChat,
+        api: speedtap::model::ApiKind::OpenaiChat,
         model: Some("qwen3:8b".into()),
         started_at: "2026-01-01T00:00:00.000Z".into(),
     }
@@ -170,7 +172,7 @@ fn main() {
             });
         }
         let chat = &corpus[0];
-        assert_eq!(chat.api, speedtap::decode::ApiKind::OpenaiChat);
+        assert_eq!(chat.api, speedtap::model::ApiKind::OpenaiChat);
         group.throughput(Throughput::Elements(chat.reads.len() as u64));
         group.bench_function("openai_chat_flush_every_frame", |b| {
             b.iter(|| meter_call(black_box(chat), &estimator, FLUSH_GAP))

@@ -33,6 +33,8 @@
 //! `cargo test --benches` (no `--bench` argument) a short smoke run is done
 //! instead of the full one.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -48,8 +50,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use memchr::memmem;
-use speedtap::config::RouteSpec;
-use speedtap::engine::{CallStatus, CallsQuery, Engine, EngineOptions, EngineQueries};
+use speedtap::host::{Engine, EngineOptions};
+use speedtap::model::RouteSpec;
+use speedtap::model::{CallStatus, CallsQuery, EngineQueries};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio::time::{Interval, MissedTickBehavior};

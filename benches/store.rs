@@ -8,15 +8,18 @@
 //! database lives under the target dir (a real disk, so fsync costs what it
 //! costs), not in a tmpfs.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use speedtap::decode::ApiKind;
-use speedtap::engine::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
-use speedtap::meter::{Phase, Snapshot, TokenSource};
-use speedtap::store::{ms_to_rfc3339, Store, StoreWriter};
+use speedtap::model::time::ms_to_rfc3339;
+use speedtap::model::ApiKind;
+use speedtap::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
+use speedtap::model::{Phase, Snapshot, TokenSource};
+use speedtap::store::{Store, StoreWriter};
 
 /// A typical settled call: ok, server-reported numbers, a TTFT breakdown.
 fn call(i: u64) -> Call {

@@ -21,7 +21,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::TcpStream;
 
-use crate::config::{RouteSpec, Upstream};
+use crate::model::{RouteDoc, RouteSpec, ServerDoc, Upstream};
 
 /// The usual ports, in the order `docs/protocols.md` lists them: Ollama, llama.cpp (also LocalAI
 /// and TGI containers), LM Studio, vLLM, KoboldCpp, Jan.
@@ -387,6 +387,20 @@ where
         return Some((ServerKind::Jan, Some("needs its API key".into())));
     }
     None
+}
+
+impl From<&Discovered> for ServerDoc {
+    fn from(d: &Discovered) -> Self {
+        ServerDoc {
+            kind: format!("{:?}", d.kind).to_lowercase(),
+            label: d.kind.label().to_owned(),
+            port: d.port,
+            upstream: d.upstream.clone(),
+            detail: d.detail.clone(),
+            suggested_route: RouteDoc::from(&d.suggested_route),
+            proxy_url: format!("http://{}", d.suggested_route.listen),
+        }
+    }
 }
 
 #[cfg(test)]

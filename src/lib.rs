@@ -2,15 +2,29 @@
 //! tokens per second, by tapping its response stream.
 //!
 //! # Overview
-//! - [`capture`] reads model servers' loopback packets (through the
-//!   `speedtap-capture` helper) and turns them into HTTP exchanges;
+//! The modules form layers; each imports only from the layers below it
+//! (`scripts/check-layers` checks it, `docs/architecture.md` explains it):
+//! - [`model`] holds the contract types: calls, snapshots, stats, history
+//!   filters, control documents and the engine-handle trait;
 //! - [`decode`] turns response bytes of any supported API into typed events;
 //! - [`tokens`] estimates token counts with tiktoken (o200k_base by default);
 //! - [`meter`] holds the pure metric maths: the per-call meter, route
 //!   calibration and the global meter;
 //! - [`metering`] is the glue: bytes and a clock in, snapshots out;
+//! - [`capture`] reads model servers' loopback packets (through the
+//!   `speedtap-capture` helper) and turns them into HTTP exchanges, for the
+//!   engine's capture interceptor;
+//! - [`engine`] runs the proxy listeners and the actors that meter calls;
+//!   [`store`] keeps settled calls in SQLite;
 //! - [`simulate`] is a scripted local model server for demos, tests and
-//!   benchmarks.
+//!   benchmarks;
+//! - [`api`] serves the control API and the dashboard over the
+//!   engine-handle trait;
+//! - [`host`] is the composition root: it turns settings into a running
+//!   engine with its store, API and exporters, the same way for every front
+//!   end;
+//! - [`cli`] is the `speedtap` command line (the tray app is the other
+//!   front end, in `src-tauri`).
 
 pub mod api;
 pub mod capture;
@@ -19,8 +33,11 @@ pub mod config;
 pub mod decode;
 pub mod discover;
 pub mod engine;
+pub mod host;
 pub mod meter;
 pub mod metering;
+#[deny(missing_docs)]
+pub mod model;
 pub mod simulate;
 pub mod store;
 pub mod tokens;

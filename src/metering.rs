@@ -25,9 +25,10 @@ use tokio::time::Instant;
 
 use crate::decode::detect::BodyFraming;
 use crate::decode::stream::StreamDecoder;
-use crate::decode::{ApiKind, ServerTimings, StreamEvent};
+use crate::decode::{ServerTimings, StreamEvent};
 use crate::meter::call::CallMeter;
-use crate::meter::{Phase, Snapshot, TokenSource};
+use crate::model::ApiKind;
+use crate::model::{Phase, Snapshot, TokenSource};
 use crate::tokens::TokenEstimator;
 
 /// How the response body ended, as the interceptor saw it. This is the

@@ -20,6 +20,8 @@
 //! recent 2,000 calls; each call is found by its client name (the
 //! `User-Agent` product `bx-<case>`).
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod util;
 
 use util::{proxy as proxy_support, wire};
@@ -28,7 +30,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use speedtap::engine::{CallStatus, CallsQuery, EngineQueries, RunningEngine};
+use speedtap::model::{CallStatus, CallsQuery, EngineQueries};
+
+use speedtap::host::RunningEngine;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;

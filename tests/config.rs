@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 
 use speedtap::config::{
     load_config, parse_config, parse_route_flag, resolve, save_config, CliOverrides, ConfigError,
-    ConfigFile, DbSetting, ProxySettings, RouteSpec, Settings, Upstream,
+    ConfigFile, DbSetting, ProxySettings, Settings,
 };
+
+use speedtap::model::{RouteSpec, Upstream};
 
 fn fixtures(kind: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

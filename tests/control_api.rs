@@ -16,15 +16,16 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
-use speedtap::decode::ApiKind;
 use speedtap::engine::metrics::Metrics;
-use speedtap::engine::model::{CallDetails, TtftBreakdown};
-use speedtap::engine::{
+use speedtap::model::ApiKind;
+use speedtap::model::Stats;
+use speedtap::model::{
     Call, CallIdentity, CallStatus, CallsQuery, EngineEvent, EngineQueries, SpeedEvent,
 };
-use speedtap::meter::global::Stats;
-use speedtap::meter::{Phase, Snapshot, TokenSource};
-use speedtap::store::{parse_export, ExportFormat, HistoryFilter, ModelSummary, Store};
+use speedtap::model::{CallDetails, TtftBreakdown};
+use speedtap::model::{ExportFormat, HistoryFilter, ModelSummary, QueryError};
+use speedtap::model::{Phase, Snapshot, TokenSource};
+use speedtap::store::{parse_export, Store};
 
 // ---------------------------------------------------------------- the fake
 
@@ -85,23 +86,32 @@ impl EngineQueries for FakeEngine {
         self.metrics.render()
     }
 
-    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, String> {
+    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, QueryError> {
         self.record("history", &filter);
         let store = self.store.lock().unwrap();
-        store.history(&filter).map_err(|e| e.to_string())
+        store
+            .history(&filter)
+            .map_err(|e| QueryError::Io(e.to_string()))
     }
 
-    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, String> {
+    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, QueryError> {
         self.record("models", &filter);
         let store = self.store.lock().unwrap();
-        store.models(&filter).map_err(|e| e.to_string())
+        store
+            .models(&filter)
+            .map_err(|e| QueryError::Io(e.to_string()))
     }
 
-    async fn export(&self, filter: HistoryFilter, format: ExportFormat) -> Result<Vec<u8>, String> {
+    async fn export(
+        &self,
+        filter: HistoryFilter,
+        format: ExportFormat,
+    ) -> Result<Vec<u8>, QueryError> {
         self.record("export", &filter);
         let store = self.store.lock().unwrap();
         let mut out = Vec::new();
-        speedtap::store::export(&store, &filter, format, &mut out).map_err(|e| e.to_string())?;
+        speedtap::store::export(&store, &filter, format, &mut out)
+            .map_err(|e| QueryError::Io(e.to_string()))?;
         Ok(out)
     }
 }
@@ -247,6 +257,7 @@ fn stats() -> Stats {
         low: Some(31.4),
         active: 1,
         aggregate_tps: Some(47.3),
+        dropped_subscribers: 2,
     }
 }
 
@@ -497,6 +508,7 @@ async fn stats_have_the_contract_shape() {
         [
             "active",
             "aggregate_tps",
+            "dropped_subscribers",
             "estimated",
             "high",
             "low",
@@ -504,6 +516,7 @@ async fn stats_have_the_contract_shape() {
             "tps_available"
         ]
     );
+    assert_eq!(v["dropped_subscribers"], 2);
     let parsed: Stats = serde_json::from_value(v).unwrap();
     assert_eq!(parsed, stats());
 }

@@ -18,7 +18,8 @@ use crate::util::decode_capture as capture;
 use std::collections::BTreeSet;
 
 use capture::{index_timings, index_usage, load_all, pieces, reference, Capture, Lcg};
-use speedtap::decode::{ApiKind, OutputChannel, Usage};
+use speedtap::decode::{OutputChannel, Usage};
+use speedtap::model::ApiKind;
 
 /// What one capture must decode to.
 struct Expect {

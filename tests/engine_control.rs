@@ -6,9 +6,11 @@ use crate::util::proxy as proxy_support;
 use std::time::Duration;
 
 use proxy_support::settled_calls;
-use speedtap::config::{load_config, RouteSpec};
-use speedtap::engine::control::{RouteDoc, SettingsDoc};
-use speedtap::engine::{CallStatus, Engine, EngineOptions, EngineQueries};
+use speedtap::config::load_config;
+use speedtap::host::{Engine, EngineOptions};
+use speedtap::model::RouteSpec;
+use speedtap::model::{CallStatus, EngineQueries};
+use speedtap::model::{RouteDoc, SettingsDoc};
 
 fn temp_config(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("speedtap-test-{}-{name}", std::process::id()));
@@ -40,7 +42,7 @@ async fn settings_are_validated_saved_and_applied() {
     // A bad upstream is refused and names the route; nothing is written.
     let mut bad = doc.clone();
     bad.routes[0].upstream = "ftp://nope".into();
-    let err = h.save_settings(bad).await.unwrap_err();
+    let err = h.save_settings(bad).await.unwrap_err().to_string();
     assert!(err.contains("routes[0]") && err.contains("ollama"), "{err}");
     assert!(!path.exists());
 
@@ -115,5 +117,55 @@ async fn the_demo_route_never_takes_a_configured_routes_name() {
         .map(|r| r.name)
         .collect();
     assert_eq!(names, vec!["demo".to_owned(), "demo-2".to_owned()]);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A config file that can't be written is the engine's failure, not the
+/// request's: `QueryError::Io`, which the control API answers with 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_that_cannot_be_written_is_a_500() {
+    use speedtap::model::QueryError;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    // The config file's folder is a regular file: the write must fail.
+    let blocker = temp_config("unwritable").with_file_name("not-a-folder");
+    std::fs::write(&blocker, b"").unwrap();
+    let path = blocker.join("speedtap.toml");
+    let route = RouteSpec::new("ollama", "127.0.0.1:0", "http://127.0.0.1:9").unwrap();
+    let mut options = EngineOptions::new(vec![route]);
+    options.config_path = Some(path.clone());
+    options.api = Some("127.0.0.1:0".parse().unwrap());
+    let engine = Engine::start(options).await.unwrap();
+    let h = &engine.handle;
+
+    let doc = h.get_settings().await.unwrap();
+    let err = h.save_settings(doc.clone()).await.unwrap_err();
+    assert!(matches!(err, QueryError::Io(_)), "{err:?}");
+    assert_eq!(err.http_status(), 500);
+    assert!(err.message().contains("cannot write"), "{err}");
+
+    // The same through the control API.
+    let api = engine.api.unwrap();
+    let body = serde_json::to_string(&doc).unwrap();
+    let mut conn = tokio::net::TcpStream::connect(api).await.unwrap();
+    let request = format!(
+        "PUT /api/v1/settings HTTP/1.1\r\nHost: {api}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).await.unwrap();
+    assert!(
+        response.starts_with("HTTP/1.1 500"),
+        "expected a 500, got: {response}"
+    );
+    assert!(response.contains("cannot write"), "{response}");
+
+    // A bad field is still the request's fault: 400.
+    let mut bad = doc;
+    bad.slow_ttft_ms = 0;
+    let err = h.save_settings(bad).await.unwrap_err();
+    assert_eq!(err.http_status(), 400, "{err}");
     engine.shutdown(Duration::from_secs(1)).await;
 }

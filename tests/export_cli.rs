@@ -8,10 +8,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use speedtap::decode::ApiKind;
-use speedtap::engine::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
-use speedtap::meter::{Phase, Snapshot, TokenSource};
-use speedtap::store::{ms_to_rfc3339, parse_export, ExportFormat, HistoryFilter, Store};
+use speedtap::model::time::ms_to_rfc3339;
+use speedtap::model::ApiKind;
+use speedtap::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
+use speedtap::model::{ExportFormat, HistoryFilter};
+use speedtap::model::{Phase, Snapshot, TokenSource};
+use speedtap::store::{parse_export, Store};
 
 const BIN: &str = env!("CARGO_BIN_EXE_speedtap");
 

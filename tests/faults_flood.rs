@@ -7,6 +7,8 @@
 //! A test binary of its own, with a single test: descriptors are counted
 //! process-wide, so nothing else may run beside it.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod util;
 
 use util::{proxy as proxy_support, wire};
@@ -14,7 +16,9 @@ use util::{proxy as proxy_support, wire};
 use std::sync::Arc;
 use std::time::Duration;
 
-use speedtap::engine::{CallStatus, CallsQuery, EngineQueries, RunningEngine};
+use speedtap::model::{CallStatus, CallsQuery, EngineQueries};
+
+use speedtap::host::RunningEngine;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;

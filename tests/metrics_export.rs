@@ -27,15 +27,16 @@ use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use speedtap::decode::ApiKind;
-use speedtap::engine::metrics::{
-    record_proxy_latency, GenAiHistogram, Metrics, DURATION_BUCKETS, PROXY_LATENCY_BUCKETS,
-    TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
+use speedtap::engine::metrics::otlp::start_otlp_exporter;
+use speedtap::engine::metrics::schema::{
+    GenAiHistogram, DURATION_BUCKETS, PROXY_LATENCY_BUCKETS, TOKEN_BUCKETS, TPOT_BUCKETS,
+    TTFT_BUCKETS,
 };
-use speedtap::engine::otlp::start_otlp_exporter;
-use speedtap::engine::{Call, CallIdentity, CallStatus};
-use speedtap::meter::global::Stats;
-use speedtap::meter::{Phase, Snapshot, TokenSource};
+use speedtap::engine::metrics::{record_proxy_latency, Metrics};
+use speedtap::model::ApiKind;
+use speedtap::model::Stats;
+use speedtap::model::{Call, CallIdentity, CallStatus};
+use speedtap::model::{Phase, Snapshot, TokenSource};
 
 fn call(
     id: u32,
@@ -694,4 +695,66 @@ fn the_grafana_dashboard_queries_only_what_speedtap_exports() {
     ] {
         assert!(used.contains(family), "{family} has no panel");
     }
+}
+
+/// The host starts the exporter from the engine options, so every front
+/// end that builds its options with `host::settings::engine_options` (the
+/// `speedtap run` command and the tray app alike) exports with
+/// `--otlp-endpoint`; shutting the engine down delivers a last export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_starts_the_otlp_exporter_from_the_run_flags() {
+    use clap::Parser;
+    use speedtap::config::{resolve, CliOverrides};
+    use speedtap::host::args::RunArgs;
+    use speedtap::host::settings::engine_options;
+    use speedtap::host::Engine;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    let (addr, mut rx) = start_receiver().await;
+    let flags = Flags::parse_from([
+        "speedtap-desktop",
+        "--no-db",
+        "--api",
+        "127.0.0.1:0",
+        "--otlp-endpoint",
+        &format!("http://{addr}"),
+    ]);
+    let settings = resolve(
+        None,
+        CliOverrides {
+            no_db: true,
+            api: flags.run.api,
+            ..CliOverrides::default()
+        },
+    )
+    .expect("settings");
+    let options = engine_options(&flags.run, &settings).expect("options");
+    assert_eq!(
+        options.otlp_endpoint.as_deref(),
+        Some(format!("http://{addr}").as_str())
+    );
+    let engine = Engine::start(options).await.expect("engine starts");
+    assert_eq!(
+        engine.otlp_url(),
+        Some(format!("http://{addr}/v1/metrics").as_str())
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the collector got a request in time")
+        .expect("receiver running");
+    assert_eq!(first.path, "/v1/metrics");
+
+    // A bad endpoint is a usage error before anything starts.
+    let flags = Flags::parse_from(["speedtap", "--no-db", "--otlp-endpoint", "https://c:4318"]);
+    let Err(err) = engine_options(&flags.run, &settings) else {
+        panic!("an https endpoint is refused");
+    };
+    assert_eq!(err.exit_code(), 2, "{err}");
+    assert!(err.to_string().starts_with("--otlp-endpoint: "), "{err}");
 }

@@ -49,6 +49,7 @@ EXPECTED = {
     "speedtap_calls": "counter",
     "speedtap_output_tokens": "counter",
     "speedtap_active_calls": "gauge",
+    "speedtap_subscribers_dropped": "counter",
     "speedtap_tokens_per_second_hour_high": "gauge",
     "speedtap_tokens_per_second_hour_low": "gauge",
     "speedtap_proxy_added_latency_seconds": "histogram",

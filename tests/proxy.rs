@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use proxy_support::*;
-use speedtap::decode::ApiKind;
-use speedtap::engine::{CallStatus, EngineEvent, EngineQueries};
-use speedtap::meter::{Phase, TokenSource};
+use speedtap::model::ApiKind;
+use speedtap::model::{CallStatus, EngineEvent, EngineQueries};
+use speedtap::model::{Phase, TokenSource};
 use speedtap::simulate::{SimConfig, SimServer};
 
 const MS: Duration = Duration::from_millis(1);

@@ -13,11 +13,12 @@ use base64::Engine as _;
 use bytes::Bytes;
 use proxy_support::*;
 use serde_json::Value;
-use speedtap::config::RouteSpec;
 use speedtap::decode::detect::detect_request;
-use speedtap::decode::ApiKind;
-use speedtap::engine::{Call, CallStatus, Engine, EngineOptions};
-use speedtap::meter::TokenSource;
+use speedtap::host::{Engine, EngineOptions};
+use speedtap::model::ApiKind;
+use speedtap::model::RouteSpec;
+use speedtap::model::TokenSource;
+use speedtap::model::{Call, CallStatus};
 use speedtap::tokens::O200kEstimator;
 
 fn fixtures_root() -> PathBuf {

@@ -39,6 +39,8 @@
 //! The per-call table also goes to `target/bench-report/real-server.md`,
 //! which the accuracy report (`cargo bench --bench accuracy`) includes.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod util;
 
 use util::store_engine as store_engine_support;

@@ -814,9 +814,9 @@ fn secrets_reach_the_upstream_and_nowhere_else() {
 /// handed: the call's identity and the wait, never the request.
 #[test]
 fn a_slow_first_token_hook_is_handed_no_request_data() {
-    use speedtap::config::RouteSpec;
     use speedtap::engine::notifier::SlowFirstTokenHook;
-    use speedtap::engine::{Engine, EngineOptions};
+    use speedtap::host::{Engine, EngineOptions};
+    use speedtap::model::RouteSpec;
 
     let dir = scratch("hook");
     let hook_file = dir.join("hook.txt");

@@ -49,6 +49,8 @@
 //! `SPEEDTAP_SOAK_CLIENTS` (default 50), `SPEEDTAP_SOAK_CSV` (default
 //! `target/soak/samples.csv`).
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 use std::collections::HashMap;
 use std::hash::Hasher;
 use std::io::{BufRead, BufReader, Read};

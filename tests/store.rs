@@ -11,14 +11,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use rusqlite::Connection;
-use speedtap::decode::ApiKind;
-use speedtap::engine::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
 use speedtap::meter::calibration::CalibrationTable;
-use speedtap::meter::{Phase, Snapshot, TokenSource};
-use speedtap::store::{
-    export, ms_to_rfc3339, parse_export, ExportFormat, HistoryFilter, ModelSummary, Store,
-    StoreError, StoreWriter,
-};
+use speedtap::model::time::ms_to_rfc3339;
+use speedtap::model::ApiKind;
+use speedtap::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
+use speedtap::model::{ExportFormat, HistoryFilter, ModelSummary};
+use speedtap::model::{Phase, Snapshot, TokenSource};
+use speedtap::store::{export, parse_export, Store, StoreError, StoreWriter};
 
 // ---------------------------------------------------------------- helpers
 

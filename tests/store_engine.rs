@@ -25,14 +25,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use speedtap::config::RouteSpec;
-use speedtap::engine::RunningEngine;
-use speedtap::engine::{
-    Call, CallStatus, CallsQuery, Engine, EngineEvent, EngineOptions, EngineQueries,
-};
-use speedtap::meter::TokenSource;
+use speedtap::host::RunningEngine;
+use speedtap::host::{Engine, EngineOptions};
+use speedtap::model::HistoryFilter;
+use speedtap::model::RouteSpec;
+use speedtap::model::TokenSource;
+use speedtap::model::{Call, CallStatus, CallsQuery, EngineEvent, EngineQueries};
 use speedtap::simulate::{SimConfig, SimServer};
-use speedtap::store::{HistoryFilter, Store};
+use speedtap::store::Store;
 use speedtap::tokens::O200kEstimator;
 
 use crate::util::process::*;

@@ -5,6 +5,8 @@
 //!
 //! Run one area with a filter: `cargo test --test tests proxy::`.
 
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure report
+
 mod util;
 
 mod cli;

@@ -20,6 +20,8 @@
 //! measure, and it fails unless the report was written and every error is
 //! within a generous multiple of its target (the machine may be busy).
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod calibration;
 mod protocols;
 mod rate;

@@ -1,7 +1,7 @@
 //! What a client sends for each metered API, and how it recognises the
 //! first content token on the wire without speedtap's decoder.
 
-use speedtap::decode::ApiKind;
+use speedtap::model::ApiKind;
 use speedtap::simulate::WORDS;
 
 /// The request path and a minimal streaming request body for `api`, naming

@@ -17,9 +17,9 @@
 
 use std::fmt::Write;
 
-use speedtap::decode::ApiKind;
-use speedtap::engine::CallStatus;
-use speedtap::meter::TokenSource;
+use speedtap::model::ApiKind;
+use speedtap::model::CallStatus;
+use speedtap::model::TokenSource;
 
 use crate::rig::{CallSpec, Rig};
 use crate::stats::Summary;

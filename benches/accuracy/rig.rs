@@ -23,12 +23,11 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use memchr::memmem;
-use speedtap::config::RouteSpec;
-use speedtap::decode::ApiKind;
-use speedtap::engine::{
-    CallStatus, Engine, EngineEvent, EngineOptions, EngineQueries, RunningEngine,
-};
-use speedtap::meter::Snapshot;
+use speedtap::host::{Engine, EngineOptions, RunningEngine};
+use speedtap::model::ApiKind;
+use speedtap::model::RouteSpec;
+use speedtap::model::Snapshot;
+use speedtap::model::{CallStatus, EngineEvent, EngineQueries};
 use speedtap::simulate::{SimConfig, SimServer};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;

@@ -10,8 +10,8 @@
 
 use std::fmt::Write;
 
-use speedtap::decode::ApiKind;
-use speedtap::engine::CallStatus;
+use speedtap::model::ApiKind;
+use speedtap::model::CallStatus;
 
 use crate::rig::{CallSpec, Rig};
 use crate::stats::Summary;

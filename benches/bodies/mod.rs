@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use speedtap::decode::detect::BodyFraming;
-use speedtap::decode::ApiKind;
+use speedtap::model::ApiKind;
 use speedtap::simulate::{SimConfig, SimServer};
 
 /// One response body, ready to feed to a `StreamDecoder`.

@@ -23,21 +23,11 @@ use memchr::memmem;
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
-use crate::stats::Samples;
+use crate::stats::{Outcome, Samples};
 use crate::upstream::{now_ns, Shape};
 
 /// LiteLLM's master key in the bench config; sent to every arm.
 pub const MASTER_KEY: &str = "sk-bench-anything";
-
-/// What one stream measured.
-pub struct Outcome {
-    pub chunk_ns: Vec<u64>,
-    pub ttft_ns: Option<u64>,
-    /// 200, `[DONE]` seen, and every chunk arrived.
-    pub complete: bool,
-    /// Why not, when not complete.
-    pub failure: Option<String>,
-}
 
 /// The stamp in one SSE event's `delta.content`, as nanoseconds since the
 /// epoch. Tolerates any JSON spacing a re-serialising proxy may use.

@@ -30,6 +30,8 @@
 //! `SPEEDTAP_BENCH_WRAP="perf record -g -o FILE --"` runs speedtap under a
 //! wrapper command (its CPU figures then include the wrapper's).
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 mod arms;
 mod client;
 mod install;

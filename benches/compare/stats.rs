@@ -6,7 +6,15 @@
 //! different chunks. Percentiles are nearest-rank, so every reported value
 //! is one that was measured.
 
-use crate::client::Outcome;
+/// What one stream measured.
+pub struct Outcome {
+    pub chunk_ns: Vec<u64>,
+    pub ttft_ns: Option<u64>,
+    /// 200, `[DONE]` seen, and every chunk arrived.
+    pub complete: bool,
+    /// Why not, when not complete.
+    pub failure: Option<String>,
+}
 
 /// What one arm collected on one workload, over all rounds.
 #[derive(Default, Clone)]

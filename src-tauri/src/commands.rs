@@ -4,40 +4,25 @@
 //! (validation, what a save writes, what the demo starts), so the browser
 //! and the window cannot drift apart.
 //!
-//! Errors reject the `invoke` promise with the engine's message as a plain
-//! string, as the contract says (`Tauri commands reject with the error
-//! string`).
+//! Errors are the engine interface's [`QueryError`], the control API's too
+//! (which answers each kind with its status); a command rejects the
+//! `invoke` promise with the error's message as a plain string, as the
+//! contract says (`Tauri commands reject with the error string`). Argument
+//! checks (the history filter, `limit`) are the model's, shared with the
+//! control API.
 
 use serde::{Deserialize, Serialize};
-use speedtap::api::routes::MAX_LIMIT;
-use speedtap::engine::control::{
-    DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc,
-};
-use speedtap::engine::{Call, CallsQuery, EngineHandle, EngineQueries};
-use speedtap::meter::global::Stats;
-use speedtap::store::{self, ExportFormat, HistoryFilter, ModelSummary};
+use speedtap::host::EngineHandle;
+use speedtap::model::Stats;
+use speedtap::model::MAX_LIMIT;
+use speedtap::model::{time_bound, ExportFormat, HistoryFilter, ModelSummary, QueryError};
+use speedtap::model::{Call, CallsQuery, EngineQueries};
+use speedtap::model::{DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
 use tauri::State;
 
-/// Why a command failed. Serialised as its message.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CommandError {
-    /// The engine refused (bad settings field, simulator could not start...).
-    #[error("{0}")]
-    Engine(String),
-    /// An argument that doesn't parse (a bad `since`, an unknown export
-    /// format); the message names it, as the HTTP API's 400 does.
-    #[error("{0}")]
-    Invalid(String),
-}
-
-impl Serialize for CommandError {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-pub type Result<T> = std::result::Result<T, CommandError>;
+/// What a command answers: its document, or the engine interface's error
+/// (serialised as its message).
+pub type Result<T> = std::result::Result<T, QueryError>;
 
 /// The engine the commands forward to (managed state).
 pub struct Engine(pub EngineHandle);
@@ -88,7 +73,7 @@ pub async fn discover(engine: State<'_, Engine>) -> Result<DiscoveredDoc> {
 
 #[tauri::command]
 pub async fn get_settings(engine: State<'_, Engine>) -> Result<SettingsDoc> {
-    engine.0.get_settings().await.map_err(CommandError::Engine)
+    engine.0.get_settings().await
 }
 
 /// Validates and writes the config file; the threshold and notification
@@ -98,17 +83,13 @@ pub async fn save_settings(
     engine: State<'_, Engine>,
     settings: SettingsDoc,
 ) -> Result<SaveOutcome> {
-    engine
-        .0
-        .save_settings(settings)
-        .await
-        .map_err(CommandError::Engine)
+    engine.0.save_settings(settings).await
 }
 
 /// Starts the simulator, a `demo` route and a minute of demo traffic.
 #[tauri::command]
 pub async fn start_demo(engine: State<'_, Engine>) -> Result<DemoDoc> {
-    engine.0.start_demo().await.map_err(CommandError::Engine)
+    engine.0.start_demo().await
 }
 
 // ---- the stored history -----------------------------------------------------
@@ -157,16 +138,7 @@ impl FilterArg {
             until_ms: time_arg("until", self.until)?,
             ..HistoryFilter::default()
         };
-        if let (Some(since), Some(until)) = (filter.since_ms, filter.until_ms) {
-            if since >= until {
-                return Err(format!(
-                    "since must be before until (calls started in [since, until)), got since={} \
-                     and until={}",
-                    store::ms_to_rfc3339(since),
-                    store::ms_to_rfc3339(until)
-                ));
-            }
-        }
+        filter.check_window()?;
         Ok(filter)
     }
 }
@@ -175,13 +147,7 @@ fn time_arg(name: &str, arg: Option<TimeArg>) -> std::result::Result<Option<u64>
     match arg {
         None => Ok(None),
         Some(TimeArg::Ms(ms)) => Ok(Some(ms)),
-        Some(TimeArg::Text(text)) if text.trim().is_empty() => Ok(None),
-        Some(TimeArg::Text(text)) => store::parse_time(&text).map(Some).map_err(|_| {
-            format!(
-                "{name} must be unix milliseconds or an RFC 3339 time such as \
-                 2026-11-30T10:42:07Z, got {text:?}"
-            )
-        }),
+        Some(TimeArg::Text(text)) => time_bound(name, &text),
     }
 }
 
@@ -198,13 +164,9 @@ pub struct ModelsDoc {
 pub async fn history(engine: State<'_, Engine>, filter: Option<FilterArg>) -> Result<CallsDoc> {
     let filter = filter.unwrap_or_default();
     let limit = filter.limit.unwrap_or(HISTORY_DEFAULT_LIMIT).min(MAX_LIMIT);
-    let mut filter = filter.into_filter().map_err(CommandError::Invalid)?;
+    let mut filter = filter.into_filter().map_err(QueryError::BadInput)?;
     filter.limit = Some(limit);
-    let calls = engine
-        .0
-        .history(filter)
-        .await
-        .map_err(CommandError::Engine)?;
+    let calls = engine.0.history(filter).await?;
     Ok(CallsDoc { calls })
 }
 
@@ -214,12 +176,8 @@ pub async fn models(engine: State<'_, Engine>, filter: Option<FilterArg>) -> Res
     let filter = filter
         .unwrap_or_default()
         .into_filter()
-        .map_err(CommandError::Invalid)?;
-    let models = engine
-        .0
-        .models(filter)
-        .await
-        .map_err(CommandError::Engine)?;
+        .map_err(QueryError::BadInput)?;
+    let models = engine.0.models(filter).await?;
     Ok(ModelsDoc { models })
 }
 
@@ -231,18 +189,14 @@ pub async fn export(
     format: Option<String>,
     filter: Option<FilterArg>,
 ) -> Result<String> {
-    let format = export_format(format.as_deref()).map_err(CommandError::Invalid)?;
+    let format = export_format(format.as_deref()).map_err(QueryError::BadInput)?;
     let filter = filter
         .unwrap_or_default()
         .into_filter()
-        .map_err(CommandError::Invalid)?;
-    let bytes = engine
-        .0
-        .export(filter, format)
-        .await
-        .map_err(CommandError::Engine)?;
+        .map_err(QueryError::BadInput)?;
+    let bytes = engine.0.export(filter, format).await?;
     // CSV and JSON Lines are written as UTF-8 by the store.
-    String::from_utf8(bytes).map_err(|e| CommandError::Engine(format!("export is not UTF-8: {e}")))
+    String::from_utf8(bytes).map_err(|e| QueryError::Io(format!("export is not UTF-8: {e}")))
 }
 
 /// `None` is CSV, as a bare `GET /api/v1/export` is.
@@ -276,7 +230,10 @@ mod history_args_tests {
         assert_eq!(f.route.as_deref(), Some("ollama"));
         assert_eq!(f.client.as_deref(), Some("curl"));
         assert_eq!(f.since_ms, Some(1_764_496_927_000));
-        assert_eq!(f.until_ms, store::parse_time("2026-11-30T10:42:07Z").ok());
+        assert_eq!(
+            f.until_ms,
+            speedtap::model::time::parse_time("2026-11-30T10:42:07Z").ok()
+        );
         // The limit is each command's business, not the filter's.
         assert_eq!(f.limit, None);
         // Unix ms as a string parse too, as over HTTP.
@@ -324,7 +281,7 @@ mod history_args_tests {
 
     #[test]
     fn errors_reach_the_page_as_their_message() {
-        let e = CommandError::Invalid("since must be ...".into());
+        let e = QueryError::BadInput("since must be ...".into());
         assert_eq!(
             serde_json::to_value(&e).unwrap(),
             json!("since must be ...")

@@ -5,7 +5,7 @@
 //! names live here and nowhere else.
 
 use serde::Serialize;
-use speedtap::engine::{EngineEvent, SpeedEvent};
+use speedtap::model::{EngineEvent, SpeedEvent};
 use tauri::{Emitter, Runtime};
 
 /// `{"call": CallIdentity, "speed": Snapshot}` for every published snapshot.
@@ -53,10 +53,10 @@ pub fn emit<R: Runtime>(app: &impl Emitter<R>, event: &EngineEvent) {
 
 #[cfg(test)]
 mod tests {
-    use speedtap::decode::ApiKind;
-    use speedtap::engine::{CallIdentity, SlowFirstToken};
-    use speedtap::meter::global::Stats;
-    use speedtap::meter::{Phase, Snapshot, TokenSource};
+    use speedtap::model::ApiKind;
+    use speedtap::model::Stats;
+    use speedtap::model::{CallIdentity, SlowFirstToken};
+    use speedtap::model::{Phase, Snapshot, TokenSource};
 
     use super::*;
 

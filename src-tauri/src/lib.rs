@@ -5,7 +5,7 @@
 //!
 //! # Data flow
 //! - [`run`] parses the flags (`speedtap run`'s, via
-//!   [`speedtap::cli::args::RunArgs`], plus [`DesktopArgs::hidden`]),
+//!   [`speedtap::host::args::RunArgs`], plus [`DesktopArgs::hidden`]),
 //!   resolves the settings exactly as `speedtap run` does, starts the
 //!   engine on Tauri's tokio runtime, then hands it to [`build_app`].
 //! - One task subscribes to the engine's events and fans each one out: to
@@ -33,10 +33,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use speedtap::cli::args::RunArgs;
-use speedtap::cli::run::{resolve_settings, RunError, SHUTDOWN_GRACE};
 use speedtap::config::Settings;
-use speedtap::engine::{Engine, EngineEvent, EngineHandle, EngineQueries, RunningEngine};
+use speedtap::host::args::RunArgs;
+use speedtap::host::settings::{
+    discover_routes_if_any, engine_options, resolve_settings, RunError, SHUTDOWN_GRACE,
+};
+use speedtap::host::{Engine, EngineHandle, RunningEngine};
+use speedtap::model::{EngineEvent, EngineQueries};
 use tauri::{App, AppHandle, Builder, Manager, RunEvent, Runtime, WindowEvent};
 
 use notify::{DesktopSink, Notifications};
@@ -193,21 +196,9 @@ pub async fn start_engine(
     mut settings: Settings,
     notifications: &Arc<Notifications>,
 ) -> Result<RunningEngine, RunError> {
-    if settings.routes.is_empty() {
-        eprintln!("speedtap-desktop: no routes configured; looking for local model servers...");
-        for found in speedtap::discover::discover().await {
-            eprintln!("speedtap-desktop: {}", found.summary());
-            settings.routes.push(found.suggested_route);
-        }
-        if settings.routes.is_empty() {
-            eprintln!(
-                "speedtap-desktop: none found; open the window to see what to run, \
-                 or start demo traffic there"
-            );
-        }
-    }
+    discover_routes_if_any(&mut settings, "speedtap-desktop").await;
     // The same options `speedtap run` builds, store included.
-    let mut options = speedtap::cli::run::engine_options(args, &settings)?;
+    let mut options = engine_options(args, &settings)?;
     options.slow_first_token_hooks.push(notifications.hook());
     let engine = Engine::start(options)
         .await
@@ -227,6 +218,9 @@ fn announce(engine: &RunningEngine) {
     }
     if let Some(api) = engine.api {
         eprintln!("speedtap-desktop: dashboard and control API on http://{api}/");
+    }
+    if let Some(url) = engine.otlp_url() {
+        eprintln!("speedtap-desktop: pushing metrics to {url}");
     }
 }
 
@@ -351,7 +345,7 @@ async fn follow_events<R: Runtime>(
             match &event {
                 EngineEvent::Settled(call) => notifications.on_settled(call),
                 EngineEvent::Speed { call, speed } if json => {
-                    println!("{}", speedtap::cli::view::json_line(call, speed));
+                    println!("{}", speedtap::model::json_line(call, speed));
                 }
                 _ => {}
             }

@@ -20,9 +20,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use speedtap::engine::control::SettingsDoc;
 use speedtap::engine::notifier::SlowFirstTokenHook;
-use speedtap::engine::{Call, EngineHandle, SlowFirstToken};
+use speedtap::host::EngineHandle;
+use speedtap::model::SettingsDoc;
+use speedtap::model::{Call, SlowFirstToken};
 
 /// The application name notifications carry (what notification centres
 /// group and label them by).
@@ -230,9 +231,9 @@ pub fn settled_note(slow: &SlowFirstToken, call: &Call) -> Note {
 
 #[cfg(test)]
 mod tests {
-    use speedtap::decode::ApiKind;
-    use speedtap::engine::{CallIdentity, CallStatus};
-    use speedtap::meter::{Phase, Snapshot, TokenSource};
+    use speedtap::model::ApiKind;
+    use speedtap::model::{CallIdentity, CallStatus};
+    use speedtap::model::{Phase, Snapshot, TokenSource};
 
     use super::*;
 

@@ -8,8 +8,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use speedtap::config::RouteSpec;
-use speedtap::engine::{Engine, EngineOptions};
+use speedtap::host::{Engine, EngineOptions};
+use speedtap::model::RouteSpec;
 use speedtap::simulate::{SimConfig, SimServer};
 use tauri::ipc::{CallbackFn, InvokeBody};
 use tauri::test::{mock_builder, MockRuntime, INVOKE_KEY};

@@ -20,7 +20,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use speedtap::engine::{CallsQuery, EngineHandle, EngineQueries};
+use speedtap::model::{CallsQuery, EngineQueries};
+
+use speedtap::host::EngineHandle;
 use tauri::image::Image;
 use tauri::menu::{CheckMenuItem, Menu, MenuEvent, MenuItem, MenuItemKind, PredefinedMenuItem};
 use tauri::tray::{MouseButton, MouseButtonState, TrayIcon, TrayIconBuilder, TrayIconEvent};
@@ -77,7 +79,7 @@ pub fn create<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) -> tauri::R
     let routes: Vec<_> = engine
         .bound_routes()
         .iter()
-        .map(speedtap::engine::control::RouteInfo::from)
+        .map(speedtap::model::RouteInfo::from)
         .collect();
     let view = model.view(
         Instant::now(),
@@ -164,7 +166,7 @@ pub async fn reseed<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) {
 }
 
 /// Takes one engine event; redraws at the global cadence.
-pub async fn on_event<R: Runtime>(app: &AppHandle<R>, event: &speedtap::engine::EngineEvent) {
+pub async fn on_event<R: Runtime>(app: &AppHandle<R>, event: &speedtap::model::EngineEvent) {
     let redraw = match app.try_state::<Tray<R>>() {
         Some(tray) => lock(&tray.model).apply(event, Instant::now()),
         None => false,

@@ -21,10 +21,10 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use speedtap::engine::control::RouteInfo;
-use speedtap::engine::{Call, CallIdentity, EngineEvent};
-use speedtap::meter::global::Stats;
-use speedtap::meter::{Phase, Snapshot};
+use speedtap::model::RouteInfo;
+use speedtap::model::Stats;
+use speedtap::model::{Call, CallIdentity, EngineEvent};
+use speedtap::model::{Phase, Snapshot};
 use tokio::time::Instant;
 
 /// Menu item ids. Entries whose id starts with [`ID_CALL_PREFIX`] or
@@ -397,9 +397,9 @@ fn hour_line(stats: &Stats) -> String {
 mod tests {
     use std::time::Duration;
 
-    use speedtap::decode::ApiKind;
-    use speedtap::engine::{CallStatus, SlowFirstToken};
-    use speedtap::meter::TokenSource;
+    use speedtap::model::ApiKind;
+    use speedtap::model::TokenSource;
+    use speedtap::model::{CallStatus, SlowFirstToken};
 
     use super::*;
 
@@ -441,6 +441,7 @@ mod tests {
             low,
             active: 1,
             aggregate_tps: tps,
+            dropped_subscribers: 0,
         })
     }
 

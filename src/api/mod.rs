@@ -4,7 +4,7 @@
 //! # Endpoints (`docs/api.md`, "The control API")
 //! - `GET /api/v1/calls?limit=N&route=NAME` -> `{"calls": [Call, ...]}`,
 //!   newest first, in-flight included. `limit` defaults to 100, is clamped to
-//!   [`routes::MAX_LIMIT`], and anything but a non-negative integer is a 400.
+//!   [`MAX_LIMIT`](crate::model::MAX_LIMIT), and anything but a non-negative integer is a 400.
 //! - `GET /api/v1/calls/{id}` -> `Call`, or 404 `{"error": "no call c-000099"}`.
 //! - `GET /api/v1/stats` -> `Stats`.
 //! - `GET /api/v1/events` -> Server-Sent Events: `speed` and `stats` (the
@@ -46,7 +46,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 
-use crate::engine::EngineQueries;
+use crate::model::EngineQueries;
 
 pub mod dashboard;
 pub mod host_guard;

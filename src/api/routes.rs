@@ -32,14 +32,10 @@ use tokio::sync::watch;
 
 use super::host_guard::{self, HostRejection};
 use super::{dashboard, sse, BoxBody};
-use crate::engine::control::SettingsDoc;
 use crate::engine::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
-use crate::engine::{Call, CallsQuery, EngineQueries};
-use crate::store::{self, ExportFormat, HistoryFilter, ModelSummary};
-
-/// The largest `limit` honoured; larger values are clamped, not refused, so a
-/// script asking for "everything" gets what the engine keeps.
-pub const MAX_LIMIT: usize = 10_000;
+use crate::model::SettingsDoc;
+use crate::model::{time_bound, ExportFormat, HistoryFilter, ModelSummary, QueryError, MAX_LIMIT};
+use crate::model::{Call, CallsQuery, EngineQueries};
 
 const JSON: &str = "application/json";
 const ALLOWED: &str = "GET, HEAD, OPTIONS";
@@ -275,7 +271,7 @@ async fn dispatch<E: EngineQueries>(
             match history_query(req.uri().query()) {
                 Ok(filter) => match engine.history(filter).await {
                     Ok(calls) => json(StatusCode::OK, &Page { calls }),
-                    Err(message) => error(StatusCode::SERVICE_UNAVAILABLE, &message),
+                    Err(e) => query_error(&e),
                 },
                 Err(message) => error(StatusCode::BAD_REQUEST, &message),
             }
@@ -288,7 +284,7 @@ async fn dispatch<E: EngineQueries>(
             match history_filter(req.uri().query(), |_, _| Ok(())) {
                 Ok(filter) => match engine.models(filter).await {
                     Ok(models) => json(StatusCode::OK, &Page { models }),
-                    Err(message) => error(StatusCode::SERVICE_UNAVAILABLE, &message),
+                    Err(e) => query_error(&e),
                 },
                 Err(message) => error(StatusCode::BAD_REQUEST, &message),
             }
@@ -296,7 +292,7 @@ async fn dispatch<E: EngineQueries>(
         Endpoint::Export => match export_query(req.uri().query()) {
             Ok((filter, format)) => match engine.export(filter, format).await {
                 Ok(body) => download(format, body),
-                Err(message) => error(StatusCode::SERVICE_UNAVAILABLE, &message),
+                Err(e) => query_error(&e),
             },
             Err(message) => error(StatusCode::BAD_REQUEST, &message),
         },
@@ -308,16 +304,16 @@ async fn dispatch<E: EngineQueries>(
             };
             match engine.save_settings(doc).await {
                 Ok(outcome) => json(StatusCode::OK, &outcome),
-                Err(message) => error(StatusCode::BAD_REQUEST, &message),
+                Err(e) => query_error(&e),
             }
         }
         Endpoint::Settings => match engine.get_settings().await {
             Ok(doc) => json(StatusCode::OK, &doc),
-            Err(message) => error(StatusCode::NOT_FOUND, &message),
+            Err(e) => query_error(&e),
         },
         Endpoint::Demo => match engine.start_demo().await {
             Ok(doc) => json(StatusCode::OK, &doc),
-            Err(message) => error(StatusCode::INTERNAL_SERVER_ERROR, &message),
+            Err(e) => query_error(&e),
         },
         Endpoint::Asset(asset) => Response::builder()
             .header(CONTENT_TYPE, asset.content_type)
@@ -378,34 +374,13 @@ pub fn history_filter(
             "model" => filter.model = Some(value),
             "client" => filter.client = Some(value),
             "route" => filter.route = (!value.is_empty()).then_some(value),
-            "since" => filter.since_ms = time_param("since", &value)?,
-            "until" => filter.until_ms = time_param("until", &value)?,
+            "since" => filter.since_ms = time_bound("since", &value)?,
+            "until" => filter.until_ms = time_bound("until", &value)?,
             other => extra(other, value)?,
         }
     }
-    if let (Some(since), Some(until)) = (filter.since_ms, filter.until_ms) {
-        if since >= until {
-            return Err(format!(
-                "since must be before until (calls started in [since, until)), got since={} \
-                 and until={}",
-                store::ms_to_rfc3339(since),
-                store::ms_to_rfc3339(until)
-            ));
-        }
-    }
+    filter.check_window()?;
     Ok(filter)
-}
-
-fn time_param(name: &str, value: &str) -> Result<Option<u64>, String> {
-    if value.trim().is_empty() {
-        return Ok(None);
-    }
-    store::parse_time(value).map(Some).map_err(|_| {
-        format!(
-            "{name} must be unix milliseconds or an RFC 3339 time such as \
-             2026-11-30T10:42:07Z, got {value:?}"
-        )
-    })
 }
 
 /// `GET /api/v1/history`: the filters plus `limit` (default 100, clamped to
@@ -509,6 +484,13 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<BoxBody> {
 }
 
 /// `{"error": message}` with `status`.
+/// The answer to a failed engine request: the status its kind maps to
+/// ([`QueryError::http_status`]) and its message.
+pub fn query_error(e: &QueryError) -> Response<BoxBody> {
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    error(status, e.message())
+}
+
 pub fn error(status: StatusCode, message: &str) -> Response<BoxBody> {
     let body = serde_json::json!({ "error": message }).to_string();
     let mut res = Response::new(full(body));
@@ -542,10 +524,10 @@ mod tests {
         async fn call(&self, _: String) -> Option<Call> {
             None
         }
-        async fn stats(&self) -> crate::meter::global::Stats {
-            crate::meter::global::Stats::default()
+        async fn stats(&self) -> crate::model::Stats {
+            crate::model::Stats::default()
         }
-        async fn subscribe(&self) -> tokio::sync::mpsc::Receiver<crate::engine::EngineEvent> {
+        async fn subscribe(&self) -> tokio::sync::mpsc::Receiver<crate::model::EngineEvent> {
             tokio::sync::mpsc::channel(1).1
         }
         fn metrics_text(&self) -> String {

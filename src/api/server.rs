@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::routes::{self, Context};
-use crate::engine::EngineQueries;
+use crate::model::EngineQueries;
 
 /// How long open connections get to finish after shutdown before they are
 /// cut. Event streams end at once on shutdown, so this only bounds a slow

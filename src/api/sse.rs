@@ -28,7 +28,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
 use super::BoxBody;
-use crate::engine::{EngineEvent, SpeedEvent};
+use crate::model::{EngineEvent, SpeedEvent};
 
 /// The idle interval after which a keep-alive comment is sent.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -99,10 +99,10 @@ async fn shutdown_signalled(shutdown: &mut Option<watch::Receiver<bool>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::ApiKind;
-    use crate::engine::{Call, CallIdentity, CallStatus, SlowFirstToken};
-    use crate::meter::global::Stats;
-    use crate::meter::{Phase, Snapshot, TokenSource};
+    use crate::model::ApiKind;
+    use crate::model::Stats;
+    use crate::model::{Call, CallIdentity, CallStatus, SlowFirstToken};
+    use crate::model::{Phase, Snapshot, TokenSource};
     use http_body_util::BodyExt;
 
     fn identity() -> CallIdentity {

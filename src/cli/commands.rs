@@ -9,10 +9,12 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 
 use super::args::{Cli, Command, ExportArgs, SimulateArgs};
-use super::run::{run, RunError};
+use super::run::run;
 use crate::config::{self, DbSetting};
+use crate::host::settings::RunError;
+use crate::model::HistoryFilter;
 use crate::simulate::{self, SimConfig};
-use crate::store::{self, HistoryFilter, Store, StoreError};
+use crate::store::{self, Store, StoreError};
 
 /// Parses `args`, runs the command, and returns the process exit code
 /// (0 clean stop, 1 runtime failure, 2 bad usage or config).
@@ -147,8 +149,8 @@ pub fn export_command(args: &ExportArgs) -> Result<(), RunError> {
         if since >= until {
             return Err(RunError::Usage(format!(
                 "--since ({}) must be before --until ({}): the range is [since, until)",
-                store::ms_to_rfc3339(since),
-                store::ms_to_rfc3339(until)
+                crate::model::time::ms_to_rfc3339(since),
+                crate::model::time::ms_to_rfc3339(until)
             )));
         }
     }

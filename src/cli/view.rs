@@ -12,11 +12,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::engine::model::{
-    Call, CallIdentity, CallStatus, EngineEvent, SlowFirstToken, SpeedEvent,
-};
-use crate::meter::global::Stats;
-use crate::meter::{Phase, Snapshot};
+use crate::model::Stats;
+use crate::model::{Call, CallIdentity, CallStatus, EngineEvent, SlowFirstToken};
+use crate::model::{Phase, Snapshot};
 
 /// Shortest gap between two draws: at most 4 redraws a second.
 pub const MIN_REDRAW: Duration = Duration::from_millis(250);
@@ -37,19 +35,6 @@ const STATE_W: usize = 10;
 const BOLD: &str = "\x1b[1m";
 const YELLOW: &str = "\x1b[33m";
 const RESET: &str = "\x1b[0m";
-
-/// One `--json` line (without the newline) for a published snapshot: the
-/// same `{"call": CallIdentity, "speed": Snapshot}` as the SSE `speed`
-/// event's data, so scripts can consume either.
-pub fn json_line(call: &CallIdentity, speed: &Snapshot) -> String {
-    let event = SpeedEvent {
-        call: call.clone(),
-        speed: speed.clone(),
-    };
-    // Plain strings, integers, booleans and finite-or-null floats: this
-    // serialisation has no failure mode.
-    serde_json::to_string(&event).unwrap_or_default()
-}
 
 /// The live terminal view.
 ///
@@ -328,8 +313,7 @@ fn stats_line(stats: Option<&Stats>, live_calls: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::ApiKind;
-    use crate::meter::TokenSource;
+    use crate::model::{json_line, ApiKind, SpeedEvent, TokenSource};
 
     fn ident(id: &str, model: Option<&str>) -> CallIdentity {
         CallIdentity {
@@ -522,6 +506,7 @@ mod tests {
             low: Some(31.4),
             active: 2,
             aggregate_tps: Some(94.6),
+            dropped_subscribers: 0,
         }));
         let l = lines(&view.render(Instant::now()).unwrap());
         assert_eq!(l.len(), 1);

@@ -7,7 +7,7 @@
 //! with a plain JSON error (`docs/protocols.md`, "HTTP transport").
 
 use crate::decode::request_fields::RequestFields;
-use crate::decode::ApiKind;
+use crate::model::ApiKind;
 
 /// What the request tells us about a call.
 #[derive(Clone, Debug, PartialEq, Eq)]

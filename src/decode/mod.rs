@@ -3,13 +3,12 @@
 //! Layers, each its own module:
 //! - [`sse`] and [`ndjson`] frame arbitrary byte slices into messages
 //!   (WHATWG SSE rules; one JSON object per line);
-//! - [`detect`] decides the [`ApiKind`] from the request and the body
+//! - [`detect`] decides the [`ApiKind`](crate::model::ApiKind) from the request and the body
 //!   framing from the response;
 //! - [`protocols`] turn one framed message of one API into events;
 //! - [`think`] splits inline `<think>...</think>` text into reasoning;
 //! - [`stream`] ties them together: [`StreamDecoder`] is what the proxy feeds.
 
-pub mod api;
 pub mod detect;
 pub mod event;
 pub mod ndjson;
@@ -19,6 +18,5 @@ pub mod sse;
 pub mod stream;
 pub mod think;
 
-pub use api::ApiKind;
 pub use event::{OutputChannel, ServerTimings, StreamEvent, Usage};
 pub use stream::StreamDecoder;

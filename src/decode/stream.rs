@@ -6,12 +6,12 @@
 //! gives the same events (only the cut of output text into pieces may
 //! differ), and no input makes it panic.
 
-use crate::decode::api::ApiKind;
 use crate::decode::detect::BodyFraming;
 use crate::decode::event::StreamEvent;
 use crate::decode::ndjson::NdjsonFramer;
 use crate::decode::protocols::{Protocol, SinkState};
 use crate::decode::sse::{SseFramer, SseMessage};
+use crate::model::ApiKind;
 
 /// The most of a non-streamed body that is buffered for parsing. Far above
 /// any real completion (a 32k-token answer is a few hundred KiB of JSON);

@@ -11,19 +11,19 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use actix::prelude::*;
+use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Recipient, Running};
 use tokio::time::Instant;
 
 use super::details;
 use super::messages::*;
-use super::model::{Call, CallDetails, CallIdentity, CallStatus, SlowFirstToken};
 use super::supervisor::Supervisor;
 use crate::decode::detect::{detect_framing, request_facts, BodyFraming};
 use crate::decode::request_fields::RequestFields;
-use crate::decode::ApiKind;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::limits::SNAPSHOT_INTERVAL;
 use crate::metering::{CallMetering, Outcome, ResponseHead, StreamEnd};
+use crate::model::ApiKind;
+use crate::model::{Call, CallDetails, CallIdentity, CallStatus, SlowFirstToken};
 use crate::tokens::TokenEstimator;
 
 /// Everything a call actor needs at birth.
@@ -86,7 +86,7 @@ impl CallActor {
         false
     }
 
-    fn publish(&self, speed: crate::meter::Snapshot) {
+    fn publish(&self, speed: crate::model::Snapshot) {
         self.setup.supervisor.do_send(CallProgress {
             seq: self.setup.seq,
             identity: self.setup.identity.clone(),
@@ -292,14 +292,15 @@ impl Handler<UpstreamFailed> for CallActor {
 
 #[cfg(test)]
 mod tests {
+    use actix::{Message, MessageResult};
     use bytes::Bytes;
     use tokio::sync::mpsc;
 
     use super::*;
     use crate::engine::metrics::Metrics;
-    use crate::engine::model::EngineEvent;
     use crate::engine::supervisor::tests::{advance_to, flush, ms_since, run_paused};
-    use crate::meter::{Phase, Snapshot, TokenSource};
+    use crate::model::EngineEvent;
+    use crate::model::{Phase, Snapshot, TokenSource};
     use crate::tokens::WordCounter;
 
     const SLOW_TTFT: Duration = Duration::from_secs(5);

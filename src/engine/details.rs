@@ -2,9 +2,9 @@
 //! User-Agent), where its time to first token went (from the server's
 //! timings), and the flags that explain a missing or odd rate.
 
-use super::model::TtftBreakdown;
 use crate::decode::ServerTimings;
 use crate::meter::limits::DRIFT_BAND;
+use crate::model::TtftBreakdown;
 
 /// The app behind a User-Agent, as a short stable name: `openai-python`,
 /// `openai-node`, `anthropic-python`, `ollama-python`, `ollama-js`,

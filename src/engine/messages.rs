@@ -2,18 +2,18 @@
 //! as facts. Delivery: the proxy only ever uses `do_send` (never awaits an
 //! actor), so metering can't slow the traffic it measures.
 
-use actix::prelude::*;
+use actix::Message;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::model::{Call, CallIdentity, EngineEvent, SlowFirstToken};
-use super::queries::CallsQuery;
 use crate::decode::request_fields::RequestFields;
 use crate::meter::calibration::CalibrationTable;
-use crate::meter::global::Stats;
-use crate::meter::Snapshot;
 use crate::metering::StreamEnd;
+use crate::model::CallsQuery;
+use crate::model::Snapshot;
+use crate::model::Stats;
+use crate::model::{Call, CallIdentity, EngineEvent, SlowFirstToken};
 
 // === proxy -> CallActor ===
 
@@ -131,7 +131,7 @@ pub struct GetStats;
 
 /// The global tok/s readings of the last hour, for the chart.
 #[derive(Message)]
-#[rtype(result = "crate::engine::control::HistoryDoc")]
+#[rtype(result = "crate::model::HistoryDoc")]
 pub struct GetHistory;
 
 /// A copy of the calibration table (for persistence and inspection).

@@ -6,22 +6,12 @@
 //! snapshots to the [`supervisor::Supervisor`], which keeps the active and
 //! recent calls, the global meter and calibration, and fans events out to
 //! subscribers; the [`notifier::Notifier`] turns late first tokens into
-//! alarms. [`host`] builds and runs all of it.
+//! alarms. [`crate::host`] builds and runs all of it.
 
 pub mod call_actor;
-pub mod control;
-pub mod demo;
 pub mod details;
-pub mod host;
 pub mod messages;
 pub mod metrics;
-pub mod model;
 pub mod notifier;
-pub mod otlp;
 pub mod proxy;
-pub mod queries;
 pub mod supervisor;
-
-pub use host::{BoundRoute, Engine, EngineError, EngineHandle, EngineOptions, RunningEngine};
-pub use model::{Call, CallIdentity, CallStatus, EngineEvent, SlowFirstToken, SpeedEvent};
-pub use queries::{CallsQuery, EngineQueries};

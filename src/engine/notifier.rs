@@ -12,11 +12,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::prelude::*;
+use actix::{Actor, Context, Handler, Recipient};
 use tokio::time::Instant;
 
 use super::messages::{Broadcast, FirstTokenLate, SetNotificationsPaused};
-use super::model::{EngineEvent, SlowFirstToken};
+use crate::model::{EngineEvent, SlowFirstToken};
 
 /// At most one slow-first-token notification per route in this period.
 pub const NOTIFY_THROTTLE: Duration = Duration::from_secs(60);
@@ -84,6 +84,8 @@ impl Handler<SetNotificationsPaused> for Notifier {
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
+
+    use actix::{Addr, Message};
 
     use super::*;
     use crate::engine::supervisor::tests::{identity, run_paused};

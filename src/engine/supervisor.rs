@@ -13,17 +13,18 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use actix::prelude::*;
+use actix::{Actor, AsyncContext, Context, Handler, MessageResult, SpawnHandle};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::control::{HistoryDoc, HistoryPoint};
 use super::messages::*;
 use super::metrics::Metrics;
-use super::model::{Call, CallStatus, EngineEvent};
 use crate::meter::calibration::CalibrationTable;
-use crate::meter::global::{GlobalMeter, Stats, ACTIVE_CADENCE};
-use crate::meter::TokenSource;
+use crate::meter::global::{GlobalMeter, ACTIVE_CADENCE};
+use crate::model::Stats;
+use crate::model::TokenSource;
+use crate::model::{Call, CallStatus, EngineEvent};
+use crate::model::{HistoryDoc, HistoryPoint};
 use crate::store::StoreWriter;
 
 /// How many settled calls the supervisor keeps for the API. The contract
@@ -88,7 +89,18 @@ impl Supervisor {
                     false
                 }
             });
-        self.dropped_subscribers += dropped;
+        if dropped > 0 {
+            self.dropped_subscribers += dropped;
+            self.metrics.add_dropped_subscribers(dropped);
+        }
+    }
+
+    /// The latest reading, with the count of dropped subscribers as of now.
+    fn stats(&self) -> Stats {
+        Stats {
+            dropped_subscribers: self.dropped_subscribers,
+            ..self.last_stats.clone()
+        }
     }
 
     /// Samples the global meter, publishes the reading and re-arms the
@@ -96,6 +108,7 @@ impl Supervisor {
     fn publish_stats(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
         self.last_stats = self.global.sample(now);
+        self.last_stats.dropped_subscribers = self.dropped_subscribers;
         self.metrics.set_active_calls(self.active.len());
         self.metrics.set_stats(&self.last_stats);
         self.record_chart_point();
@@ -336,7 +349,7 @@ impl Handler<GetCall> for Supervisor {
 impl Handler<GetStats> for Supervisor {
     type Result = MessageResult<GetStats>;
     fn handle(&mut self, _: GetStats, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.last_stats.clone())
+        MessageResult(self.stats())
     }
 }
 
@@ -374,13 +387,14 @@ pub(crate) mod tests {
 
     use std::future::Future;
 
+    use actix::{Addr, System};
     use tokio::sync::mpsc::error::TryRecvError;
 
     use super::*;
-    use crate::decode::ApiKind;
-    use crate::engine::model::{CallIdentity, CallStatus, SlowFirstToken};
-    use crate::engine::queries::CallsQuery;
-    use crate::meter::{Phase, Snapshot};
+    use crate::model::ApiKind;
+    use crate::model::CallsQuery;
+    use crate::model::{CallIdentity, CallStatus, SlowFirstToken};
+    use crate::model::{Phase, Snapshot};
 
     /// The clock moves in steps this small, so a timer fires within one
     /// step of its deadline and arrival times are known to the step.
@@ -662,6 +676,8 @@ pub(crate) mod tests {
             // The others are still subscribed (empty, not closed).
             assert_eq!(kept_up.try_recv(), Err(TryRecvError::Empty));
             assert_eq!(roomy.try_recv(), Err(TryRecvError::Empty));
+            // The drop is shown, not just counted.
+            assert_eq!(sup.send(GetStats).await.unwrap().dropped_subscribers, 1);
         });
     }
 

@@ -42,8 +42,8 @@ use tokio::time::Instant;
 use super::calibration::plausible_drift;
 use super::limits::{MIN_FINAL_RATE_TOKENS, MIN_RATE_SPAN, SNAPSHOT_INTERVAL};
 use super::rate::RateWindow;
-use super::snapshot::{round_rate, Phase, Snapshot, TokenSource};
 use crate::decode::event::{OutputChannel, ServerTimings, Usage};
+use crate::model::snapshot::{round_rate, Phase, Snapshot, TokenSource};
 use crate::tokens::TokenEstimator;
 
 /// What settling a call produced.

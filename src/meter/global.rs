@@ -12,10 +12,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::snapshot::round_rate;
+use crate::model::snapshot::round_rate;
+pub use crate::model::Stats;
 
 /// A stream with no new token for this long leaves the active set (and so
 /// stops pulling the mean down with a rate that no longer describes anything).
@@ -34,37 +34,6 @@ pub const ACTIVE_CADENCE: Duration = Duration::from_secs(1);
 
 /// The publishing cadence when idle: the publisher backs off, nothing moves.
 pub const IDLE_CADENCE: Duration = Duration::from_secs(10);
-
-/// The stats payload of the contract (`GET /api/v1/stats`, SSE `event: stats`).
-///
-/// Field order is the contract's, so the serialised JSON reads the same as
-/// its example. Absent numbers mean "not measured" and are skipped, never
-/// sent as zero.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Stats {
-    /// Mean of the active streams' rates that exist and are > 0, one decimal.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tps: Option<f64>,
-    /// Whether `tps` exists; when false the UI hides the number rather than
-    /// show 0 or a guess.
-    pub tps_available: bool,
-    /// True when any stream contributing to `tps` counts with estimates not
-    /// yet settled. False when there is no `tps`: nothing is being claimed.
-    pub estimated: bool,
-    /// Highest reading >= [`HIGH_LOW_FLOOR`] in the last [`HISTORY`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub high: Option<f64>,
-    /// Lowest reading >= [`HIGH_LOW_FLOOR`] in the last [`HISTORY`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub low: Option<f64>,
-    /// Streams in the active set (not ended, a token within [`STALE`]),
-    /// including those that have no rate yet.
-    pub active: usize,
-    /// Sum of the same per-stream rates as `tps`: the machine's total output
-    /// throughput across concurrent calls.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub aggregate_tps: Option<f64>,
-}
 
 /// What the meter knows about one stream.
 #[derive(Clone, Copy, Debug)]
@@ -276,6 +245,7 @@ impl GlobalMeter {
             low: None,
             active,
             aggregate_tps,
+            dropped_subscribers: 0,
         }
     }
 
@@ -388,7 +358,7 @@ mod tests {
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(
             json,
-            r#"{"tps_available":false,"estimated":false,"active":1}"#
+            r#"{"tps_available":false,"estimated":false,"active":1,"dropped_subscribers":0}"#
         );
     }
 
@@ -616,11 +586,12 @@ mod tests {
             low: Some(31.4),
             active: 1,
             aggregate_tps: Some(47.3),
+            dropped_subscribers: 0,
         };
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(
             json,
-            r#"{"tps":47.3,"tps_available":true,"estimated":false,"high":52.1,"low":31.4,"active":1,"aggregate_tps":47.3}"#
+            r#"{"tps":47.3,"tps_available":true,"estimated":false,"high":52.1,"low":31.4,"active":1,"aggregate_tps":47.3,"dropped_subscribers":0}"#
         );
         let back: Stats = serde_json::from_str(&json).unwrap();
         assert_eq!(back, s);
@@ -636,11 +607,12 @@ mod tests {
             low: None,
             active: 0,
             aggregate_tps: None,
+            dropped_subscribers: 0,
         };
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(
             json,
-            r#"{"tps_available":false,"estimated":false,"high":12.5,"active":0}"#
+            r#"{"tps_available":false,"estimated":false,"high":12.5,"active":0,"dropped_subscribers":0}"#
         );
         let back: Stats = serde_json::from_str(&json).unwrap();
         assert_eq!(back, s);

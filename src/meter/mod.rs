@@ -1,6 +1,6 @@
 //! The meters: pure metric maths with time passed in, no I/O.
 //!
-//! - [`snapshot`]: the published shape;
+//! - [`snapshot`](crate::model::snapshot): the published shape;
 //! - [`rate`]: the live sliding-window rate;
 //! - [`call`]: the per-call meter (`docs/metering.md` "One call");
 //! - [`calibration`]: the per-(route, model) tokenizer-drift factors;
@@ -11,6 +11,3 @@ pub mod call;
 pub mod global;
 pub mod limits;
 pub mod rate;
-pub mod snapshot;
-
-pub use snapshot::{Phase, Snapshot, TokenSource};

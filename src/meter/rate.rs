@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::limits::{MIN_RATE_SPAN, RATE_WINDOW};
-use super::snapshot::round_rate;
+use crate::model::snapshot::round_rate;
 
 /// The sliding window behind the live rate. Pure: time is passed in.
 #[derive(Clone, Debug, Default)]

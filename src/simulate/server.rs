@@ -35,7 +35,7 @@ use super::state::{Finished, ModelUse, SlotLease, State, Task};
 use super::telemetry;
 use super::wire::{self, Framing, Reply, Totals};
 use super::{Overflow, SimConfig};
-use crate::decode::api::ApiKind;
+use crate::model::ApiKind;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = BoxBody<Bytes, BoxError>;

@@ -5,7 +5,9 @@ use std::time::SystemTime;
 
 use rusqlite::{params, Connection, Transaction};
 
-use super::record::{ms_to_rfc3339, unix_ms};
+use crate::model::time::ms_to_rfc3339;
+
+use super::record::unix_ms;
 use crate::meter::calibration::{CalibrationEntry, CalibrationTable};
 
 /// Makes the table hold exactly `table`'s entries. Rows whose factor and

@@ -8,37 +8,10 @@
 use std::io::{BufRead, Write};
 
 use super::query::{for_each_call, Order};
-use super::{HistoryFilter, Store, StoreError};
-use crate::engine::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
-use crate::meter::{Phase, Snapshot};
-
-/// The two export formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExportFormat {
-    /// RFC 4180: a header row, comma-separated, CRLF line ends, fields with
-    /// a comma, quote or line break quoted. Absent values are empty fields.
-    Csv,
-    /// One [`Call`] JSON object per line (its details flattened beside the
-    /// contract's fields), exactly as the history API returns them. Like the
-    /// API, absent values and unset flags (`one_burst`,
-    /// `unstreamed_reasoning`) are left out rather than written as `null` or
-    /// `false`.
-    Jsonl,
-}
-
-impl std::str::FromStr for ExportFormat {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "csv" => Ok(ExportFormat::Csv),
-            "jsonl" | "ndjson" => Ok(ExportFormat::Jsonl),
-            other => Err(format!(
-                "unknown export format {other:?}: expected csv or jsonl"
-            )),
-        }
-    }
-}
+use super::{Store, StoreError};
+use crate::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
+use crate::model::{ExportFormat, HistoryFilter};
+use crate::model::{Phase, Snapshot};
 
 /// The CSV columns, in order.
 ///

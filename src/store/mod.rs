@@ -43,14 +43,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
-use serde::{Deserialize, Serialize};
 
-use crate::engine::model::{Call, CallStatus};
 use crate::meter::calibration::CalibrationTable;
+use crate::model::Call;
 
-pub use export::{export, parse_export, ExportFormat};
+pub use export::{export, parse_export};
 pub use prune::PruneReport;
-pub use record::{ms_to_rfc3339, parse_time, rfc3339_to_ms};
+pub use record::parse_time;
 pub use writer::{OnPersisted, StoreWriter, WriterStats};
 
 /// How long a connection waits for another one's lock before giving up
@@ -60,55 +59,6 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The WAL is truncated back to this size after a checkpoint, so one burst
 /// of writes doesn't leave a large `-wal` file behind forever.
 pub const JOURNAL_SIZE_LIMIT: u64 = 8 * 1024 * 1024;
-
-/// Which calls a query returns. All set fields must match (AND).
-///
-/// `model: Some("")` (and `client: Some("")`) selects the calls that named
-/// none, the way they are grouped in [`Store::models`].
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct HistoryFilter {
-    pub model: Option<String>,
-    pub route: Option<String>,
-    pub client: Option<String>,
-    /// Calls started at or after this unix time (ms), inclusive.
-    pub since_ms: Option<u64>,
-    /// Calls started before this unix time (ms), exclusive, so consecutive
-    /// windows `[a, b)`, `[b, c)` never count a call twice.
-    pub until_ms: Option<u64>,
-    pub status: Option<CallStatus>,
-    /// At most this many calls (history and export; ignored by `models`).
-    pub limit: Option<usize>,
-}
-
-/// Per (model, route) figures for the model comparison
-/// (`GET /api/v1/models`). See [`Store::models`] for which calls each figure
-/// is computed over and the percentile method. Absent figures had no sample.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub struct ModelSummary {
-    /// The model the requests named; empty for calls that named none (an
-    /// OpenAI-compatible server with one loaded model accepts that).
-    pub model: String,
-    pub route: String,
-    /// Every call matching the filter, whatever its status.
-    pub calls: u64,
-    /// Of those, the calls that ended `ok`: the sample for the figures below.
-    pub ok_calls: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttft_ms_p50: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttft_ms_p90: Option<f64>,
-    /// Settled decode rate (output tokens per second).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tps_p50: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tps_p90: Option<f64>,
-    /// Prompt processing rate, from the server's TTFT breakdown.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefill_tps_p50: Option<f64>,
-    /// `started_at` of the newest call in the group (RFC 3339).
-    pub last_seen: String,
-}
 
 /// Everything that can go wrong with the store. Every message names the
 /// database file it is about.

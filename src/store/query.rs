@@ -5,9 +5,10 @@ use rusqlite::types::Value;
 use rusqlite::{params_from_iter, Connection};
 
 use super::record::{self, COLUMNS};
-use super::{HistoryFilter, ModelSummary, Store, StoreError};
-use crate::engine::model::{Call, CallStatus};
-use crate::meter::snapshot::round_rate;
+use super::{Store, StoreError};
+use crate::model::snapshot::round_rate;
+use crate::model::{Call, CallStatus};
+use crate::model::{HistoryFilter, ModelSummary};
 
 /// Row order of a scan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

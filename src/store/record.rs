@@ -1,14 +1,16 @@
 //! One `calls` row ↔ one [`Call`] (with its details), and the time
 //! conversions.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::model::time::rfc3339_to_ms;
 
 use rusqlite::{params, Row, Transaction};
 use serde::de::DeserializeOwned;
 
 use super::StoreError;
-use crate::engine::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
-use crate::meter::Snapshot;
+use crate::model::Snapshot;
+use crate::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
 
 /// The stored columns, in the order [`from_row`] reads them.
 pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, model, client, \
@@ -134,31 +136,10 @@ pub(crate) fn enum_from<T: DeserializeOwned>(text: String, column: usize) -> rus
     })
 }
 
-/// Unix milliseconds of an RFC 3339 UTC time (`2026-11-30T10:42:07.123Z`;
-/// also without the `Z` or with a space for the `T`, read as UTC). `None`
-/// for anything else, including times before 1970.
-pub fn rfc3339_to_ms(text: &str) -> Option<u64> {
-    let t = humantime::parse_rfc3339_weak(text.trim()).ok()?;
-    let since = t.duration_since(UNIX_EPOCH).ok()?;
-    u64::try_from(since.as_millis()).ok()
-}
-
-/// The RFC 3339 UTC string with milliseconds for unix ms, the engine's
-/// format (`2026-11-30T10:42:07.123Z`).
-pub fn ms_to_rfc3339(ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-}
-
 /// A time filter as users type it (`since=`, `until=`, `--since`): unix
 /// milliseconds (all digits) or an RFC 3339 UTC time.
 pub fn parse_time(text: &str) -> Result<u64, StoreError> {
-    let t = text.trim();
-    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-        return t
-            .parse()
-            .map_err(|_| StoreError::InvalidTime(text.to_owned()));
-    }
-    rfc3339_to_ms(t).ok_or_else(|| StoreError::InvalidTime(text.to_owned()))
+    crate::model::time::parse_time(text).map_err(|_| StoreError::InvalidTime(text.to_owned()))
 }
 
 /// Unix ms now (for `updated_at` columns; never used in a metric).
@@ -170,6 +151,7 @@ pub(crate) fn unix_ms(t: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::time::ms_to_rfc3339;
 
     #[test]
     fn rfc3339_round_trips_through_unix_ms() {

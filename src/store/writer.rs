@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{DbName, PruneReport, Store, StoreError};
-use crate::engine::model::Call;
 use crate::meter::calibration::CalibrationTable;
+use crate::model::Call;
 
 /// How long the first call of a batch waits for company before the batch
 /// is committed: bounds both the transactions per second (≤ 20) and how late
@@ -397,8 +397,8 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::ApiKind;
-    use crate::engine::model::{CallIdentity, CallStatus};
+    use crate::model::ApiKind;
+    use crate::model::{CallIdentity, CallStatus};
 
     fn call(id: &str) -> Call {
         Call {

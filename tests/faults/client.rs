@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use speedtap::engine::CallStatus;
+use speedtap::model::CallStatus;
 use tokio::sync::mpsc;
 
 use crate::proxy_support::engine_with;
@@ -74,7 +74,7 @@ async fn start_upstream() -> (RawUpstream, mpsc::UnboundedReceiver<Seen>) {
     (up, rx)
 }
 
-async fn engine(up: &RawUpstream) -> speedtap::engine::RunningEngine {
+async fn engine(up: &RawUpstream) -> speedtap::host::RunningEngine {
     engine_with(&up.url(), |o| {
         o.estimator = std::sync::Arc::new(speedtap::tokens::WordCounter)
     })

@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use speedtap::engine::{CallStatus, RunningEngine};
+use speedtap::model::CallStatus;
+
+use speedtap::host::RunningEngine;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;

@@ -15,7 +15,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use speedtap::engine::{CallStatus, RunningEngine};
+use speedtap::model::CallStatus;
+
+use speedtap::host::RunningEngine;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::sync::Notify;
 

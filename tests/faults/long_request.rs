@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use speedtap::engine::CallStatus;
+use speedtap::model::CallStatus;
 use tokio::io::AsyncReadExt;
 
 use crate::proxy_support::engine_with;
@@ -158,7 +158,7 @@ async fn model_and_stream_after_300_kb_and_30_mb_of_messages_are_kept() {
         assert_eq!(call.identity.model.as_deref(), Some("m"), "{api}");
         let speed = call.speed.as_ref().expect("metered");
         assert_eq!(speed.output_tokens, 3, "{api}: the reply was decoded");
-        if api == speedtap::decode::ApiKind::OllamaChat {
+        if api == speedtap::model::ApiKind::OllamaChat {
             // One JSON reply: its first frame is the first token, and the
             // call ends after the second. Read as a stream, the first
             // token would come with the second frame, at the end.

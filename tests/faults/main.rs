@@ -15,6 +15,8 @@
 //! The upstream here is a raw socket ([`wire::RawUpstream`]) so a test
 //! controls every byte and every way a connection ends.
 
+#![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
+
 // The one shared support module (tests/util); this binary's root sits
 // in tests/faults/, so the path names it.
 #[path = "../util/mod.rs"]
@@ -32,7 +34,9 @@ mod upstream;
 
 use std::time::Duration;
 
-use speedtap::engine::{Call, CallsQuery, EngineEvent, EngineQueries, RunningEngine};
+use speedtap::model::{Call, CallsQuery, EngineEvent, EngineQueries};
+
+use speedtap::host::RunningEngine;
 use tokio::time::Instant;
 
 /// How long a test waits for the engine to settle calls (real time).

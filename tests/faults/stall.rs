@@ -8,9 +8,8 @@
 use std::time::Duration;
 
 use speedtap::config::Settings;
-use speedtap::engine::{
-    Call, CallStatus, CallsQuery, Engine, EngineEvent, EngineOptions, EngineQueries, RunningEngine,
-};
+use speedtap::host::{Engine, EngineOptions, RunningEngine};
+use speedtap::model::{Call, CallStatus, CallsQuery, EngineEvent, EngineQueries};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -165,7 +164,7 @@ async fn idle_timeout_from_settings_cuts_on_real_time() {
     })
     .await;
     let settings = Settings {
-        routes: vec![speedtap::config::RouteSpec::new("t", "127.0.0.1:0", &up.url()).unwrap()],
+        routes: vec![speedtap::model::RouteSpec::new("t", "127.0.0.1:0", &up.url()).unwrap()],
         idle_timeout: Some(Duration::from_millis(300)),
         ..Settings::default()
     };

@@ -22,8 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use speedtap::config::RouteSpec;
-use speedtap::engine::{CallStatus, Engine, EngineOptions, RunningEngine};
+use speedtap::host::{Engine, EngineOptions, RunningEngine};
+use speedtap::model::CallStatus;
+use speedtap::model::RouteSpec;
 use speedtap::store::Store;
 
 use crate::quiescent;

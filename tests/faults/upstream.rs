@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use speedtap::engine::CallStatus;
+use speedtap::model::CallStatus;
 use tokio::sync::mpsc;
 
 use crate::proxy_support::engine_with;
@@ -11,7 +11,7 @@ use crate::quiescent;
 use crate::wire::{chat_events, post, Conn, RawUpstream, CHAT, SSE_HEAD};
 
 /// An engine in front of `up`, counting tokens by words (fast, exact).
-async fn engine_for(up: &RawUpstream) -> speedtap::engine::RunningEngine {
+async fn engine_for(up: &RawUpstream) -> speedtap::host::RunningEngine {
     engine_with(&up.url(), |o| {
         o.estimator = std::sync::Arc::new(speedtap::tokens::WordCounter)
     })
@@ -21,7 +21,7 @@ async fn engine_for(up: &RawUpstream) -> speedtap::engine::RunningEngine {
 /// Sends one streaming chat request on a fresh connection and reads the
 /// response as the client sees it.
 async fn chat(
-    engine: &speedtap::engine::RunningEngine,
+    engine: &speedtap::host::RunningEngine,
     extra: &[(&str, &str)],
 ) -> (crate::wire::Head, crate::wire::Body) {
     let addr = engine.routes[0].listen;

@@ -13,7 +13,8 @@ use serde_json::Value;
 
 use speedtap::decode::detect::{detect_framing, detect_request, BodyFraming, RequestFacts};
 use speedtap::decode::stream::StreamDecoder;
-use speedtap::decode::{ApiKind, OutputChannel, ServerTimings, StreamEvent, Usage};
+use speedtap::decode::{OutputChannel, ServerTimings, StreamEvent, Usage};
+use speedtap::model::ApiKind;
 
 /// The capture sets, relative to the crate root.
 pub const SETS: [&str; 2] = ["llama-server", "llama-cpp-python"];

@@ -14,10 +14,9 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use speedtap::config::RouteSpec;
-use speedtap::engine::{
-    Call, CallsQuery, Engine, EngineEvent, EngineOptions, EngineQueries, RunningEngine,
-};
+use speedtap::host::{Engine, EngineOptions, RunningEngine};
+use speedtap::model::RouteSpec;
+use speedtap::model::{Call, CallsQuery, EngineEvent, EngineQueries};
 use speedtap::tokens::O200kEstimator;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;

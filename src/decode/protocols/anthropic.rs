@@ -179,7 +179,7 @@ fn delta_output(delta: &Value, sink: &mut Sink<'_>) {
 mod tests {
     use crate::decode::event::{OutputChannel, StreamEvent, Usage};
     use crate::decode::protocols::testing::*;
-    use crate::decode::ApiKind;
+    use crate::model::ApiKind;
 
     const API: ApiKind = ApiKind::AnthropicMessages;
 

@@ -62,7 +62,7 @@ impl Decoder {
 mod tests {
     use crate::decode::event::{OutputChannel, ServerTimings, StreamEvent, Usage};
     use crate::decode::protocols::testing::*;
-    use crate::decode::ApiKind;
+    use crate::model::ApiKind;
 
     const API: ApiKind = ApiKind::LlamacppCompletion;
 

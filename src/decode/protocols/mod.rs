@@ -14,11 +14,11 @@
 
 use serde_json::Value;
 
-use crate::decode::api::ApiKind;
 use crate::decode::event::{OutputChannel, ServerTimings, StreamEvent, Usage};
 use crate::decode::ndjson::NdjsonFramer;
 use crate::decode::sse::SseFramer;
 use crate::decode::think::ThinkSplitter;
+use crate::model::ApiKind;
 
 pub mod anthropic;
 pub mod json;

@@ -105,7 +105,7 @@ mod tests {
     use crate::decode::event::{OutputChannel, ServerTimings, StreamEvent, Usage};
     use crate::decode::protocols::testing::*;
     use crate::decode::stream::StreamDecoder;
-    use crate::decode::ApiKind;
+    use crate::model::ApiKind;
 
     #[test]
     fn chat_thinking_content_and_final_metrics() {

@@ -139,10 +139,11 @@ fn delta_output(d: &Value, sink: &mut Sink<'_>) {
 
 #[cfg(test)]
 mod tests {
+    use crate::decode::detect::BodyFraming;
     use crate::decode::event::{OutputChannel, ServerTimings, StreamEvent, Usage};
     use crate::decode::protocols::testing::*;
     use crate::decode::stream::StreamDecoder;
-    use crate::decode::{detect::BodyFraming, ApiKind};
+    use crate::model::ApiKind;
 
     const API: ApiKind = ApiKind::OpenaiChat;
 

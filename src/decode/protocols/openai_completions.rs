@@ -49,7 +49,7 @@ impl Decoder {
 mod tests {
     use crate::decode::event::{OutputChannel, StreamEvent, Usage};
     use crate::decode::protocols::testing::*;
-    use crate::decode::ApiKind;
+    use crate::model::ApiKind;
 
     const API: ApiKind = ApiKind::OpenaiCompletions;
 

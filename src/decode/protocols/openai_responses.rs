@@ -155,7 +155,7 @@ fn item_output(item: &Value, sink: &mut Sink<'_>) {
 mod tests {
     use crate::decode::event::{OutputChannel, StreamEvent, Usage};
     use crate::decode::protocols::testing::*;
-    use crate::decode::ApiKind;
+    use crate::model::ApiKind;
 
     const API: ApiKind = ApiKind::OpenaiResponses;
 

@@ -71,7 +71,7 @@ mod tests {
     use crate::decode::event::{OutputChannel, StreamEvent, Usage};
     use crate::decode::protocols::testing::*;
     use crate::decode::stream::StreamDecoder;
-    use crate::decode::ApiKind;
+    use crate::model::ApiKind;
 
     const API: ApiKind = ApiKind::TgiGenerate;
 

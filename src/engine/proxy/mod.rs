@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use actix::prelude::*;
+use actix::{Actor, Addr, ArbiterHandle, Recipient};
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
@@ -49,13 +49,13 @@ use tokio::time::Instant;
 
 use super::call_actor::{CallActor, CallSetup};
 use super::messages::{BodyEnded, FirstTokenLate, PassedThrough, ResponseStarted, UpstreamFailed};
-use super::model::{Call, CallDetails, CallIdentity, CallStatus};
 use super::supervisor::Supervisor;
-use crate::config::Upstream;
 use crate::decode::detect::detect_request;
-use crate::decode::ApiKind;
 use crate::meter::calibration::CalibrationTable;
 use crate::metering::StreamEnd;
+use crate::model::ApiKind;
+use crate::model::Upstream;
+use crate::model::{Call, CallDetails, CallIdentity, CallStatus};
 use crate::tokens::TokenEstimator;
 use idle::IdleTimeout;
 use limits::ProxyLimits;

@@ -27,8 +27,8 @@ use tokio::time::Instant;
 use super::ids::IdSource;
 use super::plan::{BodyFlags, Plan, Timeline};
 use super::words;
-use crate::decode::api::ApiKind;
 use crate::decode::event::OutputChannel;
+use crate::model::ApiKind;
 
 /// How a streamed body is framed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,8 +21,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{ndjson, Reply, Token, Totals};
-use crate::decode::api::ApiKind;
 use crate::decode::event::OutputChannel;
+use crate::model::ApiKind;
 use crate::simulate::json::Obj;
 
 fn is_chat(r: &Reply) -> bool {

@@ -17,8 +17,8 @@
 
 use super::llamacpp;
 use super::{sse, Reply, Token, Totals};
-use crate::decode::api::ApiKind;
 use crate::decode::event::OutputChannel;
+use crate::model::ApiKind;
 use crate::simulate::json::Obj;
 
 /// llama-server's `system_fingerprint` field, ours.

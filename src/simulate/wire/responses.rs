@@ -251,7 +251,7 @@ pub(super) fn whole(r: &Reply, totals: &Totals) -> String {
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::decode::api::ApiKind;
+    use crate::model::ApiKind;
     use serde_json::Value;
 
     fn kinds(events: &[(Option<String>, Value)]) -> Vec<String> {

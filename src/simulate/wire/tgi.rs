@@ -140,7 +140,7 @@ pub(super) fn error_object(status: u16, message: &str) -> String {
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::decode::api::ApiKind;
+    use crate::model::ApiKind;
     use serde_json::Value;
 
     #[test]

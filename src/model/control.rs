@@ -6,15 +6,36 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::host::BoundRoute;
-use crate::config::RouteSpec;
-use crate::discover::Discovered;
+use std::net::SocketAddr;
+
+use super::route::RouteSpec;
+
+/// A route as it is actually bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoundRoute {
+    /// The route's name.
+    pub name: String,
+    /// The address it listens on (the port chosen when 0 was asked for).
+    pub listen: SocketAddr,
+    /// The upstream's base URL.
+    pub upstream: String,
+}
+
+impl BoundRoute {
+    /// The URL a client should use instead of the upstream's.
+    pub fn proxy_url(&self) -> String {
+        format!("http://{}", self.listen)
+    }
+}
 
 /// A bound route as the UI shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteInfo {
+    /// The route's name.
     pub name: String,
+    /// The address it listens on.
     pub listen: String,
+    /// The upstream's base URL.
     pub upstream: String,
     /// The URL to point a client at instead of the upstream's.
     pub proxy_url: String,
@@ -34,6 +55,7 @@ impl From<&BoundRoute> for RouteInfo {
 /// `GET /api/v1/routes`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoutesDoc {
+    /// Every bound route, the demo route included once started.
     pub routes: Vec<RouteInfo>,
 }
 
@@ -42,20 +64,25 @@ pub struct RoutesDoc {
 pub struct HistoryPoint {
     /// Unix time in milliseconds.
     pub t: u64,
+    /// The global tokens per second then.
     pub tps: f64,
 }
 
 /// `GET /api/v1/stats/history`: readings with a real tps, oldest first.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HistoryDoc {
+    /// The readings.
     pub points: Vec<HistoryPoint>,
 }
 
 /// A route as the settings form edits it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteDoc {
+    /// The route's name.
     pub name: String,
+    /// The listen address, `HOST:PORT`.
     pub listen: String,
+    /// The upstream's base URL.
     pub upstream: String,
 }
 
@@ -72,33 +99,27 @@ impl From<&RouteSpec> for RouteDoc {
 /// A local server found by discovery, with the route speedtap suggests.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerDoc {
+    /// The server kind, lowercase (`ollama`, `llamacpp`...).
     pub kind: String,
+    /// The server kind's display name.
     pub label: String,
+    /// The port it answered on.
     pub port: u16,
+    /// The server's base URL.
     pub upstream: String,
+    /// What the server said about itself (a version, a model), if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// The route speedtap would make for it.
     pub suggested_route: RouteDoc,
+    /// The URL clients would use through that route.
     pub proxy_url: String,
-}
-
-impl From<&Discovered> for ServerDoc {
-    fn from(d: &Discovered) -> Self {
-        ServerDoc {
-            kind: format!("{:?}", d.kind).to_lowercase(),
-            label: d.kind.label().to_owned(),
-            port: d.port,
-            upstream: d.upstream.clone(),
-            detail: d.detail.clone(),
-            suggested_route: RouteDoc::from(&d.suggested_route),
-            proxy_url: format!("http://{}", d.suggested_route.listen),
-        }
-    }
 }
 
 /// `GET /api/v1/discover`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiscoveredDoc {
+    /// The servers found.
     pub servers: Vec<ServerDoc>,
 }
 
@@ -106,10 +127,15 @@ pub struct DiscoveredDoc {
 /// saving).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SettingsDoc {
+    /// The configured routes (what the next start binds).
     pub routes: Vec<RouteDoc>,
+    /// The slow-first-token threshold, in milliseconds (at least 1).
     pub slow_ttft_ms: u64,
+    /// Desktop notifications for slow first tokens.
     pub notifications: bool,
+    /// A follow-up notification when a slow call settles.
     pub notify_settled: bool,
+    /// Where the settings are saved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_path: Option<String>,
 }
@@ -117,15 +143,19 @@ pub struct SettingsDoc {
 /// The answer to a save.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SaveOutcome {
+    /// True once the config file was written.
     pub saved: bool,
     /// Route changes are saved but only take effect after a restart.
     pub restart_required: bool,
+    /// The config file written.
     pub config_path: String,
 }
 
 /// `POST /api/v1/demo`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DemoDoc {
+    /// True while demo traffic runs.
     pub running: bool,
+    /// The demo route.
     pub route: RouteInfo,
 }

@@ -4,9 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::decode::ApiKind;
-use crate::meter::global::Stats;
-use crate::meter::Snapshot;
+use super::api_kind::ApiKind;
+use super::snapshot::Snapshot;
+use super::stats::Stats;
 
 /// Who a call is: fixed for its whole life.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,8 +61,10 @@ impl CallStatus {
 /// One call as the control API returns it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Call {
+    /// Who the call is (flattened into the JSON object).
     #[serde(flatten)]
     pub identity: CallIdentity,
+    /// Where the call stands.
     pub status: CallStatus,
     /// The upstream's status code, once the response head arrived (or 502
     /// when the upstream could not be reached).
@@ -83,6 +85,7 @@ pub struct Call {
 /// A first token later than the route's threshold, while still waiting.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SlowFirstToken {
+    /// The late call.
     pub call: CallIdentity,
     /// How long the call had waited when the alarm fired.
     pub waited_ms: u64,
@@ -107,7 +110,12 @@ impl SlowFirstToken {
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
     /// A published snapshot of one call (`event: speed`).
-    Speed { call: CallIdentity, speed: Snapshot },
+    Speed {
+        /// The call the snapshot belongs to.
+        call: CallIdentity,
+        /// The snapshot.
+        speed: Snapshot,
+    },
     /// A call ended; the full record with its final status.
     Settled(Call),
     /// A global reading at the publishing cadence (`event: stats`).
@@ -119,14 +127,29 @@ pub enum EngineEvent {
 /// The `data` of an SSE `event: speed`: `{"call": CallIdentity, "speed": Snapshot}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SpeedEvent {
+    /// The call the snapshot belongs to.
     pub call: CallIdentity,
+    /// The snapshot.
     pub speed: Snapshot,
+}
+
+/// One `--json` line (without the newline) for a published snapshot: the
+/// same `{"call": CallIdentity, "speed": Snapshot}` as the SSE `speed`
+/// event's data, so scripts can consume either.
+pub fn json_line(call: &CallIdentity, speed: &Snapshot) -> String {
+    let event = SpeedEvent {
+        call: call.clone(),
+        speed: speed.clone(),
+    };
+    // Plain strings, integers, booleans and finite-or-null floats: this
+    // serialisation has no failure mode.
+    serde_json::to_string(&event).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meter::{Phase, TokenSource};
+    use crate::model::{Phase, TokenSource};
 
     #[test]
     fn call_serialises_like_the_contract_example() {
@@ -218,6 +241,7 @@ pub struct CallDetails {
     /// `ollama-python`, `curl`...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<String>,
+    /// Where the time to first token went, when the server reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_breakdown: Option<TtftBreakdown>,
     /// The output arrived in one burst (no honest rate).

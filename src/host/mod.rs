@@ -15,33 +15,35 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, RwLock};
 use std::time::Duration;
 
-use actix::prelude::*;
+use actix::{Actor, Addr, Arbiter, ArbiterHandle, System};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use super::control::{
-    DemoDoc, DiscoveredDoc, HistoryDoc, RouteDoc, RouteInfo, RoutesDoc, SaveOutcome, ServerDoc,
-    SettingsDoc,
-};
-use super::messages::{
+use crate::config::{self, ConfigFile, Settings};
+use crate::engine::messages::{
     AttachStore, DetachStore, GetCalibration, GetCall, GetCalls, GetHistory, GetStats, Persisted,
     SetNotificationsPaused, Subscribe,
 };
-use super::metrics::Metrics;
-use super::model::{Call, EngineEvent};
-use super::notifier::{Notifier, SlowFirstTokenHook};
-use super::proxy::limits::ProxyLimits;
-use super::proxy::{listen, EngineLink, RouteProxy};
-use super::queries::{CallsQuery, EngineQueries};
-use super::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
-use crate::config::{self, ConfigFile, RouteSpec, Settings};
+use crate::engine::metrics::otlp::{start_otlp_exporter, OtlpExporter};
+use crate::engine::metrics::Metrics;
+use crate::engine::notifier::{Notifier, SlowFirstTokenHook};
+use crate::engine::proxy::limits::ProxyLimits;
+use crate::engine::proxy::{listen, EngineLink, RouteProxy};
+use crate::engine::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
 use crate::meter::calibration::CalibrationTable;
-use crate::meter::global::Stats;
+use crate::model::{
+    engine::NO_STORE, BoundRoute, Call, CallsQuery, DemoDoc, DiscoveredDoc, EngineEvent,
+    EngineQueries, ExportFormat, HistoryDoc, HistoryFilter, ModelSummary, QueryError, RouteDoc,
+    RouteInfo, RouteSpec, RoutesDoc, SaveOutcome, ServerDoc, SettingsDoc, Stats,
+};
 use crate::simulate::{SimConfig, SimServer};
-use crate::store::export::ExportFormat;
-use crate::store::{HistoryFilter, ModelSummary, Store, StoreWriter};
+use crate::store::{Store, StoreWriter};
 use crate::tokens::{default_estimator, TokenEstimator};
+
+pub mod args;
+pub mod demo;
+pub mod settings;
 
 /// Why the engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,9 @@ pub enum EngineError {
     /// The actor threads could not be started.
     #[error("cannot start the metering threads: {0}")]
     Actors(String),
+    /// The OTLP exporter could not be started.
+    #[error("--otlp-endpoint: {0}")]
+    Otlp(String),
 }
 
 /// After the drain, how long shutdown waits for the calls it ended to be
@@ -90,6 +95,11 @@ pub struct EngineOptions {
     pub max_db_bytes: u64,
     /// The proxy's connection limits and optional idle timeout.
     pub proxy_limits: ProxyLimits,
+    /// Push metrics to this OTLP/HTTP collector (`--otlp-endpoint`), every
+    /// `otlp_interval`; `None` exports nothing.
+    pub otlp_endpoint: Option<String>,
+    /// How often metrics are pushed when `otlp_endpoint` is set.
+    pub otlp_interval: Duration,
 }
 
 /// Default retention of settled calls.
@@ -118,6 +128,8 @@ impl EngineOptions {
             retention: DEFAULT_RETENTION,
             max_db_bytes: DEFAULT_MAX_DB_BYTES,
             proxy_limits: ProxyLimits::default(),
+            otlp_endpoint: None,
+            otlp_interval: settings::OTLP_INTERVAL,
         }
     }
 
@@ -144,21 +156,6 @@ impl EngineOptions {
             options.proxy_limits.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
         }
         options
-    }
-}
-
-/// A route as it is actually bound.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BoundRoute {
-    pub name: String,
-    pub listen: SocketAddr,
-    pub upstream: String,
-}
-
-impl BoundRoute {
-    /// The URL a client should use instead of the upstream's.
-    pub fn proxy_url(&self) -> String {
-        format!("http://{}", self.listen)
     }
 }
 
@@ -218,16 +215,16 @@ impl EngineHandle {
     async fn query<T: Send + 'static>(
         &self,
         job: impl FnOnce(&Store) -> Result<T, crate::store::StoreError> + Send + 'static,
-    ) -> Result<T, String> {
+    ) -> Result<T, QueryError> {
         let Some(reader) = self.shared.reader.clone() else {
-            return Err("no store: history needs --db (it is off with --no-db)".to_owned());
+            return Err(QueryError::Unavailable(NO_STORE.to_owned()));
         };
         tokio::task::spawn_blocking(move || {
             let store = reader.lock().unwrap_or_else(|p| p.into_inner());
-            job(&store).map_err(|e| e.to_string())
+            job(&store).map_err(|e| QueryError::Io(e.to_string()))
         })
         .await
-        .map_err(|e| format!("store query failed: {e}"))?
+        .map_err(|e| QueryError::Io(format!("store query failed: {e}")))?
     }
 
     /// A copy of the current calibration table.
@@ -332,32 +329,39 @@ impl EngineQueries for EngineHandle {
         }
     }
 
-    async fn get_settings(&self) -> Result<SettingsDoc, String> {
+    async fn get_settings(&self) -> Result<SettingsDoc, QueryError> {
         Ok(self.settings_snapshot())
     }
 
     /// Validates, writes the config file (keeping its other keys), applies
     /// the threshold and notification switches at once; route changes are
     /// saved for the next start (rebinding live would cut calls in flight).
-    async fn save_settings(&self, doc: SettingsDoc) -> Result<SaveOutcome, String> {
+    async fn save_settings(&self, doc: SettingsDoc) -> Result<SaveOutcome, QueryError> {
         let mut routes = Vec::new();
         for (i, r) in doc.routes.iter().enumerate() {
             let spec = RouteSpec::new(&r.name, &r.listen, &r.upstream)
-                .map_err(|e| format!("routes[{i}] ({}): {e}", r.name))?;
+                .map_err(|e| QueryError::BadInput(format!("routes[{i}] ({}): {e}", r.name)))?;
             if routes.iter().any(|o: &RouteSpec| o.name == spec.name) {
-                return Err(format!(
+                return Err(QueryError::BadInput(format!(
                     "routes[{i}]: the name {:?} is used twice",
                     spec.name
-                ));
+                )));
             }
             routes.push(spec);
         }
         if doc.slow_ttft_ms == 0 {
-            return Err("slow_ttft_ms: must be at least 1".into());
+            return Err(QueryError::BadInput(
+                "slow_ttft_ms: must be at least 1".into(),
+            ));
         }
         let path = self.shared.config_path.clone();
         let mut file = if path.exists() {
-            config::load_config(&path).map_err(|e| e.to_string())?
+            config::load_config(&path).map_err(|e| match e {
+                // The file is there but can't be read: the engine's side.
+                config::ConfigError::Io { .. } => QueryError::Io(e.to_string()),
+                // It doesn't parse: saving over it would lose what it says.
+                _ => QueryError::Conflict(e.to_string()),
+            })?
         } else {
             ConfigFile::default()
         };
@@ -366,7 +370,7 @@ impl EngineQueries for EngineHandle {
         file.notifications = Some(doc.notifications);
         file.notify_settled = Some(doc.notify_settled);
         config::save_config(&path, &file)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            .map_err(|e| QueryError::Io(format!("cannot write {}: {e}", path.display())))?;
 
         self.shared
             .link
@@ -387,15 +391,19 @@ impl EngineQueries for EngineHandle {
         })
     }
 
-    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, String> {
+    async fn history(&self, filter: HistoryFilter) -> Result<Vec<Call>, QueryError> {
         self.query(move |s| s.history(&filter)).await
     }
 
-    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, String> {
+    async fn models(&self, filter: HistoryFilter) -> Result<Vec<ModelSummary>, QueryError> {
         self.query(move |s| s.models(&filter)).await
     }
 
-    async fn export(&self, filter: HistoryFilter, format: ExportFormat) -> Result<Vec<u8>, String> {
+    async fn export(
+        &self,
+        filter: HistoryFilter,
+        format: ExportFormat,
+    ) -> Result<Vec<u8>, QueryError> {
         self.query(move |s| {
             let mut out = Vec::new();
             crate::store::export::export(s, &filter, format, &mut out)?;
@@ -406,20 +414,24 @@ impl EngineQueries for EngineHandle {
 
     /// Starts the simulator and a `demo` route once, then (again) a minute
     /// of demo traffic unless some is still running.
-    async fn start_demo(&self) -> Result<DemoDoc, String> {
+    async fn start_demo(&self) -> Result<DemoDoc, QueryError> {
         let mut demo = self.shared.demo.lock().await;
         if demo.is_none() {
             let sim = SimServer::start("127.0.0.1:0", SimConfig::default())
                 .await
-                .map_err(|e| format!("cannot start the simulator: {e}"))?;
+                .map_err(|e| QueryError::Io(format!("cannot start the simulator: {e}")))?;
             // "demo", unless a configured route already has that name.
             let taken: Vec<String> = self.bound_routes().into_iter().map(|r| r.name).collect();
             let name = std::iter::once("demo".to_owned())
                 .chain((2..).map(|i| format!("demo-{i}")))
                 .find(|n| !taken.contains(n))
                 .unwrap_or_else(|| "demo".to_owned());
-            let spec = RouteSpec::new(&name, "127.0.0.1:0", &sim.base_url())?;
-            let route = self.add_route(spec).await.map_err(|e| e.to_string())?;
+            let spec =
+                RouteSpec::new(&name, "127.0.0.1:0", &sim.base_url()).map_err(QueryError::Io)?;
+            let route = self
+                .add_route(spec)
+                .await
+                .map_err(|e| QueryError::Io(e.to_string()))?;
             *demo = Some(Demo {
                 _sim: sim,
                 route,
@@ -427,12 +439,12 @@ impl EngineQueries for EngineHandle {
             });
         }
         let Some(state) = demo.as_mut() else {
-            return Err("demo did not start".into());
+            return Err(QueryError::Io("demo did not start".into()));
         };
         let running = state.traffic.as_ref().is_some_and(|t| !t.is_finished());
         if !running {
             let proxy = state.route.proxy_url();
-            state.traffic = Some(tokio::spawn(super::demo::run_traffic(proxy)));
+            state.traffic = Some(tokio::spawn(demo::run_traffic(proxy)));
         }
         Ok(DemoDoc {
             running: true,
@@ -448,6 +460,7 @@ pub struct RunningEngine {
     pub api: Option<SocketAddr>,
     stop_accepting: watch::Sender<bool>,
     system: System,
+    otlp: Option<OtlpExporter>,
 }
 
 /// The actor side, as handed back from its thread.
@@ -536,6 +549,13 @@ impl Engine {
         }
         let calibration = Arc::new(RwLock::new(calibration));
         let metrics = Arc::new(Metrics::new());
+        let otlp = match &options.otlp_endpoint {
+            Some(endpoint) => Some(
+                start_otlp_exporter(endpoint, options.otlp_interval, metrics.clone())
+                    .map_err(EngineError::Otlp)?,
+            ),
+            None => None,
+        };
         let actors = start_actors(
             calibration.clone(),
             metrics.clone(),
@@ -637,11 +657,17 @@ impl Engine {
             api,
             stop_accepting,
             system: actors.system,
+            otlp,
         })
     }
 }
 
 impl RunningEngine {
+    /// Where metrics are pushed, when an OTLP exporter runs.
+    pub fn otlp_url(&self) -> Option<&str> {
+        self.otlp.as_ref().map(OtlpExporter::url)
+    }
+
     /// Stops accepting, lets in-flight calls finish for up to `grace`,
     /// then stops the actors (settling any call still open as abandoned).
     pub async fn shutdown(self, grace: Duration) {
@@ -685,6 +711,10 @@ impl RunningEngine {
             let _ = tokio::task::spawn_blocking(move || drop(writer)).await;
         }
         self.system.stop();
+        if let Some(exporter) = self.otlp {
+            // The last calls get exported before the process ends.
+            let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+        }
     }
 }
 

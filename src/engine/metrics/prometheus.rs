@@ -1,76 +1,6 @@
-//! The engine's metrics: the Prometheus text the control API serves on
-//! `GET /metrics`, and the same measurements for the OTLP exporter
-//! ([`super::otlp`]) when one is attached.
-//!
-//! Names follow the OpenTelemetry GenAI semantic conventions
-//! (`docs/protocols.md`, "Metric names") the way an OTel
-//! Prometheus exporter would write them: dots become underscores and the unit
-//! becomes a suffix (`gen_ai.server.time_to_first_token`, unit `s` ->
-//! `gen_ai_server_time_to_first_token_seconds`). Annotation units such as
-//! `{token}` add no suffix (`gen_ai_client_token_usage`), and counters end in
-//! `_total`, as in the OTel exporters. Bucket boundaries are exactly the
-//! conventions' recommended ones, so dashboards built for OTel-instrumented
-//! servers read ours unchanged. Names, units, help texts and buckets live in
-//! one table ([`GenAiHistogram`]) that both the Prometheus registry and the
-//! OTLP instruments are built from.
-//!
-//! | family | kind | recorded |
-//! |---|---|---|
-//! | `gen_ai_server_time_to_first_token_seconds` | histogram | `ok` calls with a first token |
-//! | `gen_ai_server_time_per_output_token_seconds` | histogram | `ok` calls with a settled rate: 1 / rate |
-//! | `gen_ai_server_request_duration_seconds` | histogram | every settled metered call: dispatch to end |
-//! | `gen_ai_client_operation_duration_seconds` | histogram | the same, as the client saw it |
-//! | `gen_ai_client_operation_time_to_first_chunk_seconds` | histogram | calls that got a first output chunk |
-//! | `gen_ai_client_token_usage` | histogram | input and output counts, when known |
-//! | `speedtap_calls_total` | counter | every settled call, by `route` and `status` |
-//! | `speedtap_output_tokens_total` | counter | output tokens of every settled metered call |
-//! | `speedtap_active_calls` | gauge | calls in flight, set when the engine publishes stats |
-//! | `speedtap_tokens_per_second_hour_high` / `_low` | gauge | the global meter's hourly high / low |
-//! | `speedtap_proxy_added_latency_seconds` | histogram | per response frame: tap arrival to hand-off |
-//!
-//! Labels on the `gen_ai_*` families and the output token counter, in this
-//! order: `gen_ai_operation_name` (`chat` for chat-style APIs,
-//! `text_completion` otherwise), `gen_ai_provider_name`,
-//! `gen_ai_request_model` (when the request named one), `server_address` and
-//! `server_port` (the route's upstream, once the host told us with
-//! [`Metrics::set_route_upstream`]: the conventions ask that behind a proxy
-//! both describe the server behind it), `route` (speedtap's own), then
-//! `error_type` on the two duration histograms for failed calls (the call
-//! status, `abandoned` or `upstream_error`) and `gen_ai_token_type`
-//! (`input` | `output`) on token usage. A label with no value is left out
-//! rather than written empty.
-//!
-//! Choices where the conventions leave room, or where a proxy can't know:
-//! - `gen_ai_provider_name`: the conventions have no well-known value for
-//!   local servers (Ollama, llama.cpp, vLLM...), and a proxy can't tell which
-//!   server sits behind an OpenAI-compatible port anyway, so it carries the
-//!   API kind speedtap actually decoded (`openai_chat`, `ollama_generate`...).
-//! - `gen_ai_response_model` is not emitted: the call record carries only the
-//!   model the request named, and writing the request's name under the
-//!   response's key would claim something nobody checked.
-//! - speedtap stands between client and server, and both sides' durations
-//!   are the same span from where it stands: dispatch upstream to the end of
-//!   the response. It records both, so dashboards for either side work.
-//! - "time to first chunk" is speedtap's time to first token: the first chunk
-//!   that carries output. Role-only and keep-alive chunks come earlier but
-//!   say nothing about the model. The conventions want it for streaming calls
-//!   only; the call record doesn't say whether a call streamed, so a
-//!   non-streamed response (whose first chunk is its whole body) is recorded
-//!   too. It is recorded whatever the outcome: the client did get that chunk.
-//! - "time per output token" is 1 / settled rate: the settled rate is already
-//!   the decode rate after the first token ((n − 1) tokens over the time
-//!   from first to last, or the server's own decode timing), which is the
-//!   conventions' definition turned upside down.
-//! - Model names come from client requests, so a misbehaving client could
-//!   mint a new series per request. The first [`MAX_MODELS`] distinct names
-//!   are kept; later ones are recorded as [`OTHER_MODEL`].
-//!
-//! Cost: a settled call costs a few histogram observations (a short lock per
-//! family, once per call). The per-frame proxy latency is two relaxed atomic
-//! additions into a process-wide histogram ([`record_proxy_latency`]). The
-//! struct is `Send + Sync` and lives in an `Arc` shared by the engine (which
-//! records), the control API (which renders) and the OTLP exporter. No I/O
-//! here.
+//! The Prometheus side of the engine's metrics: the registry behind
+//! `GET /metrics`, built from the names, units, buckets and observations of
+//! [`super::schema`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,236 +18,27 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::model::{Call, CallStatus};
-use super::otlp::OtelInstruments;
-use crate::decode::ApiKind;
-use crate::meter::global::Stats;
+use super::schema::{
+    frame_sinks_record, observations, Gauges, GenAiHistogram, LabelValue, Labels, MetricsSource,
+    Observation, ObservationSink, OptionalGauge, ServerAddr, DURATION_BUCKETS, HELP_ACTIVE_CALLS,
+    HELP_CALLS, HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW, HELP_OUTPUT_TOKENS,
+    HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS, TOKEN_BUCKETS,
+    TPOT_BUCKETS, TTFT_BUCKETS,
+};
+use crate::model::{Call, CallStatus, Stats};
 
-/// OTel recommended buckets for `gen_ai.server.time_to_first_token` (s).
-pub const TTFT_BUCKETS: [f64; 16] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-];
-
-/// OTel recommended buckets for `gen_ai.server.time_per_output_token` (s).
-pub const TPOT_BUCKETS: [f64; 13] = [
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-];
-
-/// OTel recommended buckets for `gen_ai.server.request.duration`,
-/// `gen_ai.client.operation.duration` and
-/// `gen_ai.client.operation.time_to_first_chunk` (s).
-pub const DURATION_BUCKETS: [f64; 14] = [
-    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
-];
-
-/// OTel recommended buckets for `gen_ai.client.token.usage` ({token}).
-pub const TOKEN_BUCKETS: [f64; 14] = [
-    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
-    16777216.0, 67108864.0,
-];
-
-/// Buckets of `speedtap_proxy_added_latency_seconds`: 1 µs to 10 ms. The
-/// tap's work per frame (a reference-count clone and a queue push) is a few
-/// microseconds; anything in the millisecond buckets means the metering
-/// threads or the allocator are in trouble.
-pub const PROXY_LATENCY_BUCKETS: [f64; 13] = [
-    0.000_001,
-    0.000_002_5,
-    0.000_005,
-    0.000_01,
-    0.000_025,
-    0.000_05,
-    0.000_1,
-    0.000_25,
-    0.000_5,
-    0.001,
-    0.002_5,
-    0.005,
-    0.01,
-];
-
-/// Help texts shared by the scrape and the OTLP instruments.
-pub(crate) const HELP_CALLS: &str = "Settled calls by route and final status";
-pub(crate) const HELP_OUTPUT_TOKENS: &str =
-    "Output tokens (visible, reasoning and tool-call arguments) of settled metered calls";
-pub(crate) const HELP_ACTIVE_CALLS: &str = "Calls in flight at the last stats publication";
-pub(crate) const HELP_HOUR_HIGH: &str =
-    "Highest global tokens/s reading (at least 1 tok/s) in the last hour";
-pub(crate) const HELP_HOUR_LOW: &str =
-    "Lowest global tokens/s reading (at least 1 tok/s) in the last hour";
-pub(crate) const HELP_PROXY_LATENCY: &str =
-    "Per upstream response frame: arrival at the tap to hand-off to the client connection (process-wide)";
-
-/// How many distinct model names get their own series; see the module docs.
-pub const MAX_MODELS: usize = 200;
-
-/// The model label value past [`MAX_MODELS`].
-pub const OTHER_MODEL: &str = "_other";
-
-/// The GenAI histograms, with everything both exporters need to know about
-/// them. One table, so the scrape and OTLP can't drift apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GenAiHistogram {
-    ServerTimeToFirstToken,
-    ServerTimePerOutputToken,
-    ServerRequestDuration,
-    ClientOperationDuration,
-    ClientTimeToFirstChunk,
-    ClientTokenUsage,
-}
-
-impl GenAiHistogram {
-    pub const ALL: [GenAiHistogram; 6] = [
-        GenAiHistogram::ServerTimeToFirstToken,
-        GenAiHistogram::ServerTimePerOutputToken,
-        GenAiHistogram::ServerRequestDuration,
-        GenAiHistogram::ClientOperationDuration,
-        GenAiHistogram::ClientTimeToFirstChunk,
-        GenAiHistogram::ClientTokenUsage,
-    ];
-
-    /// The conventions' instrument name (`gen_ai.server.time_to_first_token`).
-    pub fn otel_name(self) -> &'static str {
-        match self {
-            Self::ServerTimeToFirstToken => "gen_ai.server.time_to_first_token",
-            Self::ServerTimePerOutputToken => "gen_ai.server.time_per_output_token",
-            Self::ServerRequestDuration => "gen_ai.server.request.duration",
-            Self::ClientOperationDuration => "gen_ai.client.operation.duration",
-            Self::ClientTimeToFirstChunk => "gen_ai.client.operation.time_to_first_chunk",
-            Self::ClientTokenUsage => "gen_ai.client.token.usage",
-        }
+impl EncodeMetric for OptionalGauge {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.get().unwrap_or(f64::NAN))
     }
 
-    /// The conventions' unit: `s`, or `{token}` for token usage.
-    pub fn unit(self) -> &'static str {
-        match self {
-            Self::ClientTokenUsage => "{token}",
-            _ => "s",
-        }
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
     }
 
-    /// The Prometheus family name as scraped (`..._seconds`).
-    pub fn prometheus_name(self) -> String {
-        match self.prometheus_unit() {
-            Some(unit) => format!("{}_{}", self.prometheus_base(), unit.as_str()),
-            None => self.prometheus_base(),
-        }
+    fn is_empty(&self) -> bool {
+        self.get().is_none()
     }
-
-    fn prometheus_base(self) -> String {
-        self.otel_name().replace('.', "_")
-    }
-
-    fn prometheus_unit(self) -> Option<Unit> {
-        (self.unit() == "s").then_some(Unit::Seconds)
-    }
-
-    /// The help text (Prometheus `# HELP`, OTel description).
-    pub fn description(self) -> &'static str {
-        match self {
-            Self::ServerTimeToFirstToken => {
-                "Time to generate the first token, successful responses (queueing and prefill included)"
-            }
-            Self::ServerTimePerOutputToken => {
-                "Time per output token after the first, successful responses (1 / settled decode rate)"
-            }
-            Self::ServerRequestDuration => {
-                "Dispatch upstream to the end of the response, every settled metered call"
-            }
-            Self::ClientOperationDuration => {
-                "GenAI operation duration as the client saw it through the proxy, every settled metered call"
-            }
-            Self::ClientTimeToFirstChunk => {
-                "Request to the first response chunk carrying output, every call that got one"
-            }
-            Self::ClientTokenUsage => "Input and output tokens per call, when known",
-        }
-    }
-
-    /// The conventions' recommended bucket boundaries.
-    pub fn buckets(self) -> &'static [f64] {
-        match self {
-            Self::ServerTimeToFirstToken => &TTFT_BUCKETS,
-            Self::ServerTimePerOutputToken => &TPOT_BUCKETS,
-            Self::ServerRequestDuration
-            | Self::ClientOperationDuration
-            | Self::ClientTimeToFirstChunk => &DURATION_BUCKETS,
-            Self::ClientTokenUsage => &TOKEN_BUCKETS,
-        }
-    }
-
-    pub(crate) fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// Where a route forwards to: the conventions' `server.address` and
-/// `server.port`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ServerAddr {
-    pub address: Arc<str>,
-    pub port: u16,
-}
-
-/// The attributes of one GenAI observation. Absent ones are left out of
-/// both exports rather than written empty.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-pub(crate) struct Labels {
-    pub operation: &'static str,
-    pub provider: &'static str,
-    pub request_model: Option<String>,
-    pub server: Option<ServerAddr>,
-    pub route: String,
-    pub error_type: Option<&'static str>,
-    pub token_type: Option<&'static str>,
-}
-
-impl Labels {
-    /// The labels as (Prometheus name, OTel key, value) in export order.
-    pub(crate) fn pairs(&self) -> Vec<(&'static str, &'static str, LabelValue<'_>)> {
-        let mut out = vec![
-            (
-                "gen_ai_operation_name",
-                "gen_ai.operation.name",
-                LabelValue::Str(self.operation),
-            ),
-            (
-                "gen_ai_provider_name",
-                "gen_ai.provider.name",
-                LabelValue::Str(self.provider),
-            ),
-        ];
-        if let Some(model) = &self.request_model {
-            out.push((
-                "gen_ai_request_model",
-                "gen_ai.request.model",
-                LabelValue::Str(model),
-            ));
-        }
-        if let Some(server) = &self.server {
-            out.push((
-                "server_address",
-                "server.address",
-                LabelValue::Str(&server.address),
-            ));
-            out.push(("server_port", "server.port", LabelValue::Int(server.port)));
-        }
-        out.push(("route", "route", LabelValue::Str(&self.route)));
-        if let Some(e) = self.error_type {
-            out.push(("error_type", "error.type", LabelValue::Str(e)));
-        }
-        if let Some(t) = self.token_type {
-            out.push(("gen_ai_token_type", "gen_ai.token.type", LabelValue::Str(t)));
-        }
-        out
-    }
-}
-
-/// A label's value: text, or a port (an int attribute in OTel).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LabelValue<'a> {
-    Str(&'a str),
-    Int(u16),
 }
 
 impl EncodeLabelSet for Labels {
@@ -339,178 +60,25 @@ struct CallLabels {
     status: &'static str,
 }
 
-/// What one settled call records. Computed once, fed to both exports.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Observation {
-    Histogram {
-        kind: GenAiHistogram,
-        labels: Labels,
-        value: f64,
-    },
-    Calls {
-        route: String,
-        status: &'static str,
-    },
-    OutputTokens {
-        labels: Labels,
-        n: u64,
-    },
-}
-
-/// The conventions' `gen_ai.operation.name` for an API kind. Chat-style APIs
-/// (messages in, a message out) are `chat`; prompt-in, text-out APIs and
-/// anything unknown are `text_completion`.
-pub fn operation_name(api: ApiKind) -> &'static str {
-    match api {
-        ApiKind::OpenaiChat
-        | ApiKind::AnthropicMessages
-        | ApiKind::OllamaChat
-        | ApiKind::OpenaiResponses => "chat",
-        ApiKind::OpenaiCompletions
-        | ApiKind::OllamaGenerate
-        | ApiKind::LlamacppCompletion
-        | ApiKind::TgiGenerate
-        | ApiKind::Unknown => "text_completion",
-    }
-}
-
-/// What one settled call records, given its model label (already capped)
-/// and its route's upstream. Pure; see [`Metrics::record_settled`] for the
-/// rules.
-pub(crate) fn observations(
-    call: &Call,
-    model: Option<String>,
-    server: Option<ServerAddr>,
-) -> Vec<Observation> {
-    let mut out = Vec::new();
-    if call.status == CallStatus::InFlight {
-        return out;
-    }
-    let id = &call.identity;
-    out.push(Observation::Calls {
-        route: id.route.clone(),
-        status: call.status.as_str(),
-    });
-    let Some(speed) = &call.speed else {
-        return out;
-    };
-    let ok = call.status == CallStatus::Ok;
-    let base = Labels {
-        operation: operation_name(id.api),
-        provider: id.api.as_str(),
-        request_model: model,
-        server,
-        route: id.route.clone(),
-        error_type: None,
-        token_type: None,
-    };
-    let mut histogram = |kind, labels: Labels, value: f64| {
-        out.push(Observation::Histogram {
-            kind,
-            labels,
-            value,
-        })
-    };
-
-    let elapsed = speed.elapsed_ms as f64 / 1000.0;
-    let with_error = Labels {
-        error_type: (!ok).then(|| call.status.as_str()),
-        ..base.clone()
-    };
-    histogram(
-        GenAiHistogram::ServerRequestDuration,
-        with_error.clone(),
-        elapsed,
-    );
-    histogram(GenAiHistogram::ClientOperationDuration, with_error, elapsed);
-
-    if let Some(ttft_ms) = speed.time_to_first_token_ms {
-        let ttft = ttft_ms as f64 / 1000.0;
-        histogram(GenAiHistogram::ClientTimeToFirstChunk, base.clone(), ttft);
-        if ok {
-            histogram(GenAiHistogram::ServerTimeToFirstToken, base.clone(), ttft);
-        }
-    }
-    if ok {
-        if let Some(rate) = speed.output_tokens_per_second.filter(|r| *r > 0.0) {
-            histogram(
-                GenAiHistogram::ServerTimePerOutputToken,
-                base.clone(),
-                1.0 / rate,
-            );
+impl GenAiHistogram {
+    /// The Prometheus family name as scraped (`..._seconds`).
+    pub fn prometheus_name(self) -> String {
+        match self.prometheus_unit() {
+            Some(unit) => format!("{}_{}", self.prometheus_base(), unit.as_str()),
+            None => self.prometheus_base(),
         }
     }
 
-    let usage = |token_type| Labels {
-        token_type: Some(token_type),
-        ..base.clone()
-    };
-    if let Some(input) = call.input_tokens {
-        histogram(
-            GenAiHistogram::ClientTokenUsage,
-            usage("input"),
-            input as f64,
-        );
+    fn prometheus_base(self) -> String {
+        self.otel_name().replace('.', "_")
     }
-    if ok || speed.output_tokens > 0 {
-        histogram(
-            GenAiHistogram::ClientTokenUsage,
-            usage("output"),
-            speed.output_tokens as f64,
-        );
+
+    fn prometheus_unit(self) -> Option<Unit> {
+        (self.unit() == "s").then_some(Unit::Seconds)
     }
-    out.push(Observation::OutputTokens {
-        labels: base,
-        n: speed.output_tokens,
-    });
-    out
 }
 
 type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
-
-/// An f64 gauge that may have no value: absent values are left out of the
-/// scrape (and the OTLP export) instead of being shown as 0.
-#[derive(Clone, Debug)]
-pub(crate) struct OptionalGauge(Arc<AtomicU64>);
-
-impl OptionalGauge {
-    fn new() -> Self {
-        OptionalGauge(Arc::new(AtomicU64::new(f64::NAN.to_bits())))
-    }
-
-    fn set(&self, v: Option<f64>) {
-        let v = v.filter(|v| v.is_finite()).unwrap_or(f64::NAN);
-        self.0.store(v.to_bits(), Ordering::Relaxed);
-    }
-
-    /// The value, when there is one.
-    pub(crate) fn get(&self) -> Option<f64> {
-        let v = f64::from_bits(self.0.load(Ordering::Relaxed));
-        (!v.is_nan()).then_some(v)
-    }
-}
-
-impl EncodeMetric for OptionalGauge {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        encoder.encode_gauge(&self.get().unwrap_or(f64::NAN))
-    }
-
-    fn metric_type(&self) -> MetricType {
-        MetricType::Gauge
-    }
-
-    fn is_empty(&self) -> bool {
-        self.get().is_none()
-    }
-}
-
-/// The gauges, shared with the OTLP exporter's callbacks.
-#[derive(Clone, Debug)]
-pub(crate) struct Gauges {
-    pub active: Gauge,
-    pub hour_high: OptionalGauge,
-    pub hour_low: OptionalGauge,
-}
 
 /// A histogram made of atomics for the per-frame hot path: one relaxed add
 /// to the bucket, one to the sum (in nanoseconds). The count is the sum of
@@ -577,7 +145,7 @@ static PROXY_LATENCY: AtomicHistogram = AtomicHistogram::new();
 /// while OTLP exporters are attached it also records into theirs.
 pub fn record_proxy_latency(d: Duration) {
     PROXY_LATENCY.observe(d);
-    super::otlp::record_frame_latency(d);
+    frame_sinks_record(d);
 }
 
 /// Renders [`PROXY_LATENCY`] into the registry.
@@ -612,9 +180,10 @@ pub struct Metrics {
     calls: Family<CallLabels, Counter>,
     output_tokens: Family<Labels, Counter>,
     gauges: Gauges,
+    subscribers_dropped: Counter,
     upstreams: RwLock<HashMap<String, ServerAddr>>,
     models: Mutex<HashSet<String>>,
-    otel: RwLock<Option<Arc<OtelInstruments>>>,
+    otel: RwLock<Option<Arc<dyn ObservationSink>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -653,8 +222,8 @@ impl Metrics {
     /// Empty metrics with every family registered. A family shows in the
     /// text only once it has a sample (the text format has no way to list
     /// a labelled family without one), so a fresh scrape shows only
-    /// `speedtap_active_calls` (and the proxy latency once any process-wide
-    /// frame was measured).
+    /// `speedtap_active_calls` and `speedtap_subscribers_dropped_total`
+    /// (and the proxy latency once any process-wide frame was measured).
     pub fn new() -> Self {
         let histograms: Vec<HistogramFamily> = GenAiHistogram::ALL
             .iter()
@@ -702,6 +271,12 @@ impl Metrics {
             HELP_HOUR_LOW,
             gauges.hour_low.clone(),
         );
+        let subscribers_dropped = Counter::default();
+        registry.register(
+            "speedtap_subscribers_dropped",
+            HELP_DROPPED_SUBSCRIBERS,
+            subscribers_dropped.clone(),
+        );
         registry.register_with_unit(
             "speedtap_proxy_added_latency",
             HELP_PROXY_LATENCY,
@@ -715,6 +290,7 @@ impl Metrics {
             calls,
             output_tokens,
             gauges,
+            subscribers_dropped,
             upstreams: RwLock::new(HashMap::new()),
             models: Mutex::new(HashSet::new()),
             otel: RwLock::new(None),
@@ -804,6 +380,12 @@ impl Metrics {
         self.gauges.active.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// Count event subscribers the engine dropped for falling behind
+    /// (`speedtap_subscribers_dropped_total`).
+    pub fn add_dropped_subscribers(&self, n: u64) {
+        self.subscribers_dropped.inc_by(n);
+    }
+
     /// Take the hourly high and low from a published reading. A reading
     /// without them (no traffic in the last hour) removes the gauges from
     /// the scrape rather than showing 0, which would read as "0 tok/s".
@@ -820,28 +402,25 @@ impl Metrics {
         let _ = prometheus_text::encode(&mut out, &self.registry);
         out
     }
+}
 
-    /// The gauges, for the OTLP exporter's callbacks.
-    pub(crate) fn gauges(&self) -> Gauges {
+impl MetricsSource for Metrics {
+    fn gauges(&self) -> Gauges {
         self.gauges.clone()
     }
 
-    /// Attach OTLP instruments: every later settled call is recorded into
-    /// them too. Fails if some are attached already.
-    pub(crate) fn attach_otel(&self, instruments: Arc<OtelInstruments>) -> Result<(), String> {
+    fn attach_sink(&self, sink: Arc<dyn ObservationSink>) -> Result<(), String> {
         let mut slot = write(&self.otel);
         if slot.is_some() {
             return Err("an OTLP exporter is already attached to these metrics".into());
         }
-        *slot = Some(instruments);
+        *slot = Some(sink);
         Ok(())
     }
 
-    /// Detach these OTLP instruments (their exporter is shutting down);
-    /// others that were attached since are left alone.
-    pub(crate) fn detach_otel(&self, instruments: &Arc<OtelInstruments>) {
+    fn detach_sink(&self, sink: &Arc<dyn ObservationSink>) {
         let mut slot = write(&self.otel);
-        if slot.as_ref().is_some_and(|a| Arc::ptr_eq(a, instruments)) {
+        if slot.as_ref().is_some_and(|a| Arc::ptr_eq(a, sink)) {
             *slot = None;
         }
     }
@@ -853,8 +432,8 @@ pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::model::CallIdentity;
-    use crate::meter::{Phase, Snapshot, TokenSource};
+    use crate::engine::metrics::schema::operation_name;
+    use crate::model::{ApiKind, CallIdentity, Phase, Snapshot, TokenSource};
 
     fn call(status: CallStatus, api: ApiKind, speed: Option<Snapshot>) -> Call {
         Call {
@@ -907,13 +486,38 @@ mod tests {
     }
 
     #[test]
-    fn empty_metrics_show_only_the_active_gauge() {
+    fn dropped_subscribers_are_a_counter() {
+        let m = Metrics::new();
+        assert!(m
+            .render()
+            .contains("speedtap_subscribers_dropped_total 0\n"));
+        m.add_dropped_subscribers(2);
+        m.add_dropped_subscribers(1);
+        let text = m.render();
+        assert!(
+            text.contains("# TYPE speedtap_subscribers_dropped_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("speedtap_subscribers_dropped_total 3\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn empty_metrics_show_only_the_active_gauge_and_the_drop_counter() {
         // Families without a label set yet are left out of the text format;
-        // the unlabelled gauge always has its one sample, the optional ones
-        // none until a reading has them. (The proxy latency histogram is
-        // process-wide: other tests may have fed it.)
+        // the unlabelled gauge and counter always have their one sample, the
+        // optional gauges none until a reading has them. (The proxy latency
+        // histogram is process-wide: other tests may have fed it.)
         let text = Metrics::new().render();
-        assert_eq!(types(&text), ["speedtap_active_calls gauge"]);
+        assert_eq!(
+            types(&text),
+            [
+                "speedtap_active_calls gauge",
+                "speedtap_subscribers_dropped_total counter"
+            ]
+        );
     }
 
     #[test]

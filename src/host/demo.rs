@@ -92,7 +92,7 @@ pub async fn run_traffic(proxy: String) {
 mod tests {
     use super::*;
     use crate::decode::detect::detect_request;
-    use crate::decode::ApiKind;
+    use crate::model::ApiKind;
 
     #[test]
     fn the_schedule_covers_every_protocol_and_a_slow_first_token() {

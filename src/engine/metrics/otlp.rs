@@ -4,10 +4,10 @@
 //!
 //! [`start_otlp_exporter`] builds an OpenTelemetry SDK meter provider with a
 //! periodic reader (its own thread) and the OTLP/HTTP exporter, creates the
-//! instruments and attaches them to the engine's [`Metrics`]: from then on
+//! instruments and attaches them to the engine's [`Metrics`](super::Metrics): from then on
 //! every settled call is recorded into both the Prometheus registry and the
 //! OTel instruments, from the one list of observations
-//! [`Metrics::record_settled`] computes, so the two exports can't disagree
+//! [`Metrics::record_settled`](super::Metrics::record_settled) computes, so the two exports can't disagree
 //! on names, units, buckets or attributes. The instruments use the
 //! conventions' dotted names (`gen_ai.server.time_to_first_token`, unit `s`,
 //! the recommended bucket boundaries) and attributes (`gen_ai.operation.name`,
@@ -32,8 +32,7 @@
 //! - Only `http://` endpoints: speedtap is built without a TLS stack. Send
 //!   to a collector on the host or the private network; let it do TLS.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider, ObservableGauge};
@@ -42,9 +41,10 @@ use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::Resource;
 
-use super::metrics::{
-    GenAiHistogram, LabelValue, Labels, Metrics, Observation, HELP_ACTIVE_CALLS, HELP_CALLS,
-    HELP_HOUR_HIGH, HELP_HOUR_LOW, HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, PROXY_LATENCY_BUCKETS,
+use super::schema::{
+    install_frame_sink, remove_frame_sink, GenAiHistogram, LabelValue, Labels, MetricsSource,
+    Observation, ObservationSink, HELP_ACTIVE_CALLS, HELP_CALLS, HELP_HOUR_HIGH, HELP_HOUR_LOW,
+    HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, PROXY_LATENCY_BUCKETS,
 };
 
 /// How long one export may take before it is abandoned.
@@ -54,7 +54,7 @@ pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// without that still shuts the SDK down (which also flushes).
 pub struct OtlpExporter {
     provider: Option<SdkMeterProvider>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn MetricsSource>,
     instruments: Arc<OtelInstruments>,
     frame_sink_id: u64,
     url: String,
@@ -109,11 +109,12 @@ pub fn metrics_url(endpoint: &str) -> Result<String, String> {
 /// an exporter is already attached to `metrics`. Nothing is sent until the
 /// first interval (or [`OtlpExporter::shutdown`]); an unreachable collector
 /// is logged by the SDK and retried at the next interval, never fatal.
-pub fn start_otlp_exporter(
+pub fn start_otlp_exporter<M: MetricsSource + 'static>(
     endpoint: &str,
     interval: Duration,
-    metrics: Arc<Metrics>,
+    metrics: Arc<M>,
 ) -> Result<OtlpExporter, String> {
+    let metrics: Arc<dyn MetricsSource> = metrics;
     let url = metrics_url(endpoint)?;
     if interval.is_zero() {
         return Err("OTLP export interval must be above zero".into());
@@ -133,12 +134,15 @@ pub fn start_otlp_exporter(
         .with_resource(resource())
         .build();
     let meter = provider.meter("speedtap");
-    let instruments = Arc::new(OtelInstruments::new(&meter, &metrics));
-    if let Err(e) = metrics.attach_otel(instruments.clone()) {
+    let instruments = Arc::new(OtelInstruments::new(&meter, metrics.as_ref()));
+    if let Err(e) = metrics.attach_sink(instruments.clone()) {
         let _ = provider.shutdown();
         return Err(e);
     }
-    let frame_sink_id = install_frame_sink(instruments.proxy_latency.clone());
+    let latency = instruments.proxy_latency.clone();
+    let frame_sink_id = install_frame_sink(Arc::new(move |d: Duration| {
+        latency.record(d.as_secs_f64(), &[]);
+    }));
     Ok(OtlpExporter {
         provider: Some(provider),
         metrics,
@@ -168,7 +172,8 @@ impl OtlpExporter {
     }
 
     fn detach(&self) {
-        self.metrics.detach_otel(&self.instruments);
+        let sink: Arc<dyn ObservationSink> = self.instruments.clone();
+        self.metrics.detach_sink(&sink);
         remove_frame_sink(self.frame_sink_id);
     }
 }
@@ -224,7 +229,7 @@ fn host_name() -> Option<String> {
         .find(|s| !s.is_empty())
 }
 
-/// The OTel instruments, fed by [`Metrics::record_settled`].
+/// The OTel instruments, fed by [`Metrics::record_settled`](super::Metrics::record_settled).
 pub(crate) struct OtelInstruments {
     histograms: Vec<Histogram<f64>>,
     calls: Counter<u64>,
@@ -238,7 +243,7 @@ pub(crate) struct OtelInstruments {
 }
 
 impl OtelInstruments {
-    fn new(meter: &Meter, metrics: &Metrics) -> Self {
+    fn new(meter: &Meter, metrics: &dyn MetricsSource) -> Self {
         let histograms = GenAiHistogram::ALL
             .iter()
             .map(|kind| {
@@ -302,9 +307,10 @@ impl OtelInstruments {
             ),
         }
     }
+}
 
-    /// Records one settled call's observations.
-    pub(crate) fn record(&self, observations: &[Observation]) {
+impl ObservationSink for OtelInstruments {
+    fn record(&self, observations: &[Observation]) {
         for o in observations {
             match o {
                 Observation::Histogram {
@@ -338,41 +344,6 @@ fn attributes(labels: &Labels) -> Vec<KeyValue> {
             LabelValue::Int(p) => KeyValue::new(key, i64::from(p)),
         })
         .collect()
-}
-
-/// Where per-frame proxy latencies go while exporters are attached: every
-/// attached exporter's instrument. The taps are process-wide (see
-/// [`super::metrics::record_proxy_latency`]), so is this. The flag keeps the
-/// hot path at one relaxed load when no exporter runs; the lock is only
-/// taken when one does.
-static FRAME_SINK_ON: AtomicBool = AtomicBool::new(false);
-static FRAME_SINKS: RwLock<Vec<(u64, Histogram<f64>)>> = RwLock::new(Vec::new());
-static FRAME_SINK_IDS: AtomicU64 = AtomicU64::new(1);
-
-fn install_frame_sink(h: Histogram<f64>) -> u64 {
-    let id = FRAME_SINK_IDS.fetch_add(1, Ordering::Relaxed);
-    let mut sinks = FRAME_SINKS.write().unwrap_or_else(|p| p.into_inner());
-    sinks.push((id, h));
-    FRAME_SINK_ON.store(true, Ordering::Release);
-    id
-}
-
-fn remove_frame_sink(id: u64) {
-    let mut sinks = FRAME_SINKS.write().unwrap_or_else(|p| p.into_inner());
-    sinks.retain(|(current, _)| *current != id);
-    FRAME_SINK_ON.store(!sinks.is_empty(), Ordering::Release);
-}
-
-/// Records one frame's proxy latency into the attached exporters, if any.
-pub(crate) fn record_frame_latency(d: Duration) {
-    if !FRAME_SINK_ON.load(Ordering::Relaxed) {
-        return;
-    }
-    if let Ok(sinks) = FRAME_SINKS.read() {
-        for (_, h) in sinks.iter() {
-            h.record(d.as_secs_f64(), &[]);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -411,8 +382,12 @@ mod tests {
 
     #[test]
     fn a_zero_interval_is_refused() {
-        let err = start_otlp_exporter("http://127.0.0.1:4318", Duration::ZERO, Arc::default())
-            .unwrap_err();
+        let err = start_otlp_exporter(
+            "http://127.0.0.1:4318",
+            Duration::ZERO,
+            Arc::new(crate::engine::metrics::Metrics::new()),
+        )
+        .unwrap_err();
         assert!(err.contains("interval"), "{err}");
     }
 
@@ -422,7 +397,7 @@ mod tests {
             operation: "chat",
             provider: "openai_chat",
             request_model: Some("m".into()),
-            server: Some(super::super::metrics::ServerAddr {
+            server: Some(super::super::schema::ServerAddr {
                 address: Arc::from("127.0.0.1"),
                 port: 11434,
             }),

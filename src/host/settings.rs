@@ -1,0 +1,180 @@
+//! From flags and the config file to a running engine's options, the same
+//! way for `speedtap run` and the tray app: settings resolution, discovery
+//! when no routes are configured, the store (and its fallback to memory),
+//! the OTLP exporter.
+
+use std::time::Duration;
+
+use super::args::RunArgs;
+use super::EngineOptions;
+use crate::config::{self, CliOverrides, ConfigError, Settings};
+use crate::store::Store;
+
+/// In-flight calls get this long to finish on SIGINT/SIGTERM (contract).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How the process ends, mapped to the contract's exit codes.
+#[derive(Debug)]
+pub enum RunError {
+    /// Bad usage or config: exit code 2.
+    Usage(String),
+    /// A runtime failure such as a taken port: exit code 1.
+    Runtime(String),
+}
+
+impl RunError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Usage(_) => 2,
+            RunError::Runtime(_) => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Usage(m) | RunError::Runtime(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<ConfigError> for RunError {
+    fn from(e: ConfigError) -> Self {
+        RunError::Usage(e.to_string())
+    }
+}
+
+/// Reads the config file (the one named, else the platform default if it
+/// exists) and merges the flags over it.
+pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
+    let file = match &args.config {
+        Some(path) => Some(config::load_config(path)?),
+        None => {
+            let default = config::default_config_path();
+            if default.exists() {
+                Some(config::load_config(&default)?)
+            } else {
+                None
+            }
+        }
+    };
+    let mut routes = Vec::new();
+    for spec in &args.routes {
+        routes.push(
+            config::parse_route_flag(spec).map_err(|e| RunError::Usage(format!("--route {e}")))?,
+        );
+    }
+    let flags = CliOverrides {
+        routes,
+        api: args.api,
+        db: args.db.clone(),
+        no_db: args.no_db,
+        slow_ttft_ms: args.slow_ttft_ms,
+        json: args.json,
+        allow_remote: args.allow_remote,
+        idle_timeout: args.idle_timeout,
+        retention_days: args.retention_days,
+        max_db_mb: args.max_db_mb,
+        otlp_endpoint: args.otlp_endpoint.clone(),
+        proxy: config::ProxySettings {
+            head_timeout: args.head_timeout,
+            max_head_kib: args.max_head_kib,
+            max_connections: args.max_connections,
+        },
+    };
+    Ok(config::resolve(file, flags)?)
+}
+
+/// Fills in routes from auto-discovery when none were configured, as
+/// `speedtap run` does: finding none is an error.
+pub async fn discover_routes(settings: &mut Settings) -> Result<(), RunError> {
+    if !settings.routes.is_empty() {
+        return Ok(());
+    }
+    eprintln!("speedtap: no routes configured; looking for local model servers...");
+    let found = crate::discover::discover().await;
+    if found.is_empty() {
+        return Err(RunError::Usage(
+            "no local model server found on the usual ports (Ollama 11434, llama.cpp 8080, \
+             LM Studio 1234, vLLM 8000, KoboldCpp 5001, Jan 1337); start one, or pass \
+             --route NAME=LISTEN=UPSTREAM"
+                .into(),
+        ));
+    }
+    for d in found {
+        eprintln!("speedtap: {}", d.summary());
+        settings.routes.push(d.suggested_route);
+    }
+    Ok(())
+}
+
+/// Fills in routes from auto-discovery when none were configured, as the
+/// tray app does: finding none is not an error (its window lists servers as
+/// they appear and can start demo traffic). Messages start with `who`.
+pub async fn discover_routes_if_any(settings: &mut Settings, who: &str) {
+    if !settings.routes.is_empty() {
+        return;
+    }
+    eprintln!("{who}: no routes configured; looking for local model servers...");
+    for found in crate::discover::discover().await {
+        eprintln!("{who}: {}", found.summary());
+        settings.routes.push(found.suggested_route);
+    }
+    if settings.routes.is_empty() {
+        eprintln!(
+            "{who}: none found; open the window to see what to run, \
+             or start demo traffic there"
+        );
+    }
+}
+
+/// How often metrics are pushed with `--otlp-endpoint`.
+pub const OTLP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The engine options `speedtap run` and the tray app derive from their
+/// flags and settings: routes, API, thresholds, the config file to save
+/// settings to, and the store.
+///
+/// A store that can't be opened (a read-only or full disk, a path under a
+/// file) doesn't stop the monitor: the proxy matters more than history, so
+/// speedtap warns once, names the file and runs with calls metered in
+/// memory only, as it does with `--no-db`. The same choice is made when
+/// the store fails later (see `StoreWriter`).
+pub fn engine_options(args: &RunArgs, settings: &Settings) -> Result<EngineOptions, RunError> {
+    let mut options = EngineOptions::from_settings(settings);
+    options.config_path = Some(
+        args.config
+            .clone()
+            .unwrap_or_else(config::default_config_path),
+    );
+    if let Some(endpoint) = &settings.otlp_endpoint {
+        // Checked here so a bad endpoint is a usage error before anything
+        // starts, whether it came from the file or the flag; the exporter
+        // itself starts with the engine, for every front end.
+        crate::engine::metrics::otlp::metrics_url(endpoint)
+            .map_err(|e| RunError::Usage(format!("otlp_endpoint: {e}")))?;
+        options.otlp_endpoint = Some(endpoint.clone());
+        options.otlp_interval = OTLP_INTERVAL;
+    }
+    if let Some(path) = settings.db.path() {
+        match Store::open(&path) {
+            Ok(store) => options.store = Some(store),
+            Err(e) => {
+                let warning = store_unavailable_warning(&path, &e);
+                tracing::warn!("{warning}");
+                eprintln!("speedtap: warning: {warning}");
+            }
+        }
+    }
+    Ok(options)
+}
+
+/// The one warning shown when the store can't be opened at start.
+fn store_unavailable_warning(path: &std::path::Path, error: &dyn std::fmt::Display) -> String {
+    format!(
+        "history is off: cannot open the store {}: {error}; calls are still proxied and \
+         metered in memory (fix the path or permissions, or pass --no-db to silence this)",
+        path.display()
+    )
+}

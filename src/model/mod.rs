@@ -1,0 +1,35 @@
+//! The contract types: what the engine publishes and what every front end
+//! (the control API, the terminal view, the tray app) and the store speak.
+//!
+//! Calls, their identity, status and details, the TTFT breakdown, the
+//! snapshot every measurement takes, the global stats, the history filters
+//! and their validation, the control documents the UI exchanges, routes,
+//! and the engine-handle trait front ends talk to. This module sits below
+//! everything that uses it and imports nothing of the crate's: its field
+//! names and spellings are the external contract (`docs/api.md`): extend,
+//! don't rename.
+
+pub mod api_kind;
+pub mod call;
+pub mod control;
+pub mod engine;
+pub mod history;
+pub mod route;
+pub mod snapshot;
+pub mod stats;
+pub mod time;
+
+pub use api_kind::ApiKind;
+pub use call::{
+    json_line, Call, CallDetails, CallIdentity, CallStatus, EngineEvent, SlowFirstToken,
+    SpeedEvent, TtftBreakdown,
+};
+pub use control::{
+    BoundRoute, DemoDoc, DiscoveredDoc, HistoryDoc, HistoryPoint, RouteDoc, RouteInfo, RoutesDoc,
+    SaveOutcome, ServerDoc, SettingsDoc,
+};
+pub use engine::{CallsQuery, EngineQueries, QueryError};
+pub use history::{time_bound, ExportFormat, HistoryFilter, ModelSummary, MAX_LIMIT};
+pub use route::{RouteSpec, Upstream};
+pub use snapshot::{Phase, Snapshot, TokenSource};
+pub use stats::Stats;
