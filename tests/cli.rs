@@ -515,7 +515,12 @@ fn check_stats(text: &str) {
         serde_json::from_str(text).unwrap_or_else(|e| panic!("stats: not JSON ({e}): {text}"));
     check_keys(
         &v,
-        &["tps_available", "estimated", "active", "dropped_subscribers"],
+        &[
+            "tps_available",
+            "estimated",
+            "active",
+            "dropped_subscribers",
+        ],
         &["tps", "high", "low", "aggregate_tps"],
         "stats",
     );
