@@ -518,19 +518,13 @@ fn at_least_one(v: Option<Spanned<u64>>, key: &str) -> Result<Option<u64>, (usiz
     }
 }
 
-/// An OTLP/HTTP collector's base URL: `http://` or `https://` and a host.
-/// The file and `--otlp-endpoint` share the check, so a typo is refused
-/// before anything starts, naming the line or the flag.
+/// An OTLP/HTTP collector's base URL, checked by the exporter's own rule
+/// ([`crate::model::endpoint::otlp_metrics_url`]), so the file and
+/// `--otlp-endpoint` refuse a bad endpoint before anything starts, naming
+/// the line or the flag. Returns the endpoint as written (trimmed).
 pub fn check_otlp_endpoint(text: &str) -> Result<String, String> {
-    let url = text.trim();
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))
-        .ok_or_else(|| format!("{url:?} must start with http:// or https://"))?;
-    if rest.is_empty() || rest.starts_with('/') {
-        return Err(format!("{url:?} has no host"));
-    }
-    Ok(url.to_string())
+    crate::model::endpoint::otlp_metrics_url(text)?;
+    Ok(text.trim().to_string())
 }
 
 /// Puts the key (or table header) of the offending line in front of a TOML

@@ -224,7 +224,7 @@ fn store_otlp_and_proxy_limits_resolve_defaults_then_file_then_flags() {
     // the file's value.
     let flags = CliOverrides {
         retention_days: Some(3),
-        otlp_endpoint: Some("https://collector.example:4318".into()),
+        otlp_endpoint: Some("http://collector.example:4318".into()),
         proxy: ProxySettings {
             max_connections: Some(9),
             ..Default::default()
@@ -235,7 +235,7 @@ fn store_otlp_and_proxy_limits_resolve_defaults_then_file_then_flags() {
     assert_eq!((s.retention_days, s.max_db_mb), (3, 64));
     assert_eq!(
         s.otlp_endpoint.as_deref(),
-        Some("https://collector.example:4318")
+        Some("http://collector.example:4318")
     );
     assert_eq!(s.proxy.max_connections, Some(9));
     assert_eq!(s.proxy.max_head_kib, Some(32));
@@ -291,7 +291,7 @@ fn bad_store_otlp_and_limit_flags_name_the_flag() {
                 ..Default::default()
             },
             "--otlp-endpoint",
-            "must start with http://",
+            "is not an http:// URL",
         ),
     ] {
         let e = resolve(None, flags).unwrap_err();

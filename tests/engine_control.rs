@@ -169,3 +169,77 @@ async fn a_config_file_that_cannot_be_written_is_a_500() {
     assert_eq!(err.http_status(), 400, "{err}");
     engine.shutdown(Duration::from_secs(1)).await;
 }
+
+/// Every option the config file sets reaches the engine through the one
+/// settings path both front ends use (`host::settings`): the store's
+/// retention and size cap, the OTLP endpoint and the proxy's limits.
+#[test]
+fn each_option_in_the_config_file_reaches_the_engine_options() {
+    use clap::Parser;
+    use speedtap::host::args::RunArgs;
+    use speedtap::host::settings::{engine_options, resolve_settings};
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    let path = temp_config("every-option");
+    std::fs::write(
+        &path,
+        "db = false\nidle_timeout = \"3m\"\nretention_days = 7\nmax_db_mb = 64\n\
+         otlp_endpoint = \"http://127.0.0.1:4318\"\nhead_timeout = \"15s\"\n\
+         max_head_kib = 32\nmax_connections = 100\nslow_ttft_ms = 1234\n\
+         notifications = false\nnotify_settled = true\n",
+    )
+    .unwrap();
+    let config = path.to_str().unwrap();
+    let flags = Flags::parse_from([
+        "speedtap",
+        "--config",
+        config,
+        "--route",
+        "t=127.0.0.1:0=http://127.0.0.1:9",
+    ]);
+    let settings = resolve_settings(&flags.run).expect("settings");
+    let options = engine_options(&flags.run, &settings).expect("options");
+    assert!(options.store.is_none(), "db = false");
+    assert_eq!(options.retention, Duration::from_secs(7 * 24 * 3600));
+    assert_eq!(options.max_db_bytes, 64 * 1024 * 1024);
+    assert_eq!(
+        options.otlp_endpoint.as_deref(),
+        Some("http://127.0.0.1:4318")
+    );
+    assert_eq!(
+        options.proxy_limits.idle_timeout,
+        Some(Duration::from_secs(180))
+    );
+    assert_eq!(
+        options.proxy_limits.header_read_timeout,
+        Duration::from_secs(15)
+    );
+    assert_eq!(options.proxy_limits.max_buf_size, 32 * 1024);
+    assert_eq!(options.proxy_limits.max_connections, 100);
+    assert_eq!(options.slow_ttft, Duration::from_millis(1234));
+    assert!(!options.notifications && options.notify_settled);
+    assert_eq!(options.config_path.as_deref(), Some(path.as_path()));
+
+    // A flag beats the file, field by field.
+    let flags = Flags::parse_from([
+        "speedtap",
+        "--config",
+        config,
+        "--route",
+        "t=127.0.0.1:0=http://127.0.0.1:9",
+        "--max-connections",
+        "9",
+        "--retention-days",
+        "2",
+    ]);
+    let settings = resolve_settings(&flags.run).expect("settings");
+    let options = engine_options(&flags.run, &settings).expect("options");
+    assert_eq!(options.proxy_limits.max_connections, 9);
+    assert_eq!(options.retention, Duration::from_secs(2 * 24 * 3600));
+    assert_eq!(options.proxy_limits.max_buf_size, 32 * 1024);
+}

@@ -698,15 +698,15 @@ fn the_grafana_dashboard_queries_only_what_speedtap_exports() {
 }
 
 /// The host starts the exporter from the engine options, so every front
-/// end that builds its options with `host::settings::engine_options` (the
-/// `speedtap run` command and the tray app alike) exports with
-/// `--otlp-endpoint`; shutting the engine down delivers a last export.
+/// end that resolves its settings with `host::settings` (the `speedtap run`
+/// command and the tray app alike) exports, whether the endpoint came from
+/// `--otlp-endpoint` or from the config file's `otlp_endpoint`; shutting
+/// the engine down delivers a last export.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_host_starts_the_otlp_exporter_from_the_run_flags() {
+async fn the_host_starts_the_otlp_exporter_from_the_flag_or_the_config_file() {
     use clap::Parser;
-    use speedtap::config::{resolve, CliOverrides};
     use speedtap::host::args::RunArgs;
-    use speedtap::host::settings::engine_options;
+    use speedtap::host::settings::{engine_options, resolve_settings};
     use speedtap::host::Engine;
 
     #[derive(Parser)]
@@ -715,46 +715,71 @@ async fn the_host_starts_the_otlp_exporter_from_the_run_flags() {
         run: RunArgs,
     }
 
+    let dir = std::env::temp_dir().join(format!("speedtap-otlp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let (addr, mut rx) = start_receiver().await;
-    let flags = Flags::parse_from([
+    let endpoint = format!("http://{addr}");
+    let empty = dir.join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let with_endpoint = dir.join("otlp.toml");
+    std::fs::write(&with_endpoint, format!("otlp_endpoint = \"{endpoint}\"\n")).unwrap();
+    let empty = empty.to_str().unwrap().to_owned();
+    let with_endpoint = with_endpoint.to_str().unwrap().to_owned();
+    let from_flag: Vec<&str> = vec![
         "speedtap-desktop",
+        "--config",
+        &empty,
         "--no-db",
         "--api",
         "127.0.0.1:0",
         "--otlp-endpoint",
-        &format!("http://{addr}"),
-    ]);
-    let settings = resolve(
-        None,
-        CliOverrides {
-            no_db: true,
-            api: flags.run.api,
-            ..CliOverrides::default()
-        },
-    )
-    .expect("settings");
-    let options = engine_options(&flags.run, &settings).expect("options");
-    assert_eq!(
-        options.otlp_endpoint.as_deref(),
-        Some(format!("http://{addr}").as_str())
-    );
-    let engine = Engine::start(options).await.expect("engine starts");
-    assert_eq!(
-        engine.otlp_url(),
-        Some(format!("http://{addr}/v1/metrics").as_str())
-    );
-    engine.shutdown(Duration::from_secs(1)).await;
-    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .expect("the collector got a request in time")
-        .expect("receiver running");
-    assert_eq!(first.path, "/v1/metrics");
+        &endpoint,
+    ];
+    let from_file: Vec<&str> = vec![
+        "speedtap-desktop",
+        "--config",
+        &with_endpoint,
+        "--no-db",
+        "--api",
+        "127.0.0.1:0",
+    ];
+    for argv in [from_flag, from_file] {
+        let flags = Flags::parse_from(argv.clone());
+        let settings = resolve_settings(&flags.run).expect("settings");
+        let options = engine_options(&flags.run, &settings).expect("options");
+        assert_eq!(
+            options.otlp_endpoint.as_deref(),
+            Some(endpoint.as_str()),
+            "{argv:?}"
+        );
+        let engine = Engine::start(options).await.expect("engine starts");
+        assert_eq!(
+            engine.otlp_url(),
+            Some(format!("{endpoint}/v1/metrics").as_str())
+        );
+        engine.shutdown(Duration::from_secs(1)).await;
+        let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the collector got a request in time")
+            .expect("receiver running");
+        assert_eq!(first.path, "/v1/metrics");
+        while rx.try_recv().is_ok() {}
+    }
 
-    // A bad endpoint is a usage error before anything starts.
-    let flags = Flags::parse_from(["speedtap", "--no-db", "--otlp-endpoint", "https://c:4318"]);
-    let Err(err) = engine_options(&flags.run, &settings) else {
+    // A bad endpoint is a usage error before anything starts, naming the
+    // flag.
+    let flags = Flags::parse_from([
+        "speedtap",
+        "--config",
+        &empty,
+        "--no-db",
+        "--otlp-endpoint",
+        "https://c:4318",
+    ]);
+    let Err(err) = resolve_settings(&flags.run) else {
         panic!("an https endpoint is refused");
     };
     assert_eq!(err.exit_code(), 2, "{err}");
     assert!(err.to_string().starts_with("--otlp-endpoint: "), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -592,7 +592,13 @@ fn peak_rss_kib(pid: u32) -> u64 {
 #[test]
 fn a_30_mb_request_keeps_its_model_and_the_proxy_memory_stays_flat() {
     let dir = scratch("long_request");
-    let (_sim, sim) = start_simulate(&dir, &["--tps", "40", "--tokens", "24"]);
+    // A context far above the 30 MB prompt: this test is about the proxy,
+    // not the simulator's context check (which would refuse it, as a real
+    // server would).
+    let (_sim, sim) = start_simulate(
+        &dir,
+        &["--tps", "40", "--tokens", "24", "--n-ctx", "100000000"],
+    );
     let run = start_run(&dir, &dir.join("db.sqlite3"), sim, &[]);
     // A first call settles whatever the proxy allocates once (tokenizer,
     // pools), so the peak measured next is the steady state's.

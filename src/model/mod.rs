@@ -12,6 +12,7 @@
 pub mod api_kind;
 pub mod call;
 pub mod control;
+pub mod endpoint;
 pub mod engine;
 pub mod history;
 pub mod route;
