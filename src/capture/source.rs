@@ -361,13 +361,13 @@ impl CaptureSource {
 
     /// The counters so far.
     pub fn stats(&self) -> SourceStats {
-        self.shared.lock().unwrap().stats
+        lock(&self.shared).stats
     }
 
     /// Why the source stopped delivering, if it did (the helper died, its
     /// stream broke or the sink closed).
     pub fn ended(&self) -> Option<String> {
-        self.shared.lock().unwrap().ended.clone()
+        lock(&self.shared).ended.clone()
     }
 
     /// Kills the helper and waits for the reader; returns the final counters.
@@ -458,7 +458,7 @@ impl Reader {
             let _ = opened.send(Err(ended.clone()));
         }
         // Dropping stdout closes the pipe: the helper exits on its own.
-        self.shared.lock().unwrap().ended = Some(ended);
+        lock(&self.shared).ended = Some(ended);
     }
 
     fn read_now(&mut self) {
@@ -489,7 +489,7 @@ impl Reader {
                 _ => {}
             }
         }
-        let mut shared = self.shared.lock().unwrap();
+        let mut shared = lock(&self.shared);
         shared.stats.delivered += delivered;
         shared.stats.sink_dropped += dropped;
         if let Some(k) = kernel {
@@ -586,6 +586,15 @@ pub fn to_monotonic_ns(
         first.get_or_insert(m);
     }
     first.map_or(hi, |m| m.clamp(lo, hi))
+}
+
+/// The shared counters, even after a thread panicked holding the lock:
+/// they are plain numbers, always valid, and losing them would hide the
+/// very failure they describe.
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
