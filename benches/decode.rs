@@ -13,6 +13,11 @@
 //! Token estimation is not in here (the meter buffers text and counts it
 //! per snapshot; `benches/estimator.rs` and `benches/meter.rs` cover it).
 //!
+//! A second group, `request_scanner`, measures the request side: the
+//! streaming scanner that reads a request body's top-level `model` and
+//! `stream` as it passes (a 1 MiB chat body whose messages come first, the
+//! `openai` SDK's order, in 64 KiB reads).
+//!
 //! With `--bench`, a Markdown table (MB/s and ns per read from a plain
 //! timed loop, easy to quote) follows criterion's output. Under
 //! `cargo test --benches` criterion runs each benchmark once and the table
@@ -26,6 +31,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
+use speedtap::decode::request_fields::RequestScanner;
 use speedtap::decode::{StreamDecoder, StreamEvent};
 
 use bodies::Body;
@@ -43,6 +49,33 @@ fn decode(body: &Body, events: &mut Vec<StreamEvent>) -> usize {
     }
     decoder.finish(events);
     events.len()
+}
+
+/// A chat request of about `size` bytes whose messages come before
+/// `model` and `stream`, with escapes and nested objects in the text the
+/// scanner must skip.
+fn long_request(size: usize) -> Vec<u8> {
+    let mut body = br#"{"messages":["#.to_vec();
+    let turn = br#"{"role":"user","content":"a "quoted" {not: an object} line
+of text "},"#;
+    while body.len() + turn.len() < size {
+        body.extend_from_slice(turn);
+    }
+    body.extend_from_slice(
+        br#"{"role":"user","content":"last"}],"model":"qwen3:8b","stream":true}"#,
+    );
+    body
+}
+
+/// Scans `body` in reads of `read` bytes; returns whether both fields were
+/// found.
+fn scan(body: &[u8], read: usize) -> bool {
+    let mut scanner = RequestScanner::default();
+    for piece in body.chunks(read) {
+        scanner.feed(piece);
+    }
+    let f = scanner.fields();
+    f.model.is_some() && f.stream.is_some()
 }
 
 /// A body that does not decode to output and a terminal marker would make
@@ -97,6 +130,19 @@ fn main() {
         }
         group.finish();
     }
+    let request = long_request(1 << 20);
+    assert!(
+        scan(&request, 64 * 1024),
+        "the scanner finds model and stream"
+    );
+    {
+        let mut group = criterion.benchmark_group("request_scanner");
+        group.throughput(Throughput::Bytes(request.len() as u64));
+        group.bench_function("chat_1mib_messages_first", |b| {
+            b.iter(|| scan(black_box(&request), 64 * 1024))
+        });
+        group.finish();
+    }
     criterion.final_summary();
 
     if !benchmarking {
@@ -105,6 +151,13 @@ fn main() {
     println!();
     println!("| API | body | bytes | reads | MB/s | ns per read |");
     println!("|---|---|---:|---:|---:|---:|");
+    let start = Instant::now();
+    let mut runs = 0u64;
+    while start.elapsed() < TIMED_LOOP {
+        black_box(scan(black_box(&request), 64 * 1024));
+        runs += 1;
+    }
+    let request_mb_s = request.len() as f64 * runs as f64 / start.elapsed().as_secs_f64() / 1e6;
     for body in &corpus {
         let start = Instant::now();
         let mut runs = 0u64;
@@ -125,4 +178,8 @@ fn main() {
             ns_read
         );
     }
+    println!();
+    println!(
+        "request scanner (model and stream after 1 MiB of messages, 64 KiB reads): {request_mb_s:.0} MB/s"
+    );
 }
