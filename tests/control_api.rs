@@ -214,6 +214,7 @@ fn stored_calls() -> Vec<Call> {
         one_burst: false,
         unstreamed_reasoning: true,
         settled_at: Some("2026-11-30T10:42:12.243Z".into()),
+        ..CallDetails::default()
     };
     let mut second = settled_call();
     second.identity = CallIdentity {
@@ -421,6 +422,7 @@ async fn calls_list_has_the_contract_shape_and_passes_filters_through() {
             "input_tokens",
             "model",
             "route",
+            "seen_by",
             "speed",
             "started_at",
             "status"
@@ -843,6 +845,7 @@ async fn history_returns_stored_calls_newest_first_with_their_details() {
             "input_tokens",
             "model",
             "route",
+            "seen_by",
             "settled_at",
             "speed",
             "started_at",

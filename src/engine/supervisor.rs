@@ -273,6 +273,14 @@ impl Handler<CallClosed> for Supervisor {
     }
 }
 
+impl Handler<CallDiscarded> for Supervisor {
+    type Result = ();
+    fn handle(&mut self, msg: CallDiscarded, _: &mut Self::Context) {
+        self.active.remove(&msg.seq);
+        self.global.remove(msg.seq);
+    }
+}
+
 impl Handler<PassedThrough> for Supervisor {
     type Result = ();
     fn handle(&mut self, msg: PassedThrough, _: &mut Self::Context) {

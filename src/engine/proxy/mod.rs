@@ -55,7 +55,7 @@ use crate::meter::calibration::CalibrationTable;
 use crate::metering::StreamEnd;
 use crate::model::ApiKind;
 use crate::model::Upstream;
-use crate::model::{Call, CallDetails, CallIdentity, CallStatus};
+use crate::model::{Call, CallDetails, CallIdentity, CallStatus, SeenBy};
 use crate::tokens::TokenEstimator;
 use idle::IdleTimeout;
 use limits::ProxyLimits;
@@ -179,6 +179,7 @@ impl RouteProxy {
                 supervisor: self.link.supervisor.clone(),
                 notifier: self.link.notifier.clone(),
                 client: client.clone(),
+                seen_by: SeenBy::Proxy,
             };
             CallActor::start_in_arbiter(self.link.arbiter(), move |_| CallActor::new(setup))
         });
