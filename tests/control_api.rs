@@ -259,6 +259,7 @@ fn stats() -> Stats {
         active: 1,
         aggregate_tps: Some(47.3),
         dropped_subscribers: 2,
+        capture_dropped_packets: 0,
     }
 }
 
@@ -510,6 +511,7 @@ async fn stats_have_the_contract_shape() {
         [
             "active",
             "aggregate_tps",
+            "capture_dropped_packets",
             "dropped_subscribers",
             "estimated",
             "high",

@@ -133,7 +133,8 @@ impl FeedDecoder {
                     if self.buf.len() < PACKET_HEAD_LEN {
                         return Ok(());
                     }
-                    let caplen = u32::from_le_bytes(self.buf[9..13].try_into().unwrap());
+                    let caplen =
+                        u32::from_le_bytes([self.buf[9], self.buf[10], self.buf[11], self.buf[12]]);
                     if caplen > MAX_CAPTURED_LEN {
                         return Err(FeedError::TooLong(caplen));
                     }

@@ -361,13 +361,17 @@ impl CaptureSource {
 
     /// The counters so far.
     pub fn stats(&self) -> SourceStats {
-        self.shared.lock().unwrap().stats
+        self.shared.lock().unwrap_or_else(|p| p.into_inner()).stats
     }
 
     /// Why the source stopped delivering, if it did (the helper died, its
     /// stream broke or the sink closed).
     pub fn ended(&self) -> Option<String> {
-        self.shared.lock().unwrap().ended.clone()
+        self.shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ended
+            .clone()
     }
 
     /// Kills the helper and waits for the reader; returns the final counters.
@@ -458,7 +462,7 @@ impl Reader {
             let _ = opened.send(Err(ended.clone()));
         }
         // Dropping stdout closes the pipe: the helper exits on its own.
-        self.shared.lock().unwrap().ended = Some(ended);
+        self.shared.lock().unwrap_or_else(|p| p.into_inner()).ended = Some(ended);
     }
 
     fn read_now(&mut self) {
@@ -489,7 +493,7 @@ impl Reader {
                 _ => {}
             }
         }
-        let mut shared = self.shared.lock().unwrap();
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
         shared.stats.delivered += delivered;
         shared.stats.sink_dropped += dropped;
         if let Some(k) = kernel {

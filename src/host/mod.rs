@@ -572,6 +572,7 @@ impl Engine {
             estimator: options.estimator,
             slow_ttft_ms: AtomicU64::new(options.slow_ttft.as_millis() as u64),
             limits: options.proxy_limits,
+            own_connections: std::sync::OnceLock::new(),
         });
         let (stop_accepting, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
