@@ -1,5 +1,6 @@
 //! The capture interceptor end to end: the real helper (`speedtap-capture`,
-//! built beside the test binary by `cargo build -p speedtap-capture`, or
+//! built into `target/debug` by `cargo build -p speedtap-capture`, where the
+//! engine's search finds it from the test binary in `target/debug/deps`; or
 //! named by `SPEEDTAP_CAPTURE_BIN`) captures loopback traffic that clients
 //! send straight to the simulator, and the in-process engine meters it.
 //! Where the helper can't open the packet socket (no permission, no
@@ -18,27 +19,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MS: Duration = Duration::from_millis(1);
 
-/// Points the helper search at the workspace's build when nothing else
-/// does (the test binary's own folder is searched first anyway).
-fn locate_helper() {
-    if std::env::var_os("SPEEDTAP_CAPTURE_BIN").is_none() {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-        let helper = target.join("debug").join("speedtap-capture");
-        if helper.exists() {
-            // Tests in this binary run on several threads; every one of
-            // them sets the same value.
-            unsafe { std::env::set_var("SPEEDTAP_CAPTURE_BIN", helper) };
-        }
-    }
-}
-
 /// An engine capturing `upstream`'s port: with a proxy route `t` to it when
 /// `proxy`, else as the capture-only route `t`. `None` (and a printed
 /// reason) when the capture can't run here.
 async fn capture_engine(upstream: &str, proxy: bool) -> Option<RunningEngine> {
-    locate_helper();
     let mut options = if proxy {
         EngineOptions::new(vec![RouteSpec::new("t", "127.0.0.1:0", upstream).unwrap()])
     } else {
