@@ -247,3 +247,67 @@ async fn a_client_that_hangs_up_mid_stream_is_abandoned() {
     engine.shutdown(Duration::from_secs(1)).await;
     sim.shutdown().await;
 }
+
+#[test]
+fn without_the_permission_speedtap_run_warns_once_with_the_grant_command_and_keeps_proxying() {
+    use crate::util::process::{self, read_announcement, speedtap, start_simulate, Proc, STARTUP};
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = process::scratch("capture", "no_permission");
+    // A helper that fails its check the way libpcap does without
+    // CAP_NET_RAW.
+    let helper = dir.join("speedtap-capture");
+    std::fs::write(
+        &helper,
+        "#!/bin/sh\necho 'socket: Operation not permitted' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_sim, upstream) =
+        start_simulate(&dir, &["--tokens", "20", "--tps", "500", "--ttft-ms", "0"]);
+    let route = format!("sim=127.0.0.1:0=http://{upstream}");
+    let mut cmd = speedtap(
+        &dir,
+        &[
+            "run",
+            "--json",
+            "--no-db",
+            "--capture",
+            "--api",
+            "127.0.0.1:0",
+            "--route",
+            &route,
+        ],
+    );
+    cmd.env("SPEEDTAP_CAPTURE_BIN", &helper);
+    let mut p = Proc::spawn(cmd);
+    let (proxy, _api) = read_announcement(&p, "sim");
+    let warning = p.stderr.wait_for("the capture warning", STARTUP, |l| {
+        l.contains("capture is off")
+    });
+    let grant = format!("sudo setcap cap_net_raw=eip {}", helper.display());
+    assert!(warning.contains(&grant), "{warning}");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let got = rt.block_on(send(
+        proxy,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"model":"m","stream":true,"messages":[]}"#,
+    ));
+    assert_eq!(got.status, 200);
+    p.stdout.wait_for("the settled call line", STARTUP, |l| {
+        l.contains("\"is_final\":true")
+    });
+
+    p.signal("TERM");
+    let status = p.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    let warnings = p
+        .stderr
+        .finish_lines()
+        .into_iter()
+        .filter(|l| l.contains("capture is off"))
+        .count();
+    assert_eq!(warnings, 1, "one warning line");
+}

@@ -694,9 +694,8 @@ impl Engine {
             None => CaptureStatus::Off,
             Some(capture) => start_capture(&shared, &options.routes, &routes, capture).await,
         };
-        if let CaptureStatus::Unavailable(why) = &capture {
-            tracing::warn!("capture is off: {why}");
-        }
+        // Not logged here: each front end shows `capture` in its own words
+        // (one line in the terminal), and a log line would say it twice.
 
         Ok(RunningEngine {
             handle,
