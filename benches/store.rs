@@ -57,6 +57,7 @@ fn call(i: u64) -> Call {
             one_burst: false,
             unstreamed_reasoning: false,
             settled_at: Some(ms_to_rfc3339(started + 4000 + i % 3000)),
+            ..CallDetails::default()
         },
     }
 }

@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::model::route::{check_route_name, RouteSpec, Upstream};
-pub use crate::model::route::{parse_listen, parse_route_flag};
+pub use crate::model::route::{
+    parse_capture_route_flag, parse_listen, parse_route_flag, CaptureOnlyRoute,
+};
 use toml::Spanned;
 
 /// Default control API / dashboard address.
@@ -92,7 +94,19 @@ pub struct Settings {
     /// The proxy's per-connection limits; each `None` is the engine's
     /// default (documented on the engine's proxy limits).
     pub proxy: ProxySettings,
+    /// Also measure calls made directly to each route's upstream port, by
+    /// passive capture of the loopback traffic (`capture`, `--capture`;
+    /// default false).
+    pub capture: bool,
+    /// The interface captured (`capture_interface`, `--capture-interface`;
+    /// default `lo`; `any` also sees clients in containers).
+    pub capture_interface: String,
+    /// Routes measured by capture alone (`--route NAME=UPSTREAM`).
+    pub capture_routes: Vec<CaptureOnlyRoute>,
 }
+
+/// The interface captured by default.
+pub const DEFAULT_CAPTURE_INTERFACE: &str = "lo";
 
 /// The proxy's connection limits as the user sets them (`head_timeout`,
 /// `max_head_kib`, `max_connections`). `None` means the engine's default,
@@ -135,6 +149,9 @@ impl Default for Settings {
             max_db_mb: DEFAULT_MAX_DB_MB,
             otlp_endpoint: None,
             proxy: ProxySettings::default(),
+            capture: false,
+            capture_interface: DEFAULT_CAPTURE_INTERFACE.to_owned(),
+            capture_routes: Vec::new(),
         }
     }
 }
@@ -154,6 +171,9 @@ pub struct CliOverrides {
     pub max_db_mb: Option<u64>,
     pub otlp_endpoint: Option<String>,
     pub proxy: ProxySettings,
+    pub capture: bool,
+    pub capture_interface: Option<String>,
+    pub capture_routes: Vec<CaptureOnlyRoute>,
 }
 
 // ---------------------------------------------------------------------------
@@ -229,6 +249,8 @@ struct RawConfig {
     head_timeout: Option<Spanned<String>>,
     max_head_kib: Option<Spanned<u64>>,
     max_connections: Option<Spanned<u64>>,
+    capture: Option<bool>,
+    capture_interface: Option<Spanned<String>>,
     #[serde(default)]
     route: Vec<Spanned<RawRoute>>,
 }
@@ -277,6 +299,8 @@ pub struct ConfigFile {
     pub max_db_mb: Option<u64>,
     pub otlp_endpoint: Option<String>,
     pub proxy: ProxySettings,
+    pub capture: Option<bool>,
+    pub capture_interface: Option<String>,
     pub routes: Vec<RouteSpec>,
     origin: Option<Origin>,
 }
@@ -294,6 +318,8 @@ impl PartialEq for ConfigFile {
             && self.max_db_mb == other.max_db_mb
             && self.otlp_endpoint == other.otlp_endpoint
             && self.proxy == other.proxy
+            && self.capture == other.capture
+            && self.capture_interface == other.capture_interface
             && self.routes == other.routes
     }
 }
@@ -335,6 +361,10 @@ impl ConfigFile {
             max_head_kib: Option<u64>,
             #[serde(skip_serializing_if = "Option::is_none")]
             max_connections: Option<u64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            capture: Option<bool>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            capture_interface: Option<String>,
             #[serde(skip_serializing_if = "Vec::is_empty")]
             route: Vec<OutRoute>,
         }
@@ -367,6 +397,8 @@ impl ConfigFile {
                 .map(|d| humantime::format_duration(d).to_string()),
             max_head_kib: self.proxy.max_head_kib,
             max_connections: self.proxy.max_connections,
+            capture: self.capture,
+            capture_interface: self.capture_interface.clone(),
             route: self
                 .routes
                 .iter()
@@ -456,6 +488,17 @@ pub fn parse_config(text: &str, file_name: &str) -> Result<ConfigFile, ConfigErr
         ),
     };
 
+    let capture_interface = match raw.capture_interface {
+        None => None,
+        Some(v) if v.get_ref().trim().is_empty() => {
+            return Err(at(
+                v.span().start,
+                "capture_interface: must name an interface (lo, any, eth0...)".into(),
+            ))
+        }
+        Some(v) => Some(v.into_inner()),
+    };
+
     let mut routes: Vec<(RouteSpec, RouteLines)> = Vec::with_capacity(raw.route.len());
     for entry in raw.route {
         let r = entry.into_inner();
@@ -501,6 +544,8 @@ pub fn parse_config(text: &str, file_name: &str) -> Result<ConfigFile, ConfigErr
             max_head_kib,
             max_connections,
         },
+        capture: raw.capture,
+        capture_interface,
         routes: routes.iter().map(|(r, _)| r.clone()).collect(),
         origin: Some(Origin {
             file: file_name.to_string(),
@@ -765,6 +810,12 @@ pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings
             .unwrap_or(DEFAULT_MAX_DB_MB),
         otlp_endpoint: flags.otlp_endpoint.or(file.otlp_endpoint),
         proxy: flags.proxy.or(file.proxy),
+        capture: flags.capture || file.capture.unwrap_or(false),
+        capture_interface: flags
+            .capture_interface
+            .or(file.capture_interface)
+            .unwrap_or_else(|| DEFAULT_CAPTURE_INTERFACE.to_owned()),
+        capture_routes: flags.capture_routes,
     })
 }
 

@@ -312,6 +312,7 @@ fn check_stats(text: &str) {
             "estimated",
             "active",
             "dropped_subscribers",
+            "capture_dropped_packets",
         ],
         &["tps", "high", "low", "aggregate_tps"],
         "stats",

@@ -214,6 +214,7 @@ fn stored_calls() -> Vec<Call> {
         one_burst: false,
         unstreamed_reasoning: true,
         settled_at: Some("2026-11-30T10:42:12.243Z".into()),
+        ..CallDetails::default()
     };
     let mut second = settled_call();
     second.identity = CallIdentity {
@@ -258,6 +259,7 @@ fn stats() -> Stats {
         active: 1,
         aggregate_tps: Some(47.3),
         dropped_subscribers: 2,
+        capture_dropped_packets: 0,
     }
 }
 
@@ -421,6 +423,7 @@ async fn calls_list_has_the_contract_shape_and_passes_filters_through() {
             "input_tokens",
             "model",
             "route",
+            "seen_by",
             "speed",
             "started_at",
             "status"
@@ -508,6 +511,7 @@ async fn stats_have_the_contract_shape() {
         [
             "active",
             "aggregate_tps",
+            "capture_dropped_packets",
             "dropped_subscribers",
             "estimated",
             "high",
@@ -843,6 +847,7 @@ async fn history_returns_stored_calls_newest_first_with_their_details() {
             "input_tokens",
             "model",
             "route",
+            "seen_by",
             "settled_at",
             "speed",
             "started_at",

@@ -76,6 +76,7 @@ fn call(id: &str, started_ms: u64, route: &str, model: Option<&str>, client: &st
             one_burst: false,
             unstreamed_reasoning: false,
             settled_at: Some(ms_to_rfc3339(started_ms + 3000)),
+            ..CallDetails::default()
         },
     }
 }

@@ -90,6 +90,7 @@ fn call(id: &str, started_ms: u64, route: &str, model: Option<&str>, status: Cal
             one_burst: false,
             unstreamed_reasoning: false,
             settled_at: Some(ms_to_rfc3339(started_ms + 2000)),
+            ..CallDetails::default()
         },
     }
 }
@@ -873,13 +874,13 @@ fn csv_export_has_the_documented_header_and_flat_rows() {
         "id,route,api,model,client,status,http_status,started_at,settled_at,elapsed_ms,ttft_ms,\
          output_tokens,output_tokens_per_second,token_source,input_tokens,load_ms,prefill_ms,\
          prefill_tokens,cached_tokens,prefill_tokens_per_second,other_ms,one_burst,\
-         unstreamed_reasoning"
+         unstreamed_reasoning,seen_by,capture_gap"
     );
     assert_eq!(
         lines[1],
         format!(
             "c-000005,llama,openai_chat,gemma3,openai-python,upstream_error,500,{},{},2000,250,80,,\
-             server,37,,,,,,,false,false",
+             server,37,,,,,,,false,false,proxy,false",
             ms_to_rfc3339(T0 + 4),
             ms_to_rfc3339(T0 + 2004)
         )

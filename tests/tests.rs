@@ -9,6 +9,7 @@
 
 mod util;
 
+mod capture;
 mod cli;
 mod config;
 mod control_api;

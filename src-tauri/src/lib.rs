@@ -222,6 +222,9 @@ fn announce(engine: &RunningEngine) {
     if let Some(url) = engine.otlp_url() {
         eprintln!("speedtap-desktop: pushing metrics to {url}");
     }
+    if let speedtap::host::CaptureStatus::Unavailable(why) = &engine.capture {
+        eprintln!("speedtap-desktop: warning: capture is off: {why}");
+    }
 }
 
 /// The generated context, serving the dashboard's files (see [`assets`]).

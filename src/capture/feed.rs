@@ -133,8 +133,8 @@ impl FeedDecoder {
                     if self.buf.len() < PACKET_HEAD_LEN {
                         return Ok(());
                     }
-                    let b = &self.buf;
-                    let caplen = u32::from_le_bytes([b[9], b[10], b[11], b[12]]);
+                    let caplen =
+                        u32::from_le_bytes([self.buf[9], self.buf[10], self.buf[11], self.buf[12]]);
                     if caplen > MAX_CAPTURED_LEN {
                         return Err(FeedError::TooLong(caplen));
                     }

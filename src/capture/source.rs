@@ -361,13 +361,17 @@ impl CaptureSource {
 
     /// The counters so far.
     pub fn stats(&self) -> SourceStats {
-        lock(&self.shared).stats
+        self.shared.lock().unwrap_or_else(|p| p.into_inner()).stats
     }
 
     /// Why the source stopped delivering, if it did (the helper died, its
     /// stream broke or the sink closed).
     pub fn ended(&self) -> Option<String> {
-        lock(&self.shared).ended.clone()
+        self.shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ended
+            .clone()
     }
 
     /// Kills the helper and waits for the reader; returns the final counters.
@@ -458,7 +462,7 @@ impl Reader {
             let _ = opened.send(Err(ended.clone()));
         }
         // Dropping stdout closes the pipe: the helper exits on its own.
-        lock(&self.shared).ended = Some(ended);
+        self.shared.lock().unwrap_or_else(|p| p.into_inner()).ended = Some(ended);
     }
 
     fn read_now(&mut self) {
@@ -489,7 +493,7 @@ impl Reader {
                 _ => {}
             }
         }
-        let mut shared = lock(&self.shared);
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
         shared.stats.delivered += delivered;
         shared.stats.sink_dropped += dropped;
         if let Some(k) = kernel {
@@ -586,15 +590,6 @@ pub fn to_monotonic_ns(
         first.get_or_insert(m);
     }
     first.map_or(hi, |m| m.clamp(lo, hi))
-}
-
-/// The shared counters, even after a thread panicked holding the lock:
-/// they are plain numbers, always valid, and losing them would hide the
-/// very failure they describe.
-fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
-    shared
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use crate::host::args::RunArgs;
 use crate::host::settings::{
     discover_routes, engine_options, resolve_settings, RunError, SHUTDOWN_GRACE,
 };
-use crate::host::{Engine, RunningEngine};
+use crate::host::{CaptureStatus, Engine, RunningEngine};
 use crate::model::{json_line, EngineEvent, EngineQueries};
 
 use super::view::TerminalView;
@@ -58,6 +58,20 @@ fn announce(engine: &RunningEngine) {
     }
     if let Some(url) = engine.otlp_url() {
         eprintln!("speedtap: pushing metrics to {url}");
+    }
+    match &engine.capture {
+        CaptureStatus::Off => {}
+        CaptureStatus::On { ports } => {
+            let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+            eprintln!(
+                "speedtap: capturing calls to port {} (no client changes needed)",
+                ports.join(", ")
+            );
+        }
+        // One line; the proxy keeps running and the exit code is unchanged.
+        CaptureStatus::Unavailable(why) => {
+            eprintln!("speedtap: warning: capture is off: {why}")
+        }
     }
 }
 

@@ -507,6 +507,7 @@ mod tests {
             active: 2,
             aggregate_tps: Some(94.6),
             dropped_subscribers: 0,
+            capture_dropped_packets: 0,
         }));
         let l = lines(&view.render(Instant::now()).unwrap());
         assert_eq!(l.len(), 1);

@@ -23,7 +23,7 @@ use crate::meter::calibration::CalibrationTable;
 use crate::meter::limits::SNAPSHOT_INTERVAL;
 use crate::metering::{CallMetering, Outcome, ResponseHead, StreamEnd};
 use crate::model::ApiKind;
-use crate::model::{Call, CallDetails, CallIdentity, CallStatus, SlowFirstToken};
+use crate::model::{Call, CallDetails, CallIdentity, CallStatus, SeenBy, SlowFirstToken};
 use crate::tokens::TokenEstimator;
 
 /// Everything a call actor needs at birth.
@@ -40,6 +40,8 @@ pub struct CallSetup {
     pub notifier: Recipient<FirstTokenLate>,
     /// The app that made the call (from its User-Agent).
     pub client: Option<String>,
+    /// Which interceptor feeds this actor; only copied into the record.
+    pub seen_by: SeenBy,
 }
 
 pub struct CallActor {
@@ -53,6 +55,8 @@ pub struct CallActor {
     /// Set by `UpstreamFailed`: the upstream was unreachable.
     unreachable: bool,
     reported: bool,
+    /// Set by `CaptureGap`: bytes of the call were lost in capture.
+    capture_gap: bool,
     /// When a snapshot tick first found every address gone (see `started`).
     orphaned_at: Option<Instant>,
 }
@@ -68,6 +72,7 @@ impl CallActor {
             unmetered: false,
             unreachable: false,
             reported: false,
+            capture_gap: false,
             orphaned_at: None,
         }
     }
@@ -117,6 +122,8 @@ impl CallActor {
                 report.raw_estimate,
             ),
             settled_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
+            seen_by: self.setup.seen_by,
+            capture_gap: self.capture_gap,
         };
         let status = if self.unreachable {
             CallStatus::UpstreamError
@@ -129,6 +136,15 @@ impl CallActor {
                 Outcome::UpstreamError => CallStatus::UpstreamError,
             }
         };
+        let mut snapshot = report.snapshot;
+        // A capture gap: bytes of the response (or request) never reached
+        // the meter, so the token count and the span the rate divides by
+        // may both be off, in either direction. A wrong rate is worse than
+        // none: the rate is dropped, while what the server reported (its
+        // usage receipt, its timings) and the TTFT are kept.
+        if self.capture_gap {
+            snapshot.output_tokens_per_second = None;
+        }
         let call = Call {
             identity: self.setup.identity.clone(),
             status,
@@ -136,7 +152,7 @@ impl CallActor {
             speed: if status == CallStatus::Unmetered {
                 None
             } else {
-                Some(report.snapshot)
+                Some(snapshot)
             },
             input_tokens: report.input_tokens,
             details,
@@ -162,7 +178,10 @@ impl Actor for CallActor {
                 http_status: None,
                 speed: Some(first),
                 input_tokens: None,
-                details: Default::default(),
+                details: CallDetails {
+                    seen_by: self.setup.seen_by,
+                    ..CallDetails::default()
+                },
             },
         });
         // Pending text is published even when the stream pauses.
@@ -280,6 +299,26 @@ impl Handler<BodyEnded> for CallActor {
     }
 }
 
+impl Handler<CaptureGap> for CallActor {
+    type Result = ();
+    fn handle(&mut self, _: CaptureGap, _: &mut Self::Context) {
+        self.capture_gap = true;
+    }
+}
+
+impl Handler<Discard> for CallActor {
+    type Result = ();
+    fn handle(&mut self, _: Discard, ctx: &mut Self::Context) {
+        if !self.reported {
+            self.reported = true;
+            self.setup.supervisor.do_send(CallDiscarded {
+                seq: self.setup.seq,
+            });
+        }
+        ctx.stop();
+    }
+}
+
 impl Handler<UpstreamFailed> for CallActor {
     type Result = ();
     fn handle(&mut self, msg: UpstreamFailed, ctx: &mut Self::Context) {
@@ -389,6 +428,7 @@ mod tests {
                 supervisor: self.supervisor.clone(),
                 notifier: self.alarms.clone().recipient(),
                 client: None,
+                seen_by: SeenBy::Proxy,
             })
             .start()
         }
@@ -690,6 +730,69 @@ mod tests {
             assert_eq!(settled[0].status, CallStatus::UpstreamError);
             assert_eq!(settled[0].http_status, Some(502));
             drop(actor);
+        });
+    }
+
+    #[test]
+    fn a_capture_gap_keeps_the_receipt_and_the_ttft_but_shows_no_rate() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            h.at(800).await;
+            head(&actor);
+            for i in 0..10u64 {
+                h.at(1_000 + i * 100).await;
+                frame(&actor, content(&format!(" w{i}")));
+            }
+            // Bytes went missing in capture, then the receipt arrived.
+            actor.do_send(CaptureGap);
+            h.at(2_000).await;
+            frame(
+                &actor,
+                sse(serde_json::json!({
+                    "object": "chat.completion.chunk",
+                    "choices": [],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19}
+                })) + "data: [DONE]\n\n",
+            );
+            actor.do_send(BodyEnded {
+                end: StreamEnd::Complete,
+                at: Instant::now(),
+            });
+            drop(actor);
+            h.at(5_000).await;
+            let settled = h.settled().await;
+            assert_eq!(settled.len(), 1, "{settled:?}");
+            let call = &settled[0];
+            assert!(call.details.capture_gap);
+            let speed = call.speed.as_ref().expect("a snapshot");
+            assert_eq!(speed.output_tokens_per_second, None);
+            assert_eq!(speed.output_tokens, 12, "the server's receipt is kept");
+            assert_eq!(speed.time_to_first_token_ms, Some(1_000));
+            assert_eq!(call.input_tokens, Some(7));
+        });
+    }
+
+    #[test]
+    fn a_discarded_call_leaves_no_record() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            h.at(100).await;
+            actor.do_send(Discard);
+            drop(actor);
+            h.at(5_000).await;
+            assert!(h.settled().await.is_empty());
+            let calls = h
+                .supervisor
+                .send(GetCalls(crate::model::CallsQuery {
+                    limit: 10,
+                    route: None,
+                }))
+                .await
+                .expect("supervisor");
+            assert!(calls.is_empty(), "{calls:?}");
         });
     }
 }

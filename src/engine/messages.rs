@@ -60,6 +60,20 @@ pub struct UpstreamFailed {
     pub at: Instant,
 }
 
+/// Bytes of this call were lost in capture (sent by the capture
+/// interceptor only): the call keeps what the server reported but shows no
+/// rate, see `CallActor`'s report.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CaptureGap;
+
+/// Forget this call without recording it: the capture started it for a
+/// connection that turned out to be the proxy's own upstream connection,
+/// which the proxy records itself (never twice).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Discard;
+
 // === CallActor / proxy -> Supervisor ===
 
 /// A metered call was dispatched: it joins the active set.
@@ -89,6 +103,13 @@ pub struct CallClosed {
     pub call: Call,
     /// A plausible exact/estimate ratio for (route, model) calibration.
     pub calibration_ratio: Option<f64>,
+}
+
+/// A call left the active set without a record (see [`Discard`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CallDiscarded {
+    pub seq: u64,
 }
 
 /// A call that was never metered (unknown path, unreachable upstream for

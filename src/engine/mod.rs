@@ -9,6 +9,7 @@
 //! alarms. [`crate::host`] builds and runs all of it.
 
 pub mod call_actor;
+pub mod capture;
 pub mod details;
 pub mod messages;
 pub mod metrics;

@@ -99,6 +99,7 @@ impl Supervisor {
     fn stats(&self) -> Stats {
         Stats {
             dropped_subscribers: self.dropped_subscribers,
+            capture_dropped_packets: self.metrics.capture_dropped(),
             ..self.last_stats.clone()
         }
     }
@@ -109,6 +110,7 @@ impl Supervisor {
         let now = Instant::now();
         self.last_stats = self.global.sample(now);
         self.last_stats.dropped_subscribers = self.dropped_subscribers;
+        self.last_stats.capture_dropped_packets = self.metrics.capture_dropped();
         self.metrics.set_active_calls(self.active.len());
         self.metrics.set_stats(&self.last_stats);
         self.record_chart_point();
@@ -270,6 +272,14 @@ impl Handler<CallClosed> for Supervisor {
             });
         }
         self.finish_call(msg.seq, msg.call);
+    }
+}
+
+impl Handler<CallDiscarded> for Supervisor {
+    type Result = ();
+    fn handle(&mut self, msg: CallDiscarded, _: &mut Self::Context) {
+        self.active.remove(&msg.seq);
+        self.global.remove(msg.seq);
     }
 }
 

@@ -15,7 +15,9 @@ pub struct RunArgs {
     pub config: Option<PathBuf>,
     /// A route: a listener at LISTEN forwarding to the base URL UPSTREAM,
     /// e.g. `ollama=127.0.0.1:11435=http://127.0.0.1:11434`. Repeatable.
-    #[arg(long = "route", value_name = "NAME=LISTEN=UPSTREAM")]
+    /// Without LISTEN (`ollama=http://127.0.0.1:11434`) the route is
+    /// measured by capture alone (with --capture), no port is opened.
+    #[arg(long = "route", value_name = "NAME=[LISTEN=]UPSTREAM")]
     pub routes: Vec<String>,
     /// Address of the control API and web dashboard [default: 127.0.0.1:7878].
     #[arg(long, value_name = "ADDR")]
@@ -61,4 +63,14 @@ pub struct RunArgs {
     /// the kernel's backlog [default: 4096].
     #[arg(long, value_name = "N")]
     pub max_connections: Option<u64>,
+    /// Also measure calls made directly to each route's upstream port, by
+    /// passive capture of the loopback traffic (needs a one-time
+    /// permission for the helper `speedtap-capture`; without it speedtap
+    /// says the command and keeps proxying).
+    #[arg(long)]
+    pub capture: bool,
+    /// The interface to capture [default: lo]; `any` also sees clients in
+    /// containers (bridges).
+    #[arg(long, value_name = "IFACE")]
+    pub capture_interface: Option<String>,
 }

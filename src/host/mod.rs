@@ -20,7 +20,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use crate::capture::packet::LinkType;
+use crate::capture::source::{CaptureConfig, CaptureSource};
+use crate::config::CaptureOnlyRoute;
 use crate::config::{self, ConfigFile, Settings};
+use crate::engine::capture::{CaptureRoute, CaptureTask};
 use crate::engine::messages::{
     AttachStore, DetachStore, GetCalibration, GetCall, GetCalls, GetHistory, GetStats, Persisted,
     SetNotificationsPaused, Subscribe,
@@ -100,6 +104,31 @@ pub struct EngineOptions {
     pub otlp_endpoint: Option<String>,
     /// How often metrics are pushed when `otlp_endpoint` is set.
     pub otlp_interval: Duration,
+    /// Passive capture of the routes' upstream ports; `None` (the default)
+    /// captures nothing.
+    pub capture: Option<CaptureOptions>,
+}
+
+/// What to capture (`--capture`).
+#[derive(Clone, Debug, Default)]
+pub struct CaptureOptions {
+    /// `lo`, `any`, or an interface name.
+    pub interface: String,
+    /// Routes measured by capture alone (no listener).
+    pub capture_only: Vec<CaptureOnlyRoute>,
+}
+
+/// How the capture started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CaptureStatus {
+    /// Not asked for.
+    Off,
+    /// Capturing these upstream ports.
+    On { ports: Vec<u16> },
+    /// Asked for but not running: why, in one line (naming the command
+    /// that grants the permission, when that is what is missing). The proxy
+    /// runs regardless.
+    Unavailable(String),
 }
 
 /// Default retention of settled calls.
@@ -130,6 +159,7 @@ impl EngineOptions {
             proxy_limits: ProxyLimits::default(),
             otlp_endpoint: None,
             otlp_interval: settings::OTLP_INTERVAL,
+            capture: None,
         }
     }
 
@@ -154,6 +184,12 @@ impl EngineOptions {
         }
         if let Some(n) = proxy.max_connections {
             options.proxy_limits.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if settings.capture {
+            options.capture = Some(CaptureOptions {
+                interface: settings.capture_interface.clone(),
+                capture_only: settings.capture_routes.clone(),
+            });
         }
         options
     }
@@ -458,6 +494,8 @@ pub struct RunningEngine {
     pub handle: EngineHandle,
     pub routes: Vec<BoundRoute>,
     pub api: Option<SocketAddr>,
+    /// Whether the passive capture runs.
+    pub capture: CaptureStatus,
     stop_accepting: watch::Sender<bool>,
     system: System,
     otlp: Option<OtlpExporter>,
@@ -572,6 +610,7 @@ impl Engine {
             estimator: options.estimator,
             slow_ttft_ms: AtomicU64::new(options.slow_ttft.as_millis() as u64),
             limits: options.proxy_limits,
+            own_connections: std::sync::OnceLock::new(),
         });
         let (stop_accepting, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -651,10 +690,18 @@ impl Engine {
             None => None,
         };
 
+        let capture = match options.capture {
+            None => CaptureStatus::Off,
+            Some(capture) => start_capture(&shared, &options.routes, &routes, capture).await,
+        };
+        // Not logged here: each front end shows `capture` in its own words
+        // (one line in the terminal), and a log line would say it twice.
+
         Ok(RunningEngine {
             handle,
             routes,
             api,
+            capture,
             stop_accepting,
             system: actors.system,
             otlp,
@@ -717,6 +764,79 @@ impl RunningEngine {
         }
     }
 }
+
+/// Whether `host` names this machine (the capture only sees loopback).
+fn is_loopback_host(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Starts the capture task for every route whose upstream is on this
+/// machine, plus the capture-only routes. Never fails the engine: what
+/// went wrong is returned for the front end to show.
+async fn start_capture(
+    shared: &Arc<Shared>,
+    specs: &[RouteSpec],
+    bound: &[BoundRoute],
+    options: CaptureOptions,
+) -> CaptureStatus {
+    let mut routes: Vec<CaptureRoute> = Vec::new();
+    let upstreams = specs
+        .iter()
+        .map(|r| (&r.name, &r.upstream))
+        .chain(options.capture_only.iter().map(|r| (&r.name, &r.upstream)));
+    for (name, upstream) in upstreams {
+        if is_loopback_host(&upstream.host) && !routes.iter().any(|r| r.port == upstream.port) {
+            routes.push(CaptureRoute {
+                name: name.clone(),
+                port: upstream.port,
+            });
+        }
+    }
+    if routes.is_empty() {
+        return CaptureStatus::Unavailable("no route has an upstream on this machine".into());
+    }
+    let ports: Vec<u16> = routes.iter().map(|r| r.port).collect();
+    let config = CaptureConfig {
+        interface: options.interface,
+        ports: ports.clone(),
+        ..CaptureConfig::default()
+    };
+    let (tx, packets) = mpsc::channel(CAPTURE_QUEUE);
+    // Finding the helper and checking its permission run it once: blocking.
+    let opened = tokio::task::spawn_blocking(move || CaptureSource::open(&config, tx)).await;
+    let source = match opened {
+        Ok(Ok(source)) => source,
+        Ok(Err(e)) => return CaptureStatus::Unavailable(e.to_string()),
+        Err(e) => return CaptureStatus::Unavailable(e.to_string()),
+    };
+    let Some(link) = LinkType::from_linktype(source.link_type().0) else {
+        return CaptureStatus::Unavailable(format!(
+            "unsupported link type {}",
+            source.link_type().0
+        ));
+    };
+    let (own_tx, own) = mpsc::unbounded_channel();
+    if shared.link.own_connections.set(own_tx).is_err() {
+        return CaptureStatus::Unavailable("capture already running".into());
+    }
+    let own_ports: Vec<u16> = bound.iter().map(|r| r.listen.port()).collect();
+    let task = CaptureTask::new(shared.link.clone(), &routes, own_ports, link);
+    shared.servers.lock().await.spawn(task.run(
+        packets,
+        own,
+        shared.stop.clone(),
+        Some(source),
+        shared.metrics.clone(),
+    ));
+    CaptureStatus::On { ports }
+}
+
+/// Packets queued between the capture's reader and its task; beyond this
+/// they are dropped and counted (the reader never waits).
+const CAPTURE_QUEUE: usize = 65_536;
 
 fn start_actors(
     calibration: Arc<RwLock<CalibrationTable>>,

@@ -60,7 +60,12 @@ pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
         }
     };
     let mut routes = Vec::new();
+    let mut capture_routes = Vec::new();
     for spec in &args.routes {
+        if let Some(route) = config::parse_capture_route_flag(spec) {
+            capture_routes.push(route.map_err(|e| RunError::Usage(format!("--route {e}")))?);
+            continue;
+        }
         routes.push(
             config::parse_route_flag(spec).map_err(|e| RunError::Usage(format!("--route {e}")))?,
         );
@@ -82,6 +87,9 @@ pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
             max_head_kib: args.max_head_kib,
             max_connections: args.max_connections,
         },
+        capture: args.capture,
+        capture_interface: args.capture_interface.clone(),
+        capture_routes,
     };
     Ok(config::resolve(file, flags)?)
 }
@@ -89,7 +97,7 @@ pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
 /// Fills in routes from auto-discovery when none were configured, as
 /// `speedtap run` does: finding none is an error.
 pub async fn discover_routes(settings: &mut Settings) -> Result<(), RunError> {
-    if !settings.routes.is_empty() {
+    if !settings.routes.is_empty() || !settings.capture_routes.is_empty() {
         return Ok(());
     }
     eprintln!("speedtap: no routes configured; looking for local model servers...");

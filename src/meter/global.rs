@@ -246,6 +246,7 @@ impl GlobalMeter {
             active,
             aggregate_tps,
             dropped_subscribers: 0,
+            capture_dropped_packets: 0,
         }
     }
 
@@ -358,7 +359,7 @@ mod tests {
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(
             json,
-            r#"{"tps_available":false,"estimated":false,"active":1,"dropped_subscribers":0}"#
+            r#"{"tps_available":false,"estimated":false,"active":1,"dropped_subscribers":0,"capture_dropped_packets":0}"#
         );
     }
 
@@ -587,11 +588,12 @@ mod tests {
             active: 1,
             aggregate_tps: Some(47.3),
             dropped_subscribers: 0,
+            capture_dropped_packets: 0,
         };
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(
             json,
-            r#"{"tps":47.3,"tps_available":true,"estimated":false,"high":52.1,"low":31.4,"active":1,"aggregate_tps":47.3,"dropped_subscribers":0}"#
+            r#"{"tps":47.3,"tps_available":true,"estimated":false,"high":52.1,"low":31.4,"active":1,"aggregate_tps":47.3,"dropped_subscribers":0,"capture_dropped_packets":0}"#
         );
         let back: Stats = serde_json::from_str(&json).unwrap();
         assert_eq!(back, s);
@@ -608,11 +610,12 @@ mod tests {
             active: 0,
             aggregate_tps: None,
             dropped_subscribers: 0,
+            capture_dropped_packets: 0,
         };
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(
             json,
-            r#"{"tps_available":false,"estimated":false,"high":12.5,"active":0,"dropped_subscribers":0}"#
+            r#"{"tps_available":false,"estimated":false,"high":12.5,"active":0,"dropped_subscribers":0,"capture_dropped_packets":0}"#
         );
         let back: Stats = serde_json::from_str(&json).unwrap();
         assert_eq!(back, s);

@@ -181,7 +181,7 @@ mod tests {
           "speed": { "phase": "complete", "is_final": true, "elapsed_ms": 5120,
                      "time_to_first_token_ms": 312, "output_tokens": 201,
                      "output_tokens_per_second": 41.7, "token_source": "server" },
-          "input_tokens": 37
+          "input_tokens": 37, "seen_by": "proxy"
         });
         assert_eq!(serde_json::to_value(&call).unwrap(), expected);
         let back: Call = serde_json::from_value(expected).unwrap();
@@ -253,6 +253,37 @@ pub struct CallDetails {
     /// Wall-clock settle time, RFC 3339 UTC with milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_at: Option<String>,
+    /// Which interceptor saw the call. Records stored before capture
+    /// existed read back as `proxy`, the only interceptor there was.
+    #[serde(default)]
+    pub seen_by: SeenBy,
+    /// Packets of the call were lost in capture (the kernel dropped them or
+    /// a hole was never filled): what the server reported is kept, but no
+    /// rate is shown, since the timings it would rest on are incomplete.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub capture_gap: bool,
+}
+
+/// How a call was seen: through a proxy route, or by the passive capture
+/// of the loopback traffic to the model server's own port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SeenBy {
+    /// The client called a speedtap proxy port.
+    #[default]
+    Proxy,
+    /// The client called the model server directly; the capture saw it.
+    Capture,
+}
+
+impl SeenBy {
+    /// The contract's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeenBy::Proxy => "proxy",
+            SeenBy::Capture => "capture",
+        }
+    }
 }
 
 /// Flags are only written when set, so a plain call serialises exactly like

@@ -22,7 +22,7 @@ pub mod time;
 
 pub use api_kind::ApiKind;
 pub use call::{
-    json_line, Call, CallDetails, CallIdentity, CallStatus, EngineEvent, SlowFirstToken,
+    json_line, Call, CallDetails, CallIdentity, CallStatus, EngineEvent, SeenBy, SlowFirstToken,
     SpeedEvent, TtftBreakdown,
 };
 pub use control::{

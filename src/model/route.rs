@@ -237,6 +237,38 @@ pub fn check_route_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A route measured by the passive capture alone: no listener is opened.
+///
+/// A separate type and list rather than an optional listen address on
+/// [`RouteSpec`]: every proxy path (binding, the settings document, the
+/// tray) relies on a route having a listener, and making that optional
+/// would ripple through all of them for a route none of them serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaptureOnlyRoute {
+    /// The route's name, as for a proxy route.
+    pub name: String,
+    /// The model server; its port is captured.
+    pub upstream: Upstream,
+}
+
+/// `--route NAME=UPSTREAM` (one `=` before the URL's scheme): a
+/// capture-only route, or `None` when `s` names a listen address too
+/// (`NAME=LISTEN=UPSTREAM`, see [`parse_route_flag`]).
+pub fn parse_capture_route_flag(s: &str) -> Option<Result<CaptureOnlyRoute, String>> {
+    let (name, rest) = s.split_once('=')?;
+    // NAME=http://... : the second part is already the URL.
+    if !(rest.starts_with("http://") || rest.starts_with("https://")) {
+        return None;
+    }
+    if name.is_empty() {
+        return Some(Err(format!("{s:?}: expected NAME=UPSTREAM")));
+    }
+    Some(Upstream::parse(rest).map(|upstream| CaptureOnlyRoute {
+        name: name.to_owned(),
+        upstream,
+    }))
+}
+
 /// `--route NAME=LISTEN=UPSTREAM`, split on the first two `=` (the upstream
 /// URL may contain `=`).
 pub fn parse_route_flag(s: &str) -> Result<RouteSpec, String> {

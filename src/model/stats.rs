@@ -38,4 +38,9 @@ pub struct Stats {
     /// reconnects and re-reads). Above 0 means some reader is too slow.
     #[serde(default)]
     pub dropped_subscribers: u64,
+    /// Packets the passive capture lost since the engine started (kernel,
+    /// interface and speedtap's own queue): calls they belonged to are
+    /// flagged `capture_gap`. 0 when capture is off.
+    #[serde(default)]
+    pub capture_dropped_packets: u64,
 }

@@ -20,7 +20,10 @@ use crate::model::{Phase, Snapshot};
 /// final (`docs/metering.md` "Settling"), so the reader restores them. A call
 /// has a snapshot exactly when `token_source` is set (unmetered calls have
 /// none), and a TTFT breakdown when any of its six columns is set.
-pub const CSV_COLUMNS: [&str; 23] = [
+///
+/// Columns added later go at the end, so a script reading by position keeps
+/// working: `seen_by` and `capture_gap` came with the capture interceptor.
+pub const CSV_COLUMNS: [&str; 25] = [
     "id",
     "route",
     "api",
@@ -44,6 +47,8 @@ pub const CSV_COLUMNS: [&str; 23] = [
     "other_ms",
     "one_burst",
     "unstreamed_reasoning",
+    "seen_by",
+    "capture_gap",
 ];
 
 /// Writes the calls `filter` selects to `out`; returns how many.
@@ -110,6 +115,8 @@ fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
         opt(b.and_then(|b| b.other_ms)),
         d.one_burst.to_string(),
         d.unstreamed_reasoning.to_string(),
+        d.seen_by.as_str().to_owned(),
+        d.capture_gap.to_string(),
     ]
     .into_iter()
 }
@@ -310,6 +317,8 @@ fn csv_call(f: &[String]) -> Result<Call, String> {
             one_burst: boolean(21)?,
             unstreamed_reasoning: boolean(22)?,
             settled_at: text(8),
+            seen_by: named(f, 23)?,
+            capture_gap: boolean(24)?,
         },
     })
 }

@@ -17,14 +17,14 @@ pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, mod
     status, http_status, settled_at, settled_at_ms, phase, is_final, elapsed_ms, ttft_ms, \
     output_tokens, output_tokens_per_second, token_source, input_tokens, load_ms, prefill_ms, \
     prefill_tokens, cached_tokens, prefill_tokens_per_second, other_ms, one_burst, \
-    unstreamed_reasoning";
+    unstreamed_reasoning, seen_by, capture_gap";
 
 /// Inserts `calls`, skipping any already stored (same id and started_at).
 pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Result<()> {
     let mut stmt = tx.prepare_cached(&format!(
         "INSERT INTO calls ({COLUMNS}) VALUES \
          (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-          ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27) \
+          ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29) \
          ON CONFLICT (id, started_at) DO NOTHING"
     ))?;
     for c in calls {
@@ -74,6 +74,8 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
             b.and_then(|b| b.other_ms),
             d.one_burst,
             d.unstreamed_reasoning,
+            d.seen_by.as_str(),
+            d.capture_gap,
         ])?;
     }
     Ok(())
@@ -124,6 +126,8 @@ pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<Call> {
             one_burst: row.get(25)?,
             unstreamed_reasoning: row.get(26)?,
             settled_at: row.get(9)?,
+            seen_by: enum_from(row.get::<_, String>(27)?, 27)?,
+            capture_gap: row.get(28)?,
         },
     })
 }

@@ -77,8 +77,16 @@ CREATE TABLE calibration (
 ) WITHOUT ROWID;
 ";
 
+/// Migration 2: how each call was seen (`proxy` or `capture`), and the
+/// capture's gap flag. Rows from before capture existed were all seen by
+/// the proxy, hence the default.
+pub const MIGRATION_2: &str = "
+ALTER TABLE calls ADD COLUMN seen_by     TEXT    NOT NULL DEFAULT 'proxy';
+ALTER TABLE calls ADD COLUMN capture_gap INTEGER NOT NULL DEFAULT 0;
+";
+
 /// Every migration, in order: `MIGRATIONS[i]` upgrades version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[MIGRATION_1];
+pub const MIGRATIONS: &[&str] = &[MIGRATION_1, MIGRATION_2];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -21,9 +21,9 @@ use prometheus_client::registry::{Registry, Unit};
 use super::schema::{
     frame_sinks_record, observations, Gauges, GenAiHistogram, LabelValue, Labels, MetricsSource,
     Observation, ObservationSink, OptionalGauge, ServerAddr, DURATION_BUCKETS, HELP_ACTIVE_CALLS,
-    HELP_CALLS, HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW, HELP_OUTPUT_TOKENS,
-    HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS, TOKEN_BUCKETS,
-    TPOT_BUCKETS, TTFT_BUCKETS,
+    HELP_CALLS, HELP_CAPTURE_DROPPED, HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW,
+    HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS,
+    TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
 };
 use crate::model::{Call, CallStatus, Stats};
 
@@ -181,6 +181,7 @@ pub struct Metrics {
     output_tokens: Family<Labels, Counter>,
     gauges: Gauges,
     subscribers_dropped: Counter,
+    capture_dropped: Counter,
     upstreams: RwLock<HashMap<String, ServerAddr>>,
     models: Mutex<HashSet<String>>,
     otel: RwLock<Option<Arc<dyn ObservationSink>>>,
@@ -277,6 +278,12 @@ impl Metrics {
             HELP_DROPPED_SUBSCRIBERS,
             subscribers_dropped.clone(),
         );
+        let capture_dropped = Counter::default();
+        registry.register(
+            "speedtap_capture_dropped_packets",
+            HELP_CAPTURE_DROPPED,
+            capture_dropped.clone(),
+        );
         registry.register_with_unit(
             "speedtap_proxy_added_latency",
             HELP_PROXY_LATENCY,
@@ -291,6 +298,7 @@ impl Metrics {
             output_tokens,
             gauges,
             subscribers_dropped,
+            capture_dropped,
             upstreams: RwLock::new(HashMap::new()),
             models: Mutex::new(HashSet::new()),
             otel: RwLock::new(None),
@@ -384,6 +392,16 @@ impl Metrics {
     /// (`speedtap_subscribers_dropped_total`).
     pub fn add_dropped_subscribers(&self, n: u64) {
         self.subscribers_dropped.inc_by(n);
+    }
+
+    /// Count packets the capture lost (`speedtap_capture_dropped_packets_total`).
+    pub fn add_capture_dropped(&self, n: u64) {
+        self.capture_dropped.inc_by(n);
+    }
+
+    /// Packets the capture lost since the engine started.
+    pub fn capture_dropped(&self) -> u64 {
+        self.capture_dropped.get()
     }
 
     /// Take the hourly high and low from a published reading. A reading
@@ -505,7 +523,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_metrics_show_only_the_active_gauge_and_the_drop_counter() {
+    fn empty_metrics_show_only_the_active_gauge_and_the_drop_counters() {
         // Families without a label set yet are left out of the text format;
         // the unlabelled gauge and counter always have their one sample, the
         // optional gauges none until a reading has them. (The proxy latency
@@ -515,7 +533,8 @@ mod tests {
             types(&text),
             [
                 "speedtap_active_calls gauge",
-                "speedtap_subscribers_dropped_total counter"
+                "speedtap_subscribers_dropped_total counter",
+                "speedtap_capture_dropped_packets_total counter"
             ]
         );
     }

@@ -69,6 +69,8 @@ pub const HELP_HOUR_LOW: &str =
 /// Help of `speedtap_subscribers_dropped_total`.
 pub const HELP_DROPPED_SUBSCRIBERS: &str =
     "Event subscribers dropped for falling behind (the engine never waits for a reader)";
+pub const HELP_CAPTURE_DROPPED: &str =
+    "Packets the capture lost: dropped by the kernel or the interface, or by speedtap when its packet queue was full";
 pub const HELP_PROXY_LATENCY: &str =
     "Per upstream response frame: arrival at the tap to hand-off to the client connection (process-wide)";
 

@@ -33,8 +33,9 @@ pub mod limits;
 pub mod listen;
 pub mod tap;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 
 use actix::{Actor, Addr, ArbiterHandle, Recipient};
@@ -44,7 +45,8 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::call_actor::{CallActor, CallSetup};
@@ -55,7 +57,7 @@ use crate::meter::calibration::CalibrationTable;
 use crate::metering::StreamEnd;
 use crate::model::ApiKind;
 use crate::model::Upstream;
-use crate::model::{Call, CallDetails, CallIdentity, CallStatus};
+use crate::model::{Call, CallDetails, CallIdentity, CallStatus, SeenBy};
 use crate::tokens::TokenEstimator;
 use idle::IdleTimeout;
 use limits::ProxyLimits;
@@ -81,14 +83,31 @@ pub struct EngineLink {
     pub slow_ttft_ms: AtomicU64,
     /// Per-connection limits and the optional idle timeout.
     pub limits: ProxyLimits,
+    /// Where the proxy reports the local address of each upstream
+    /// connection it opens, once the capture runs: the capture ignores
+    /// those connections, so a proxied call is recorded once (by the
+    /// proxy). Unset, nothing is reported.
+    pub own_connections: OnceLock<mpsc::UnboundedSender<OwnConnection>>,
+}
+
+/// One of the proxy's own upstream connections: its local address, and
+/// when the connect returned (a SYN from that address captured later is a
+/// new connection that merely reuses the port).
+#[derive(Clone, Copy, Debug)]
+pub struct OwnConnection {
+    pub local: SocketAddr,
+    pub at: Instant,
 }
 
 impl EngineLink {
-    fn next_seq(&self) -> u64 {
+    /// The next call's sequence number (shared by both interceptors, so
+    /// ids stay unique).
+    pub(crate) fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    fn arbiter(&self) -> &ArbiterHandle {
+    /// The metering arbiter for the next call actor, round robin.
+    pub(crate) fn arbiter(&self) -> &ArbiterHandle {
         let i = self.next_arbiter.fetch_add(1, Ordering::Relaxed);
         &self.arbiters[i % self.arbiters.len()]
     }
@@ -103,8 +122,58 @@ pub fn call_id(seq: u64) -> String {
 pub struct RouteProxy {
     name: String,
     upstream: Upstream,
-    client: Client<HttpConnector, BoxBody<Bytes, hyper::Error>>,
+    client: Client<ReportingConnector, BoxBody<Bytes, hyper::Error>>,
     link: Arc<EngineLink>,
+}
+
+/// The proxy's connector: hyper's, plus one report per connection of the
+/// socket's local address to the capture (see
+/// [`EngineLink::own_connections`]). The report goes out after the connect
+/// and before hyper writes the request, so the capture learns to ignore the
+/// connection before any of its HTTP is on the wire.
+#[derive(Clone)]
+pub struct ReportingConnector {
+    inner: HttpConnector,
+    link: Arc<EngineLink>,
+}
+
+type ConnectFuture = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<
+                    TokioIo<tokio::net::TcpStream>,
+                    <HttpConnector as tower_service::Service<Uri>>::Error,
+                >,
+            > + Send,
+    >,
+>;
+
+impl tower_service::Service<Uri> for ReportingConnector {
+    type Response = TokioIo<tokio::net::TcpStream>;
+    type Error = <HttpConnector as tower_service::Service<Uri>>::Error;
+    type Future = ConnectFuture;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let link = self.link.clone();
+        Box::pin(async move {
+            let io = connecting.await?;
+            if let (Some(tx), Ok(local)) = (link.own_connections.get(), io.inner().local_addr()) {
+                let _ = tx.send(OwnConnection {
+                    local,
+                    at: Instant::now(),
+                });
+            }
+            Ok(io)
+        })
+    }
 }
 
 impl RouteProxy {
@@ -113,6 +182,10 @@ impl RouteProxy {
         connector.set_nodelay(true);
         // No idle pool: see the module doc (a reused connection can race
         // the server's close and turn a good call into a 502).
+        let connector = ReportingConnector {
+            inner: connector,
+            link: link.clone(),
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)
             .build(connector);
@@ -179,6 +252,7 @@ impl RouteProxy {
                 supervisor: self.link.supervisor.clone(),
                 notifier: self.link.notifier.clone(),
                 client: client.clone(),
+                seen_by: SeenBy::Proxy,
             };
             CallActor::start_in_arbiter(self.link.arbiter(), move |_| CallActor::new(setup))
         });

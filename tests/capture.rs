@@ -1,0 +1,317 @@
+//! The capture interceptor end to end: the real helper (`speedtap-capture`,
+//! built into `target/debug` by `cargo build -p speedtap-capture`, where the
+//! engine's search finds it from the test binary in `target/debug/deps`; or
+//! named by `SPEEDTAP_CAPTURE_BIN`) captures loopback traffic that clients
+//! send straight to the simulator, and the in-process engine meters it.
+//! Where the helper can't open the packet socket (no permission, no
+//! helper) each test says why and skips.
+
+use crate::util::proxy as proxy_support;
+
+use std::time::Duration;
+
+use proxy_support::*;
+use speedtap::config::CaptureOnlyRoute;
+use speedtap::host::{CaptureOptions, CaptureStatus, Engine, EngineOptions, RunningEngine};
+use speedtap::model::{ApiKind, Call, CallStatus, RouteSpec, SeenBy, Upstream};
+use speedtap::simulate::{SimConfig, SimServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// An engine capturing `upstream`'s port: with a proxy route `t` to it when
+/// `proxy`, else as the capture-only route `t`. `None` (and a printed
+/// reason) when the capture can't run here.
+async fn capture_engine(upstream: &str, proxy: bool) -> Option<RunningEngine> {
+    let mut options = if proxy {
+        EngineOptions::new(vec![RouteSpec::new("t", "127.0.0.1:0", upstream).unwrap()])
+    } else {
+        EngineOptions::new(Vec::new())
+    };
+    options.estimator = std::sync::Arc::new(speedtap::tokens::O200kEstimator);
+    options.capture = Some(CaptureOptions {
+        interface: "lo".into(),
+        capture_only: if proxy {
+            Vec::new()
+        } else {
+            vec![CaptureOnlyRoute {
+                name: "t".into(),
+                upstream: Upstream::parse(upstream).unwrap(),
+            }]
+        },
+    });
+    let engine = Engine::start(options).await.unwrap();
+    match &engine.capture {
+        CaptureStatus::On { .. } => Some(engine),
+        other => {
+            eprintln!("skipped: the capture can't run here: {other:?}");
+            engine.shutdown(Duration::from_secs(1)).await;
+            None
+        }
+    }
+}
+
+/// The eight streaming protocols: path, request body, API.
+fn cases() -> [(&'static str, &'static str, ApiKind); 8] {
+    [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
+            ApiKind::OpenaiChat,
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"m","stream":true,"prompt":"x"}"#,
+            ApiKind::OpenaiCompletions,
+        ),
+        (
+            "/v1/responses",
+            r#"{"model":"m","stream":true,"input":"x"}"#,
+            ApiKind::OpenaiResponses,
+        ),
+        (
+            "/v1/messages",
+            r#"{"model":"m","stream":true,"max_tokens":64,"messages":[]}"#,
+            ApiKind::AnthropicMessages,
+        ),
+        (
+            "/api/chat",
+            r#"{"model":"m","messages":[]}"#,
+            ApiKind::OllamaChat,
+        ),
+        (
+            "/api/generate",
+            r#"{"model":"m","prompt":"x"}"#,
+            ApiKind::OllamaGenerate,
+        ),
+        (
+            "/completion",
+            r#"{"prompt":"x","stream":true}"#,
+            ApiKind::LlamacppCompletion,
+        ),
+        (
+            "/generate_stream",
+            r#"{"inputs":"x"}"#,
+            ApiKind::TgiGenerate,
+        ),
+    ]
+}
+
+/// Long enough (about 1.5 s of decode) that the simulator's own timer
+/// jitter on a busy machine stays well inside 1% of the span.
+const TOKENS: u64 = 150;
+const RATE: f64 = 100.0;
+
+async fn simulator() -> SimServer {
+    SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            ttft: 80 * MS,
+            tokens_per_second: RATE,
+            tokens: TOKENS,
+            usage: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+fn all_calls(calls: &[Call]) -> String {
+    format!("{calls:#?}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_sent_straight_to_the_server_are_measured_by_capture_in_every_protocol() {
+    let sim = simulator().await;
+    let Some(engine) = capture_engine(&sim.base_url(), false).await else {
+        sim.shutdown().await;
+        return;
+    };
+    assert!(
+        engine.routes.is_empty(),
+        "a capture-only route opens no port"
+    );
+    let mut report = Vec::new();
+    for (i, (path, body, api)) in cases().iter().enumerate() {
+        let got = send(sim.local_addr(), "POST", path, body).await;
+        assert_eq!(got.status, 200, "{path}");
+        let calls = settled_calls(&engine, i + 1).await;
+        let call = calls
+            .iter()
+            .find(|c| c.identity.api == *api)
+            .unwrap_or_else(|| panic!("{path}: no {api:?} call in {}", all_calls(&calls)));
+        assert_eq!(call.status, CallStatus::Ok, "{path}: {call:#?}");
+        assert_eq!(call.details.seen_by, SeenBy::Capture, "{path}");
+        assert!(!call.details.capture_gap, "{path}: {call:#?}");
+        assert_eq!(call.identity.route, "t");
+        if *api != ApiKind::LlamacppCompletion && *api != ApiKind::TgiGenerate {
+            assert_eq!(call.identity.model.as_deref(), Some("m"), "{path}");
+        }
+        let speed = call.speed.as_ref().unwrap();
+        assert_eq!(speed.output_tokens, TOKENS, "{path}: {speed:?}");
+        // The client's stopwatch: request sent to the first body frame that
+        // came at or after the first token was due (a role-only or
+        // metadata frame may come with the head).
+        let first = got
+            .frames
+            .iter()
+            .map(|(at, _)| at.duration_since(got.sent_at))
+            .find(|d| *d >= 70 * MS)
+            .unwrap();
+        let client_ms = first.as_secs_f64() * 1000.0;
+        // The record keeps whole milliseconds (truncated): the true value
+        // lies in [ttft, ttft + 1), so compare from the bucket's middle.
+        let ttft = speed.time_to_first_token_ms.unwrap() as f64 + 0.5;
+        let rate = speed.output_tokens_per_second.unwrap();
+        report.push(format!(
+            "{path}: ttft capture {ttft} ms, client {client_ms:.2} ms; rate {rate}"
+        ));
+        assert!(
+            (ttft - client_ms).abs() <= 2.0,
+            "{path}: capture TTFT {ttft} ms, client {client_ms:.2} ms"
+        );
+        assert!(
+            (rate - RATE).abs() <= RATE * 0.01,
+            "{path}: rate {rate}, schedule {RATE}"
+        );
+    }
+    eprintln!("{}", report.join("\n"));
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_through_a_proxy_route_with_capture_on_are_recorded_once() {
+    let sim = simulator().await;
+    let Some(engine) = capture_engine(&sim.base_url(), true).await else {
+        sim.shutdown().await;
+        return;
+    };
+    let proxy = engine.routes[0].listen;
+    for (path, body, _) in cases().iter().take(3) {
+        let got = send(proxy, "POST", path, body).await;
+        assert_eq!(got.status, 200, "{path}");
+    }
+    settled_calls(&engine, 3).await;
+    // A direct call after them: once it has settled, the capture has read
+    // every packet of the proxied calls before it.
+    let (path, body, _) = cases()[4];
+    send(sim.local_addr(), "POST", path, body).await;
+    let calls = settled_calls(&engine, 4).await;
+    let by = |s: SeenBy| calls.iter().filter(|c| c.details.seen_by == s).count();
+    assert_eq!(calls.len(), 4, "{}", all_calls(&calls));
+    assert_eq!(by(SeenBy::Proxy), 3, "{}", all_calls(&calls));
+    assert_eq!(by(SeenBy::Capture), 1, "{}", all_calls(&calls));
+    assert!(calls.iter().all(|c| c.status == CallStatus::Ok));
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_mid_stream_is_abandoned() {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            ttft: 20 * MS,
+            tokens_per_second: 50.0,
+            tokens: 500,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let Some(engine) = capture_engine(&sim.base_url(), false).await else {
+        sim.shutdown().await;
+        return;
+    };
+    let body = r#"{"model":"m","prompt":"x"}"#;
+    let mut stream = tokio::net::TcpStream::connect(sim.local_addr())
+        .await
+        .unwrap();
+    let request = format!(
+        "POST /api/generate HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        sim.local_addr(),
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // Read until a few tokens have come, then hang up.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.iter().filter(|b| **b == b'\n').count() < 15 {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the server ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    drop(stream);
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Abandoned, "{calls:#?}");
+    assert_eq!(calls[0].details.seen_by, SeenBy::Capture);
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[test]
+fn without_the_permission_speedtap_run_warns_once_with_the_grant_command_and_keeps_proxying() {
+    use crate::util::process::{self, read_announcement, speedtap, start_simulate, Proc, STARTUP};
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = process::scratch("capture", "no_permission");
+    // A helper that fails its check the way libpcap does without
+    // CAP_NET_RAW.
+    let helper = dir.join("speedtap-capture");
+    std::fs::write(
+        &helper,
+        "#!/bin/sh\necho 'socket: Operation not permitted' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_sim, upstream) =
+        start_simulate(&dir, &["--tokens", "20", "--tps", "500", "--ttft-ms", "0"]);
+    let route = format!("sim=127.0.0.1:0=http://{upstream}");
+    let mut cmd = speedtap(
+        &dir,
+        &[
+            "run",
+            "--json",
+            "--no-db",
+            "--capture",
+            "--api",
+            "127.0.0.1:0",
+            "--route",
+            &route,
+        ],
+    );
+    cmd.env("SPEEDTAP_CAPTURE_BIN", &helper);
+    let mut p = Proc::spawn(cmd);
+    let (proxy, _api) = read_announcement(&p, "sim");
+    let warning = p.stderr.wait_for("the capture warning", STARTUP, |l| {
+        l.contains("capture is off")
+    });
+    let grant = format!("sudo setcap cap_net_raw=eip {}", helper.display());
+    assert!(warning.contains(&grant), "{warning}");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let got = rt.block_on(send(
+        proxy,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"model":"m","stream":true,"messages":[]}"#,
+    ));
+    assert_eq!(got.status, 200);
+    p.stdout.wait_for("the settled call line", STARTUP, |l| {
+        l.contains("\"is_final\":true")
+    });
+
+    p.signal("TERM");
+    let status = p.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0));
+    let warnings = p
+        .stderr
+        .finish_lines()
+        .into_iter()
+        .filter(|l| l.contains("capture is off"))
+        .count();
+    assert_eq!(warnings, 1, "one warning line");
+}
