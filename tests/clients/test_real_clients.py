@@ -98,3 +98,44 @@ def test_json_lines_follow_the_contract(stack):
     assert lines[0]["speed"]["phase"] == "awaiting_first_token"
     assert lines[-1]["speed"]["is_final"] is True
     assert lines[-1]["speed"] == call["speed"]
+
+
+def test_capture_measures_unchanged_clients_talking_to_the_server_itself(capture_stack):
+    """No client is re-pointed: the openai and ollama packages talk to the
+    simulator's own port, and `speedtap run --capture` measures both calls
+    from the loopback packets, once each, as seen by capture."""
+    import time
+
+    stopwatch = {}
+    client = openai.OpenAI(base_url=f"{capture_stack.upstream}/v1", api_key="sk-test")
+    t0 = time.monotonic()
+    first = None
+    text = ""
+    for c in client.chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "hi"}], stream=True):
+        if c.choices and c.choices[0].delta.content:
+            first = first or time.monotonic()
+            text += c.choices[0].delta.content
+    stopwatch["openai_chat"] = (first - t0) * 1000
+    assert len(text.split()) == TOKENS
+
+    t0 = time.monotonic()
+    first = None
+    for part in ollama.Client(host=capture_stack.upstream).chat(
+            model="sim-model", messages=[{"role": "user", "content": "hi"}], stream=True):
+        if part["message"]["content"]:
+            first = first or time.monotonic()
+    stopwatch["ollama_chat"] = (first - t0) * 1000
+
+    calls = capture_stack.settled(2)
+    assert len(calls) == 2, calls
+    by_api = {c["api"]: c for c in calls}
+    for api in ("openai_chat", "ollama_chat"):
+        call = by_api[api]
+        check_call(call, api)
+        assert call["seen_by"] == "capture", call
+        assert call["model"] == "sim-model", call
+        # The wire TTFT can't exceed the client's own stopwatch, which also
+        # holds the SDK's request building and parsing (2 ms for rounding).
+        ttft = call["speed"]["time_to_first_token_ms"]
+        assert ttft <= stopwatch[api] + 2, (ttft, stopwatch[api])
