@@ -90,6 +90,13 @@ impl Protocol {
             sink.done();
             return;
         }
+        // The hot path: the common chunk shapes read into borrowed typed
+        // structs, no `Value` tree built. Anything they don't cover (a
+        // receipt, an error, a tool call, an odd type, a repeated key) is
+        // declined and read below, exactly as before.
+        if !is_error_event && data.starts_with('{') && self.fast_message(event, data, sink) {
+            return;
+        }
         let value = match serde_json::from_str::<Value>(data) {
             Ok(v) if v.is_object() => v,
             _ => {
@@ -114,6 +121,18 @@ impl Protocol {
             Self::Llamacpp(d) => d.message(&value, sink),
             Self::Tgi(d) => d.message(&value, sink),
             Self::Unknown => {}
+        }
+    }
+
+    /// One message read by its decoder's typed fast path; false when the
+    /// decoder declines it (then nothing was emitted and nothing changed).
+    fn fast_message(&mut self, event: Option<&str>, data: &str, sink: &mut Sink<'_>) -> bool {
+        match self {
+            Self::OpenaiChat(d) => d.fast_message(data, sink),
+            Self::Anthropic(_) => anthropic::fast_message(event, data, sink),
+            Self::Ollama(_) => ollama::fast_message(data, sink),
+            Self::Llamacpp(_) => llamacpp::fast_message(data, sink),
+            _ => false,
         }
     }
 
