@@ -66,7 +66,7 @@ fn the_first_call_after_start_shows_a_live_token_estimate_while_the_tokenizer_lo
         .collect();
     let counts: Vec<u64> = live
         .iter()
-        .filter(|v| v["speed"]["phase"] == "streaming")
+        .filter(|v| v["speed"]["phase"] == "responding")
         .filter_map(|v| v["speed"]["output_tokens"].as_u64())
         .collect();
     assert!(
