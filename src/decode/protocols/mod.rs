@@ -619,13 +619,31 @@ mod tests {
 
         let ev = Some("content_block_delta");
         let anthropic = [
-            (Some("message_start"), r#"{"type":"message_start","message":{"usage":{"input_tokens":4}}}"#),
-            (ev, r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":""}}"#),
-            (ev, r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi \ud83d\ude00"}}"#),
-            (ev, r#"{"index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\""}}"#),
-            (ev, r#"{"type":"content_block_delta","delta":{"type":"signature_delta","signature":"s"}}"#),
+            (
+                Some("message_start"),
+                r#"{"type":"message_start","message":{"usage":{"input_tokens":4}}}"#,
+            ),
+            (
+                ev,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":""}}"#,
+            ),
+            (
+                ev,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi \ud83d\ude00"}}"#,
+            ),
+            (
+                ev,
+                r#"{"index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\""}}"#,
+            ),
+            (
+                ev,
+                r#"{"type":"content_block_delta","delta":{"type":"signature_delta","signature":"s"}}"#,
+            ),
             (ev, r#"{"type":"content_block_delta","delta":null}"#),
-            (Some("message_delta"), r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#),
+            (
+                Some("message_delta"),
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
+            ),
             (Some("message_stop"), r#"{"type":"message_stop"}"#),
         ];
         assert!(fast_and_value_agree(ApiKind::AnthropicMessages, &anthropic) >= 5);
