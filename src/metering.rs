@@ -119,6 +119,8 @@ pub struct CallMetering {
 impl CallMetering {
     /// A call dispatched upstream at `dispatched_at`.
     pub fn new(dispatched_at: Instant, estimator: Arc<dyn TokenEstimator>) -> Self {
+        // The tokenizer loads while this call waits for its first token.
+        estimator.prepare();
         CallMetering {
             dispatched_at,
             estimator,

@@ -1,14 +1,21 @@
 //! Token estimation for streamed text.
 //!
 //! The default estimator is tiktoken's `o200k_base`. Its BPE tables take a
-//! noticeable moment to build, so they are built once, lazily, on first use
-//! (startup never pays for them) and shared by every thread: `CoreBPE` is
-//! `Sync` and tiktoken-rs keeps one process-wide instance.
+//! noticeable moment to build and hold about 30 MB, more than the rest of an
+//! idle `speedtap run`, so they are built once, when the first metered call
+//! is dispatched ([`TokenEstimator::prepare`], on a thread of their own), and
+//! shared by every thread: `CoreBPE` is `Sync` and tiktoken-rs keeps one
+//! process-wide instance. A speedtap that never sees a call never pays for
+//! them. The first call loses nothing: the tables build while it waits for
+//! its first token, a count asked for before they are ready waits for them
+//! on the metering thread (never the proxy's), and every time the meter
+//! uses was stamped on the frame's arrival, so a wait can delay the first
+//! snapshot but never change a figure.
 //!
 //! The meters take an `Arc<dyn TokenEstimator>` so tests can count with a
 //! rule they can compute by hand ([`WordCounter`]) and stay exact.
 
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
 /// Counts the tokens in a piece of text.
 ///
@@ -18,6 +25,11 @@ use std::sync::Arc;
 pub trait TokenEstimator: Send + Sync {
     /// The number of tokens `text` encodes to.
     fn count_tokens(&self, text: &str) -> u64;
+
+    /// A call that will be counted has started: load whatever the
+    /// estimator builds lazily, off the caller's thread, so the first count
+    /// finds it ready. Cheap after the first time; never blocks.
+    fn prepare(&self) {}
 }
 
 /// tiktoken `o200k_base`, the tokenizer of current OpenAI models and a fair
@@ -26,10 +38,23 @@ pub trait TokenEstimator: Send + Sync {
 pub struct O200kEstimator;
 
 impl O200kEstimator {
-    /// Builds the BPE tables now instead of on first use (e.g. on a
-    /// background thread after startup, so the first call doesn't pay).
+    /// Builds the BPE tables now, on this thread, instead of on first use.
     pub fn warm_up() {
         let _ = tiktoken_rs::o200k_base_singleton();
+    }
+
+    /// Builds the BPE tables on a thread of their own, once per process.
+    pub fn warm_up_in_background() {
+        static STARTED: Once = Once::new();
+        STARTED.call_once(|| {
+            let spawned = std::thread::Builder::new()
+                .name("speedtap-tokenizer".into())
+                .spawn(Self::warm_up);
+            // No thread to spare: the first count builds the tables itself.
+            if let Err(e) = spawned {
+                tracing::warn!("tokenizer: could not start its loader thread: {e}");
+            }
+        });
     }
 }
 
@@ -43,6 +68,10 @@ impl TokenEstimator for O200kEstimator {
         tiktoken_rs::o200k_base_singleton()
             .encode_ordinary(text)
             .len() as u64
+    }
+
+    fn prepare(&self) {
+        Self::warm_up_in_background();
     }
 }
 

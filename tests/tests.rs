@@ -16,6 +16,7 @@ mod control_api;
 mod decode_fixtures;
 mod engine_control;
 mod export_cli;
+mod headless_footprint;
 mod metrics_export;
 mod proxy;
 mod proxy_fixtures;

@@ -33,9 +33,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let events = engine.handle.subscribe().await;
     let printer = tokio::spawn(print_events(events, json));
     announce(&engine);
-    // Build the tokenizer tables now, off the proxy's threads, so the first
-    // call doesn't pay for them.
-    std::thread::spawn(crate::tokens::O200kEstimator::warm_up);
+    // The tokenizer's tables are built when the first metered call starts
+    // (`TokenEstimator::prepare`), not here: an idle speedtap stays small.
 
     stop.await;
     eprintln!("speedtap: stopping (in-flight calls get up to 5 s to finish)...");
@@ -112,6 +111,7 @@ async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json
     let width = terminal_width();
     let mut view = TerminalView::new(width);
     let mut redraw = tokio::time::interval(Duration::from_millis(250));
+    redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             event = events.recv() => {
@@ -120,7 +120,9 @@ async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json
                 // block itself.
                 view.apply(&event);
             }
-            _ = redraw.tick() => {
+            // Only ticks while there is something to draw: an idle speedtap
+            // sleeps until the next event (every 10 s, the idle stats).
+            _ = redraw.tick(), if view.is_dirty() => {
                 if let Some(text) = view.render(Instant::now()) {
                     let _ = stdout.write_all(text.as_bytes());
                     let _ = stdout.flush();

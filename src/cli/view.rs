@@ -136,6 +136,11 @@ impl TerminalView {
         }
     }
 
+    /// Whether something changed since the last draw.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
     /// The bytes to write now, or `None` if nothing changed or the last draw
     /// was less than [`MIN_REDRAW`] ago.
     pub fn render(&mut self, now: Instant) -> Option<String> {

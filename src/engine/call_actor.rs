@@ -59,6 +59,10 @@ pub struct CallActor {
     capture_gap: bool,
     /// When a snapshot tick first found every address gone (see `started`).
     orphaned_at: Option<Instant>,
+    /// The proxy tap's frame queue, known from its first `FramesQueued`.
+    frames: Option<Arc<FrameQueue>>,
+    /// The drained batch, its capacity kept for the next one.
+    batch: Vec<Frame>,
 }
 
 impl CallActor {
@@ -74,6 +78,26 @@ impl CallActor {
             reported: false,
             capture_gap: false,
             orphaned_at: None,
+            frames: None,
+            batch: Vec::new(),
+        }
+    }
+
+    /// Meters every frame the tap queued, in order. Once the first output
+    /// (or a body not metered) was seen, the tap stops waking this actor
+    /// per frame and the snapshot tick drains the queue.
+    fn drain_frames(&mut self) {
+        let Some(queue) = &self.frames else { return };
+        queue.take(&mut self.batch);
+        let mut batch = std::mem::take(&mut self.batch);
+        for frame in batch.drain(..) {
+            if let Some(s) = self.metering.on_frame(&frame.bytes, frame.at) {
+                self.publish(s);
+            }
+        }
+        self.batch = batch;
+        if self.metering.first_output_at().is_some() || !self.metering.is_metering() {
+            queue.relax();
         }
     }
 
@@ -196,6 +220,7 @@ impl Actor for CallActor {
         // `BodyEnded`) is still handled first. The record's end time is the
         // first tick that noticed.
         ctx.run_interval(SNAPSHOT_INTERVAL, |act, ctx| {
+            act.drain_frames();
             let now = Instant::now();
             if !ctx.connected() {
                 if act.orphaned_at.is_some() {
@@ -228,6 +253,7 @@ impl Actor for CallActor {
     fn stopping(&mut self, _ctx: &mut Self::Context) -> Running {
         // Every way out reports once: the tap dropped without an end, the
         // engine stopping, or a normal end (then this is a no-op).
+        self.drain_frames();
         let at = self.orphaned_at.unwrap_or_else(Instant::now);
         self.report(StreamEnd::ClientGone, at);
         Running::Stop
@@ -291,9 +317,18 @@ impl Handler<Frame> for CallActor {
     }
 }
 
+impl Handler<FramesQueued> for CallActor {
+    type Result = ();
+    fn handle(&mut self, msg: FramesQueued, _: &mut Self::Context) {
+        self.frames.get_or_insert(msg.0);
+        self.drain_frames();
+    }
+}
+
 impl Handler<BodyEnded> for CallActor {
     type Result = ();
     fn handle(&mut self, msg: BodyEnded, ctx: &mut Self::Context) {
+        self.drain_frames();
         self.report(msg.end, msg.at);
         ctx.stop();
     }

@@ -2,6 +2,9 @@
 //! as facts. Delivery: the proxy only ever uses `do_send` (never awaits an
 //! actor), so metering can't slow the traffic it measures.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
 use actix::Message;
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -36,11 +39,92 @@ pub struct ResponseStarted {
 /// One response body frame, timestamped on arrival from the upstream,
 /// before it was forwarded. The `Bytes` is a cheap clone of the frame the
 /// client receives.
-#[derive(Message)]
+#[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct Frame {
     pub bytes: Bytes,
     pub at: Instant,
+}
+
+/// Frames are waiting in this call's [`FrameQueue`]: the proxy's tap
+/// queues every frame there and sends this only when the actor should look
+/// now (see [`FrameQueue::push`]); otherwise the actor's snapshot tick
+/// drains the queue. One message for many frames instead of one each.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FramesQueued(pub Arc<FrameQueue>);
+
+/// Queued frames that make the tap wake the actor although its first
+/// output was seen: a bound on what waits for the tick.
+pub const WAKE_AT_FRAMES: usize = 64;
+/// Queued bytes that wake the actor, likewise (a large body going by).
+pub const WAKE_AT_BYTES: usize = 256 * 1024;
+
+/// One call's response frames on their way from the tap (a proxy thread)
+/// to its actor (a metering thread), in arrival order.
+///
+/// The tap pushes each frame after timestamping it and before handing it
+/// on; the lock is only ever held to push one frame or to swap the whole
+/// vector out, so the proxy never waits on metering. Until the actor has
+/// seen the call's first output every frame is wanted at once (the time to
+/// first token and the phase change are live news); after it, frames wait
+/// for the actor's snapshot tick (every 250 ms, which is as often as a call
+/// publishes anyway) unless [`WAKE_AT_FRAMES`] or [`WAKE_AT_BYTES`] pile
+/// up. Every figure uses the arrival time stamped on the frame, so when a
+/// frame is metered changes no number.
+#[derive(Debug)]
+pub struct FrameQueue {
+    inner: Mutex<Queued>,
+    /// The actor wants each frame at once (cleared after the first output).
+    prompt: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Queued {
+    frames: Vec<Frame>,
+    bytes: usize,
+    /// A `FramesQueued` is on its way and the queue wasn't drained since.
+    woken: bool,
+}
+
+impl Default for FrameQueue {
+    fn default() -> Self {
+        FrameQueue {
+            inner: Mutex::new(Queued::default()),
+            prompt: AtomicBool::new(true),
+        }
+    }
+}
+
+impl FrameQueue {
+    /// Queues one frame; true when the caller should send `FramesQueued`.
+    pub fn push(&self, frame: Frame) -> bool {
+        let prompt = self.prompt.load(Ordering::Relaxed);
+        let Ok(mut q) = self.inner.lock() else {
+            return false;
+        };
+        q.bytes += frame.bytes.len();
+        q.frames.push(frame);
+        let due = prompt || q.frames.len() >= WAKE_AT_FRAMES || q.bytes >= WAKE_AT_BYTES;
+        let wake = due && !q.woken;
+        q.woken |= wake;
+        wake
+    }
+
+    /// Moves every queued frame into `into` (empty, its capacity reused for
+    /// the next batch), oldest first.
+    pub fn take(&self, into: &mut Vec<Frame>) {
+        if let Ok(mut q) = self.inner.lock() {
+            std::mem::swap(&mut q.frames, into);
+            q.bytes = 0;
+            q.woken = false;
+        }
+    }
+
+    /// From now on frames may wait for the actor's tick.
+    pub fn relax(&self) {
+        self.prompt.store(false, Ordering::Relaxed);
+    }
 }
 
 /// The response body ended (or the client left). Sent at most once per

@@ -19,11 +19,60 @@
 //! - `ping` is ignored; `error` events are handled for every API in
 //!   `Protocol::message`.
 
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::decode::event::Usage;
 
-use super::{json, Sink};
+use super::json::{self, Text};
+use super::Sink;
+
+/// The hot path: a `content_block_delta` event read into borrowed structs.
+/// Declines (false, nothing emitted) every other event type, errors and
+/// anything mistyped: the `Value` reader takes those.
+pub(crate) fn fast_message(event: Option<&str>, data: &str, sink: &mut Sink<'_>) -> bool {
+    let Ok(v) = serde_json::from_str::<FastEvent<'_>>(data) else {
+        return false;
+    };
+    let ty = Text::str(&v.kind).or(event).unwrap_or("");
+    if ty != "content_block_delta" || v.error.is_some() {
+        return false;
+    }
+    let Some(delta) = &v.delta else {
+        return true;
+    };
+    match Text::str(&delta.kind) {
+        Some("text_delta") => sink.text(Text::nonempty(&delta.text).unwrap_or("")),
+        Some("thinking_delta") => sink.reasoning(Text::nonempty(&delta.thinking).unwrap_or("")),
+        Some("input_json_delta") => sink.tool(Text::nonempty(&delta.partial_json).unwrap_or("")),
+        _ => {}
+    }
+    true
+}
+
+/// One event as the fast path reads it (`IgnoredAny`: only noticed, to
+/// decline; `Option`: `null` is absent, as for the `Value` reader).
+#[derive(Deserialize)]
+struct FastEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Text<'a>>,
+    #[serde(borrow)]
+    delta: Option<FastDelta<'a>>,
+    error: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct FastDelta<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Text<'a>>,
+    #[serde(borrow)]
+    text: Option<Text<'a>>,
+    #[serde(borrow)]
+    thinking: Option<Text<'a>>,
+    #[serde(borrow)]
+    partial_json: Option<Text<'a>>,
+}
 
 /// Per-call state of the Anthropic decoder.
 #[derive(Debug, Default)]

@@ -272,6 +272,46 @@ pub fn call_text(name: Option<&Value>, arguments: Option<&Value>) -> String {
     text
 }
 
+/// A JSON string read by the typed fast paths: borrowed from the message
+/// when it has no escapes (the common case), owned when it has some.
+/// (serde's own `Cow<str>` always owns inside an `Option`.)
+#[derive(Debug)]
+pub struct Text<'a>(pub std::borrow::Cow<'a, str>);
+
+impl Text<'_> {
+    /// The text of an optional field.
+    pub fn str<'s>(t: &'s Option<Text<'_>>) -> Option<&'s str> {
+        t.as_ref().map(|t| &*t.0)
+    }
+
+    /// The text, `None` when empty (what [`nonempty_str`] answers).
+    pub fn nonempty<'s>(t: &'s Option<Text<'_>>) -> Option<&'s str> {
+        Self::str(t).filter(|s| !s.is_empty())
+    }
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(std::borrow::Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Text<'de>, E> {
+                Ok(Text(std::borrow::Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Text<'de>, E> {
+                Ok(Text(std::borrow::Cow::Owned(s)))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

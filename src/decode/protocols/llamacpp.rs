@@ -17,11 +17,47 @@
 //!   34 = 3 + 32 - 1 in the captures), not the prompt tokens served from
 //!   cache; those are `timings.cache_n`.
 
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::decode::event::Usage;
 
-use super::{json, Sink};
+use super::json::{self, Text};
+use super::Sink;
+
+/// The hot path: an event with text and no `timings`, before `stop`, read
+/// into a borrowed struct. Declines (false, nothing emitted) the last event,
+/// events with timings (`timings_per_token`), errors and anything mistyped.
+pub(crate) fn fast_message(data: &str, sink: &mut Sink<'_>) -> bool {
+    let Ok(event) = serde_json::from_str::<FastEvent<'_>>(data) else {
+        return false;
+    };
+    if event.stop == Some(true)
+        || event.timings.is_some()
+        || event.error.is_some()
+        || event.kind.is_some()
+    {
+        return false;
+    }
+    if let Some(t) = Text::nonempty(&event.content) {
+        sink.text(t);
+    }
+    true
+}
+
+/// One streamed event as the fast path reads it (`IgnoredAny`: only
+/// noticed, to decline; `Option`: `null` is absent).
+#[derive(Deserialize)]
+struct FastEvent<'a> {
+    #[serde(borrow)]
+    content: Option<Text<'a>>,
+    stop: Option<bool>,
+    timings: Option<IgnoredAny>,
+    error: Option<IgnoredAny>,
+    #[serde(rename = "type")]
+    kind: Option<IgnoredAny>,
+}
 
 /// The native decoder keeps no state: every event stands alone.
 #[derive(Debug, Default)]

@@ -90,6 +90,20 @@ impl Protocol {
             sink.done();
             return;
         }
+        // The hot path: the common chunk shapes read into borrowed typed
+        // structs, no `Value` tree built. Anything they don't cover (a
+        // receipt, an error, a tool call, an odd type, a repeated key) is
+        // declined and read below, exactly as before.
+        if !is_error_event && data.starts_with('{') && self.fast_message(event, data, sink) {
+            return;
+        }
+        self.value_message(event, data, sink);
+    }
+
+    /// The rest of [`message`](Self::message): `data` (trimmed, not
+    /// `[DONE]`) read as a `serde_json::Value`, whatever its shape.
+    fn value_message(&mut self, event: Option<&str>, data: &str, sink: &mut Sink<'_>) {
+        let is_error_event = event == Some("error");
         let value = match serde_json::from_str::<Value>(data) {
             Ok(v) if v.is_object() => v,
             _ => {
@@ -114,6 +128,18 @@ impl Protocol {
             Self::Llamacpp(d) => d.message(&value, sink),
             Self::Tgi(d) => d.message(&value, sink),
             Self::Unknown => {}
+        }
+    }
+
+    /// One message read by its decoder's typed fast path; false when the
+    /// decoder declines it (then nothing was emitted and nothing changed).
+    fn fast_message(&mut self, event: Option<&str>, data: &str, sink: &mut Sink<'_>) -> bool {
+        match self {
+            Self::OpenaiChat(d) => d.fast_message(data, sink),
+            Self::Anthropic(_) => anthropic::fast_message(event, data, sink),
+            Self::Ollama(_) => ollama::fast_message(data, sink),
+            Self::Llamacpp(_) => llamacpp::fast_message(data, sink),
+            _ => false,
         }
     }
 
@@ -526,6 +552,102 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::*;
     use super::*;
+
+    /// Decodes `messages` in order twice, once as `Protocol::message` does
+    /// (fast path first) and once through the `Value` reader only: the
+    /// events, the unparsed count and the end must be the same.
+    fn fast_and_value_agree(api: ApiKind, messages: &[(Option<&str>, &str)]) -> usize {
+        let mut taken = 0;
+        let (mut fast, mut slow) = (Protocol::new(api), Protocol::new(api));
+        let (mut fast_state, mut slow_state) = (SinkState::new(None), SinkState::new(None));
+        let (mut fast_out, mut slow_out) = (Vec::new(), Vec::new());
+        for (event, data) in messages {
+            let mut sink = fast_state.sink(&mut fast_out);
+            let before = sink.out.len();
+            if fast.fast_message(*event, data, &mut sink) {
+                taken += 1;
+            } else {
+                assert_eq!(sink.out.len(), before, "a declined message emitted nothing");
+                fast.value_message(*event, data, &mut sink);
+            }
+            slow.value_message(*event, data, &mut slow_state.sink(&mut slow_out));
+        }
+        fast.finish(&mut fast_state.sink(&mut fast_out));
+        slow.finish(&mut slow_state.sink(&mut slow_out));
+        assert_eq!(fast_out, slow_out, "{messages:?}");
+        assert_eq!(fast_state.unparsed(), slow_state.unparsed());
+        taken
+    }
+
+    #[test]
+    fn the_typed_fast_paths_decode_exactly_like_the_value_reader() {
+        let chat = [
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"Hel\u00e9 \"q\"\n"}}],"id":"x","object":"chat.completion.chunk"}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"why","reasoning":"why"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"a","reasoning":"b","content":"<think>c"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"</think>d","refusal":"no"}}]}"#,
+            r#"{"choices":[{"delta":{"content":["x"]}}]}"#,
+            r#"{"choices":[{"delta":{"content":"dup"},"delta":{"content":"again"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"null"}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}],"usage":null}"#,
+            r#"{"choices":[],"usage":{"completion_tokens":5}}"#,
+            r#"{"error":false,"choices":[{"delta":{"content":"e"}}]}"#,
+        ];
+        let chat: Vec<_> = chat.iter().map(|d| (None, *d)).collect();
+        assert!(fast_and_value_agree(ApiKind::OpenaiChat, &chat) >= 6);
+
+        let ollama = [
+            r#"{"model":"m","message":{"role":"assistant","content":"","thinking":"Let"},"done":false}"#,
+            r#"{"model":"m","message":{"role":"assistant","content":"Hi\n"},"done":false}"#,
+            r#"{"model":"m","response":"<think>x</think>y","thinking":null,"done":false}"#,
+            r#"{"model":"m","message":{"tool_calls":[{"function":{"name":"f","arguments":{}}}]},"done":false}"#,
+            r#"{"model":"m","message":{"content":5},"done":false}"#,
+            r#"{"model":"m","response":"","done":true,"eval_count":3,"eval_duration":3000000}"#,
+        ];
+        let ollama: Vec<_> = ollama.iter().map(|d| (None, *d)).collect();
+        assert!(fast_and_value_agree(ApiKind::OllamaChat, &ollama) >= 3);
+
+        let llamacpp = [
+            r#"{"index":0,"content":" a","tokens":[253],"stop":false,"tokens_predicted":1}"#,
+            r#"{"index":0,"content":" b","stop":false,"timings":{"predicted_n":2,"predicted_ms":15.9}}"#,
+            r#"{"index":0,"content":"","stop":true,"tokens_predicted":2,"tokens_evaluated":3}"#,
+        ];
+        let llamacpp: Vec<_> = llamacpp.iter().map(|d| (None, *d)).collect();
+        assert!(fast_and_value_agree(ApiKind::LlamacppCompletion, &llamacpp) >= 1);
+
+        let ev = Some("content_block_delta");
+        let anthropic = [
+            (
+                Some("message_start"),
+                r#"{"type":"message_start","message":{"usage":{"input_tokens":4}}}"#,
+            ),
+            (
+                ev,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":""}}"#,
+            ),
+            (
+                ev,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi \ud83d\ude00"}}"#,
+            ),
+            (
+                ev,
+                r#"{"index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\""}}"#,
+            ),
+            (
+                ev,
+                r#"{"type":"content_block_delta","delta":{"type":"signature_delta","signature":"s"}}"#,
+            ),
+            (ev, r#"{"type":"content_block_delta","delta":null}"#),
+            (
+                Some("message_delta"),
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
+            ),
+            (Some("message_stop"), r#"{"type":"message_stop"}"#),
+        ];
+        assert!(fast_and_value_agree(ApiKind::AnthropicMessages, &anthropic) >= 5);
+    }
 
     #[test]
     fn done_marker_is_honoured_once() {

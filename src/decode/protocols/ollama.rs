@@ -18,11 +18,13 @@
 //! out rather than divided by. When no duration survives, no timings event
 //! is emitted at all; the counts still come as usage.
 
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::decode::event::{ServerTimings, Usage};
 
-use super::json::{self, MAX_GENERATION_TOKENS_PER_S, MAX_PROMPT_TOKENS_PER_S};
+use super::json::{self, Text, MAX_GENERATION_TOKENS_PER_S, MAX_PROMPT_TOKENS_PER_S};
 use super::Sink;
 
 /// The Ollama decoder keeps no state: every line stands alone.
@@ -52,6 +54,64 @@ impl Decoder {
         self.message(v, sink);
         true
     }
+}
+
+/// The hot path: a line of thinking or text that is not the last one,
+/// read into borrowed structs. Declines (false, nothing emitted) the final
+/// line (`done: true`, with its receipts), tool calls, errors and anything
+/// mistyped: the `Value` reader takes those.
+pub(crate) fn fast_message(data: &str, sink: &mut Sink<'_>) -> bool {
+    let Ok(line) = serde_json::from_str::<FastLine<'_>>(data) else {
+        return false;
+    };
+    let plain = line.done != Some(true)
+        && line.tool_calls.is_none()
+        && line.error.is_none()
+        && line.kind.is_none()
+        && line.message.as_ref().is_none_or(|m| m.tool_calls.is_none());
+    if !plain {
+        return false;
+    }
+    if let Some(m) = &line.message {
+        fast_output(Text::str(&m.thinking), Text::str(&m.content), sink);
+    }
+    fast_output(Text::str(&line.thinking), Text::str(&line.response), sink);
+    true
+}
+
+fn fast_output(thinking: Option<&str>, text: Option<&str>, sink: &mut Sink<'_>) {
+    if let Some(t) = thinking.filter(|t| !t.is_empty()) {
+        sink.reasoning(t);
+    }
+    if let Some(t) = text.filter(|t| !t.is_empty()) {
+        sink.text(t);
+    }
+}
+
+/// One NDJSON line as the fast path reads it (`IgnoredAny`: only noticed,
+/// to decline; `Option`: `null` is absent, as for the `Value` reader).
+#[derive(Deserialize)]
+struct FastLine<'a> {
+    #[serde(borrow)]
+    message: Option<FastMessage<'a>>,
+    #[serde(borrow)]
+    response: Option<Text<'a>>,
+    #[serde(borrow)]
+    thinking: Option<Text<'a>>,
+    done: Option<bool>,
+    tool_calls: Option<IgnoredAny>,
+    error: Option<IgnoredAny>,
+    #[serde(rename = "type")]
+    kind: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct FastMessage<'a> {
+    #[serde(borrow)]
+    content: Option<Text<'a>>,
+    #[serde(borrow)]
+    thinking: Option<Text<'a>>,
+    tool_calls: Option<IgnoredAny>,
 }
 
 /// Thinking, then text (`text_key`), then tool calls of one object.

@@ -26,9 +26,11 @@
 //! without its blank line; the SSE framer recovers that case too).
 //! KoboldCpp's `"finish_reason": "null"` string is not a finish reason.
 
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::Value;
 
-use super::json;
+use super::json::{self, Text};
 use super::Sink;
 
 /// Per-call state of the chat decoder.
@@ -53,6 +55,61 @@ impl Decoder {
         self.envelope(v, sink);
     }
 
+    /// The hot path: a chunk of plain text or reasoning deltas and finish
+    /// reasons, read into borrowed structs. Declines (false, nothing
+    /// emitted) a chunk with anything else the `Value` reader looks at:
+    /// receipts, tool calls, whole messages, errors, a mistyped field.
+    pub(crate) fn fast_message(&mut self, data: &str, sink: &mut Sink<'_>) -> bool {
+        let Ok(chunk) = serde_json::from_str::<FastChunk<'_>>(data) else {
+            return false;
+        };
+        let choices = chunk.choices.unwrap_or_default();
+        let plain = chunk.usage.is_none()
+            && chunk.timings.is_none()
+            && chunk.error.is_none()
+            && chunk.kind.is_none()
+            && choices.iter().all(|c| {
+                c.message.is_none()
+                    && c.usage.is_none()
+                    && c.timings.is_none()
+                    && c.delta
+                        .as_ref()
+                        .is_none_or(|d| d.tool_calls.is_none() && d.function_call.is_none())
+            });
+        if !plain {
+            return false;
+        }
+        for choice in &choices {
+            if let Some(d) = &choice.delta {
+                let rc = Text::nonempty(&d.reasoning_content);
+                let r = Text::nonempty(&d.reasoning);
+                match (rc, r) {
+                    (Some(a), Some(b)) if a == b => sink.reasoning(a),
+                    (a, b) => {
+                        if let Some(a) = a {
+                            sink.reasoning(a);
+                        }
+                        if let Some(b) = b {
+                            sink.reasoning(b);
+                        }
+                    }
+                }
+                if let Some(text) = Text::nonempty(&d.content) {
+                    sink.text(text);
+                }
+                if let Some(refusal) = Text::nonempty(&d.refusal) {
+                    sink.text(refusal);
+                }
+            }
+        }
+        for choice in &choices {
+            if Text::str(&choice.finish_reason).is_some_and(|s| !s.is_empty() && s != "null") {
+                self.finished = true;
+            }
+        }
+        true
+    }
+
     /// A whole `chat.completion` body. Recognised when it has `choices`.
     pub(crate) fn body(&mut self, v: &Value, sink: &mut Sink<'_>) -> bool {
         if !v.get("choices").is_some_and(Value::is_array) {
@@ -73,6 +130,45 @@ impl Decoder {
     pub(super) fn envelope(&mut self, v: &Value, sink: &mut Sink<'_>) {
         scan_envelope(v, &mut self.finished, sink);
     }
+}
+
+/// A streamed chunk as the fast path reads it. The `IgnoredAny` fields are
+/// only there to notice the parts the fast path leaves to the `Value`
+/// reader; `Option` makes `null` the same as absent, as it is there.
+#[derive(Deserialize)]
+struct FastChunk<'a> {
+    #[serde(borrow)]
+    choices: Option<Vec<FastChoice<'a>>>,
+    usage: Option<IgnoredAny>,
+    timings: Option<IgnoredAny>,
+    error: Option<IgnoredAny>,
+    #[serde(rename = "type")]
+    kind: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct FastChoice<'a> {
+    #[serde(borrow)]
+    delta: Option<FastDelta<'a>>,
+    #[serde(borrow)]
+    finish_reason: Option<Text<'a>>,
+    message: Option<IgnoredAny>,
+    usage: Option<IgnoredAny>,
+    timings: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct FastDelta<'a> {
+    #[serde(borrow)]
+    content: Option<Text<'a>>,
+    #[serde(borrow)]
+    reasoning_content: Option<Text<'a>>,
+    #[serde(borrow)]
+    reasoning: Option<Text<'a>>,
+    #[serde(borrow)]
+    refusal: Option<Text<'a>>,
+    tool_calls: Option<IgnoredAny>,
+    function_call: Option<IgnoredAny>,
 }
 
 /// The `choices` array of a chunk (empty if absent or not an array).

@@ -2,9 +2,13 @@
 //! through to a call's actor without ever waiting on it.
 //!
 //! - [`TapBody`] wraps the upstream's response body. Each data frame is
-//!   timestamped on arrival, handed to the call actor as a `Bytes` clone
-//!   (a reference count, no copy) with `do_send` (queued, never awaited),
-//!   and returned to hyper unchanged. The end of the body is reported once:
+//!   timestamped on arrival, queued for the call actor as a `Bytes` clone
+//!   (a reference count, no copy) in the call's [`FrameQueue`], and
+//!   returned to hyper unchanged. The actor is woken with `do_send`
+//!   (queued, never awaited) only when the queue says so: each frame until
+//!   the call's first output, then once per pile of frames; its snapshot
+//!   tick drains the rest, so a stream costs a message per batch of frames,
+//!   not per frame. The end of the body is reported once:
 //!   on the last frame, on `None`, on an error, or from `Drop` when the
 //!   client went away first (after tower-http's trace body). The time
 //!   from a frame's arrival to its hand-off is the proxy's added latency
@@ -28,15 +32,16 @@ use tokio::time::Instant;
 
 use crate::decode::request_fields::RequestScanner;
 use crate::engine::call_actor::CallActor;
-use crate::engine::messages::{BodyEnded, Frame, RequestFieldsSeen};
+use crate::engine::messages::{BodyEnded, Frame, FrameQueue, FramesQueued, RequestFieldsSeen};
 use crate::engine::metrics::record_proxy_latency;
 use crate::metering::StreamEnd;
 
-/// A call actor's inbox as the response tap sees it: where frames go and
-/// where the one end report goes (recipients, so a test can stand in for
-/// the actor).
+/// A call actor's inbox as the response tap sees it: the queue frames go
+/// to, where its wake-ups go and where the one end report goes
+/// (recipients, so a test can stand in for the actor).
 pub struct CallTap {
-    frames: Recipient<Frame>,
+    queue: Arc<FrameQueue>,
+    wake: Recipient<FramesQueued>,
     ends: Recipient<BodyEnded>,
     ended: bool,
 }
@@ -47,16 +52,19 @@ impl CallTap {
     }
 
     /// A tap reporting to any recipients of the two messages.
-    pub fn to(frames: Recipient<Frame>, ends: Recipient<BodyEnded>) -> Self {
+    pub fn to(wake: Recipient<FramesQueued>, ends: Recipient<BodyEnded>) -> Self {
         CallTap {
-            frames,
+            queue: Arc::default(),
+            wake,
             ends,
             ended: false,
         }
     }
 
     fn frame(&self, bytes: Bytes, at: Instant) {
-        self.frames.do_send(Frame { bytes, at });
+        if self.queue.push(Frame { bytes, at }) {
+            self.wake.do_send(FramesQueued(self.queue.clone()));
+        }
     }
 
     fn finish(&mut self, end: StreamEnd) {
@@ -240,6 +248,7 @@ mod tests {
     use http_body_util::{BodyExt, Empty, Full, StreamBody};
 
     use super::*;
+    use crate::engine::messages::{WAKE_AT_BYTES, WAKE_AT_FRAMES};
 
     /// What the stand-in actor heard, in order.
     #[derive(Debug, PartialEq)]
@@ -254,10 +263,13 @@ mod tests {
         type Context = ActorContext<Self>;
     }
 
-    impl Handler<Frame> for Recorder {
+    impl Handler<FramesQueued> for Recorder {
         type Result = ();
-        fn handle(&mut self, msg: Frame, _: &mut Self::Context) {
-            self.0.lock().expect("lock").push(Heard::Frame(msg.bytes));
+        fn handle(&mut self, msg: FramesQueued, _: &mut Self::Context) {
+            let mut frames = Vec::new();
+            msg.0.take(&mut frames);
+            let mut heard = self.0.lock().expect("lock");
+            heard.extend(frames.into_iter().map(|f| Heard::Frame(f.bytes)));
         }
     }
 
@@ -415,6 +427,39 @@ mod tests {
         assert_eq!(heard(&h).await, vec![]);
         drop(body);
         assert_eq!(heard(&h).await, vec![Heard::End(StreamEnd::ClientGone)]);
+    }
+
+    #[test]
+    fn after_the_first_output_frames_wait_for_the_tick_until_a_pile_wakes_the_actor_once() {
+        let queue = FrameQueue::default();
+        let frame = |n: usize| Frame {
+            bytes: Bytes::from(vec![b'x'; n]),
+            at: Instant::now(),
+        };
+        // Before the first output: a wake for the first frame, none while
+        // that wake is pending, and one again after the actor drained.
+        assert!(queue.push(frame(1)));
+        assert!(!queue.push(frame(1)));
+        let mut got = Vec::new();
+        queue.take(&mut got);
+        assert_eq!(got.len(), 2);
+        got.clear();
+        assert!(queue.push(frame(1)));
+        queue.take(&mut got);
+        got.clear();
+        // After it: frames wait, until WAKE_AT_FRAMES of them pile up.
+        queue.relax();
+        let wakes: Vec<bool> = (0..WAKE_AT_FRAMES + 5)
+            .map(|_| queue.push(frame(1)))
+            .collect();
+        assert_eq!(wakes.iter().filter(|w| **w).count(), 1);
+        assert!(wakes[WAKE_AT_FRAMES - 1]);
+        queue.take(&mut got);
+        assert_eq!(got.len(), WAKE_AT_FRAMES + 5);
+        got.clear();
+        // Or WAKE_AT_BYTES of them.
+        assert!(!queue.push(frame(WAKE_AT_BYTES - 1)));
+        assert!(queue.push(frame(1)));
     }
 
     #[test]
