@@ -176,6 +176,7 @@ const firstLoad = new Promise((resolve) => {
     },
     stats: (stats) => dispatch({ type: "stats", stats }),
     slow_first_token: (p) => dispatch({ type: "slow_first_token", ...p }),
+    prompt_truncated: (p) => dispatch({ type: "prompt_truncated", ...p }),
     open: () => {
       opened = true;
       everOpened = true;

@@ -1,5 +1,6 @@
-//! Desktop notifications: a late first token, and (if the user asked for
-//! it) a follow-up when that call settles.
+//! Desktop notifications: a late first token (with why it waits, in the
+//! engine's words), a follow-up when that call settles (if the user asked
+//! for it), and a prompt the server cut short (once per route and model).
 //!
 //! The engine decides *when* a first token is late and throttles per route
 //! (its `Notifier` calls our hook at most once per route per minute, and
@@ -16,7 +17,7 @@
 //! notification daemon, a daemon being activated); it must never stall the
 //! engine.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -97,6 +98,9 @@ pub struct Notifications {
     fixed_settings: Option<(bool, bool)>,
     /// Calls we notified about, waiting for their settled follow-up.
     alarmed: Mutex<HashMap<String, SlowFirstToken>>,
+    /// (route, model) pairs whose cut prompt was notified: once is enough
+    /// to learn that a context size is too small; every call would be noise.
+    truncated: Mutex<HashSet<(String, Option<String>)>>,
 }
 
 impl Notifications {
@@ -109,6 +113,7 @@ impl Notifications {
             paused: AtomicBool::new(false),
             fixed_settings: None,
             alarmed: Mutex::new(HashMap::new()),
+            truncated: Mutex::new(HashSet::new()),
         })
     }
 
@@ -120,6 +125,7 @@ impl Notifications {
             paused: AtomicBool::new(false),
             fixed_settings: Some((notifications, notify_settled)),
             alarmed: Mutex::new(HashMap::new()),
+            truncated: Mutex::new(HashSet::new()),
         })
     }
 
@@ -168,6 +174,26 @@ impl Notifications {
         self.sink.show(slow_note(slow));
     }
 
+    /// The engine's truncation alarm (`prompt_truncated`): the server read
+    /// less of a prompt than was sent. Notified once per route and model;
+    /// `message` is the engine's text (`qwen3:32b on ollama cut the prompt:
+    /// 9,000 tokens sent, 2,048 read (context 2,048)`). An alarm silenced
+    /// by the pause or the settings is not counted, so the next one shows.
+    pub fn on_prompt_truncated(&self, route: &str, model: Option<&str>, message: String) {
+        let (notifications, _) = self.settings();
+        if self.is_paused() || !notifications {
+            return;
+        }
+        let first = self
+            .truncated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((route.to_owned(), model.map(str::to_owned)));
+        if first {
+            self.sink.show(truncation_note(message));
+        }
+    }
+
     /// A call settled: the follow-up, if we alarmed about it and the user
     /// wants follow-ups.
     pub fn on_settled(&self, call: &Call) {
@@ -182,14 +208,42 @@ impl Notifications {
     }
 }
 
-/// The late-first-token notification.
+/// The late-first-token notification: the engine's message (who, how
+/// long, and why it waits when known: `…, loading the model (usually
+/// 4.0 s)`) and a body saying what "late" was judged against.
 pub fn slow_note(slow: &SlowFirstToken) -> Note {
     Note {
         summary: slow.message(),
-        body: format!(
-            "Still waiting; the slow-first-token threshold is {:.1} s.",
-            slow.threshold_ms as f64 / 1000.0
+        body: slow_body(&serde_json::to_value(slow).unwrap_or_default()),
+    }
+}
+
+/// What a slow first token was judged against, from the alarm's JSON
+/// (docs/api.md): the route's normal for this model and prompt size
+/// (`usual_ms`) when the engine has learned one, else the fixed threshold.
+/// Read through the JSON so this depends on the published shape alone.
+pub fn slow_body(alarm: &serde_json::Value) -> String {
+    let ms = |key: &str| alarm.get(key).and_then(serde_json::Value::as_u64);
+    match (ms("usual_ms"), ms("threshold_ms")) {
+        (Some(usual), _) => format!(
+            "Still waiting; this model on this route usually answers a prompt this size in {:.1} s.",
+            usual as f64 / 1000.0
         ),
+        (None, Some(threshold)) => format!(
+            "Still waiting; the slow-first-token threshold is {:.1} s.",
+            threshold as f64 / 1000.0
+        ),
+        (None, None) => "Still waiting.".to_owned(),
+    }
+}
+
+/// The cut-prompt notification: the engine's message and what to do.
+pub fn truncation_note(message: String) -> Note {
+    Note {
+        summary: message,
+        body: "The model answered without the rest of the prompt. Raise the context size \
+               (Ollama: num_ctx) or send shorter prompts."
+            .to_owned(),
     }
 }
 
@@ -302,6 +356,97 @@ mod tests {
         assert_eq!(
             sink.summaries(),
             ["qwen3:32b on ollama: no first token after 5.0 s"]
+        );
+    }
+
+    #[test]
+    fn a_slow_first_token_says_what_slow_was_judged_against() {
+        // The engine's normal for this route, model and prompt size.
+        let with_normal = serde_json::json!({
+            "call": {"id": "c-1", "route": "ollama", "model": "qwen3:32b"},
+            "waited_ms": 9100, "threshold_ms": 5000, "usual_ms": 4000,
+            "reason": {"reason": "loading_model", "usual_ms": 4000}
+        });
+        assert_eq!(
+            slow_body(&with_normal),
+            "Still waiting; this model on this route usually answers a prompt this size in 4.0 s."
+        );
+        // No history yet: the fixed threshold is the floor.
+        assert_eq!(
+            slow_note(&slow("c-1")).body,
+            "Still waiting; the slow-first-token threshold is 5.0 s."
+        );
+        assert_eq!(slow_body(&serde_json::json!({})), "Still waiting.");
+    }
+
+    #[test]
+    fn the_slow_notification_is_the_engines_message_whatever_it_explains() {
+        // Built from the contract's JSON: the reason and the normal ride
+        // along, and the summary is the engine's message() verbatim (the
+        // engine words the reason; the tray does not second-guess it).
+        let alarm: SlowFirstToken = serde_json::from_value(serde_json::json!({
+            "call": {"id": "c-1", "route": "ollama", "api": "ollama_chat", "model": "qwen3:32b", "started_at": ""},
+            "waited_ms": 9100, "threshold_ms": 5000, "usual_ms": 4000,
+            "reason": {"reason": "loading_model", "usual_ms": 4000}
+        }))
+        .unwrap();
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, false);
+        n.on_slow_first_token(&alarm);
+        assert_eq!(sink.summaries(), [alarm.message()]);
+        assert!(alarm
+            .message()
+            .starts_with("qwen3:32b on ollama: no first token after 9.1 s"));
+    }
+
+    #[test]
+    fn a_cut_prompt_is_notified_once_per_route_and_model() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, false);
+        let cut = |route: &str, model: Option<&str>| {
+            n.on_prompt_truncated(
+                route,
+                model,
+                format!(
+                    "{} on {route} cut the prompt: 9,000 tokens sent, 2,048 read (context 2,048)",
+                    model.unwrap_or("a model")
+                ),
+            )
+        };
+        cut("ollama", Some("qwen3:32b"));
+        cut("ollama", Some("qwen3:32b"));
+        cut("ollama", Some("llama3.2:3b"));
+        cut("lab", Some("qwen3:32b"));
+        cut("ollama", None);
+        cut("ollama", None);
+        assert_eq!(
+            sink.summaries(),
+            [
+                "qwen3:32b on ollama cut the prompt: 9,000 tokens sent, 2,048 read (context 2,048)",
+                "llama3.2:3b on ollama cut the prompt: 9,000 tokens sent, 2,048 read (context 2,048)",
+                "qwen3:32b on lab cut the prompt: 9,000 tokens sent, 2,048 read (context 2,048)",
+                "a model on ollama cut the prompt: 9,000 tokens sent, 2,048 read (context 2,048)",
+            ]
+        );
+        assert!(sink.0.lock().unwrap()[0].body.contains("num_ctx"));
+    }
+
+    #[test]
+    fn a_cut_prompt_silenced_by_the_pause_is_notified_after_resuming() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, false);
+        n.set_paused(true);
+        n.on_prompt_truncated("ollama", Some("m"), "m on ollama cut the prompt".into());
+        assert!(sink.summaries().is_empty());
+        n.set_paused(false);
+        n.on_prompt_truncated("ollama", Some("m"), "m on ollama cut the prompt".into());
+        assert_eq!(sink.summaries(), ["m on ollama cut the prompt"]);
+        let off = Notifications::with_settings(sink.clone(), false, false);
+        off.on_prompt_truncated("ollama", Some("m"), "again".into());
+        assert_eq!(
+            sink.summaries().len(),
+            1,
+            "notifications off in the settings"
         );
     }
 

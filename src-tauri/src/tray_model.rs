@@ -7,10 +7,12 @@
 //! Choices where the issue is silent, made for what a user glancing at the
 //! tray expects:
 //! - The label is the global `tps` (`41.7 tok/s`) whenever the engine has
-//!   one. Without a rate it says what is going on instead: the longest
-//!   current wait for a first token (`waiting 3.2 s`), the phase of a call
-//!   that streams but has no honest rate yet (`responding`), or `idle`.
-//!   Never `0 tok/s`: no number rather than a wrong one.
+//!   one. Without a rate it says what is going on instead: why the newest
+//!   call waiting for its first token waits, when the engine knows
+//!   (`loading 3.2 s`, `queued #2`, `prefill 60%`), else the longest
+//!   current wait (`waiting 3.2 s`); the phase of a call that streams but
+//!   has no honest rate yet (`responding`); or `idle`. Never `0 tok/s`: no
+//!   number rather than a wrong one.
 //! - The icon state is the most urgent thing happening: `Slow` (a call is
 //!   waiting longer than the slow-first-token threshold, or the engine
 //!   raised the alarm for it) beats `Streaming` beats `Waiting` beats
@@ -21,6 +23,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use serde::Deserialize;
 use speedtap::model::RouteInfo;
 use speedtap::model::Stats;
 use speedtap::model::{Call, CallIdentity, EngineEvent};
@@ -142,11 +145,74 @@ pub struct ViewInputs<'a> {
     pub slow_ttft_ms: u64,
 }
 
+/// Why a call waits for its first token, as far as the tray shows it: the
+/// snapshot's `wait` (docs/api.md), read through its published JSON so the
+/// tray depends on the contract's shape alone. Every number is optional:
+/// absent means not known.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct WaitView {
+    /// `loading_model`, `queued`, `prefilling`, `unknown`, or a reason a
+    /// newer engine added (shown as the plain wait).
+    pub reason: String,
+    /// Queued: calls ahead of this one on the same upstream.
+    #[serde(default)]
+    pub position: Option<u32>,
+    /// Prefilling: prompt tokens processed / the call's prompt tokens.
+    #[serde(default)]
+    pub progress: Option<f64>,
+}
+
+impl WaitView {
+    /// The wait a snapshot carries, if it waits and the engine explained why.
+    pub fn of(speed: &Snapshot) -> Option<WaitView> {
+        if speed.phase != Phase::AwaitingFirstToken {
+            return None;
+        }
+        Self::from_snapshot_json(&serde_json::to_value(speed).ok()?)
+    }
+
+    /// The `wait` of a snapshot's JSON; None when absent or malformed (a
+    /// wait the tray can't read is shown as the plain wait, never an error).
+    pub fn from_snapshot_json(snapshot: &serde_json::Value) -> Option<WaitView> {
+        let wait = snapshot.get("wait")?;
+        serde_json::from_value(wait.clone()).ok()
+    }
+
+    /// The short words for the label and the menu: `loading`, `queued #2`,
+    /// `prefill 60%`; None for a wait whose reason is unknown.
+    fn words(&self) -> Option<String> {
+        match self.reason.as_str() {
+            "loading_model" => Some("loading".to_owned()),
+            "queued" => Some(match self.position {
+                Some(n) => format!("queued #{n}"),
+                None => "queued".to_owned(),
+            }),
+            "prefilling" => Some(match self.progress.and_then(percent) {
+                Some(p) => format!("prefill {p}%"),
+                None => "prefill".to_owned(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A fraction as a whole percentage, rounded down (a prefill at 99.6% is
+/// not done) and clamped to 0..=100; None for a value that is not a number.
+fn percent(fraction: f64) -> Option<u32> {
+    if !fraction.is_finite() || fraction < 0.0 {
+        return None;
+    }
+    // The epsilon keeps 0.29 at 29 (0.29 * 100 is 28.999... in binary).
+    Some((fraction.min(1.0) * 100.0 + 1e-9).floor() as u32)
+}
+
 /// A call in flight as the tray knows it.
 #[derive(Clone, Debug)]
 struct Active {
     call: CallIdentity,
     speed: Snapshot,
+    /// Why it waits, while it waits and the engine says.
+    wait: Option<WaitView>,
     /// When `speed` arrived: a waiting call's wait keeps growing after its
     /// last snapshot.
     seen_at: Instant,
@@ -224,11 +290,22 @@ impl TrayModel {
     }
 
     fn upsert(&mut self, call: &CallIdentity, speed: &Snapshot, now: Instant) {
+        self.insert(call, speed, WaitView::of(speed), now);
+    }
+
+    fn insert(
+        &mut self,
+        call: &CallIdentity,
+        speed: &Snapshot,
+        wait: Option<WaitView>,
+        now: Instant,
+    ) {
         self.active.insert(
             call.id.clone(),
             Active {
                 call: call.clone(),
                 speed: speed.clone(),
+                wait,
                 seen_at: now,
             },
         );
@@ -256,13 +333,21 @@ impl TrayModel {
         if let Some(tps) = self.stats.tps.filter(|_| self.stats.tps_available) {
             return format!("{tps:.1} tok/s");
         }
-        if let Some(wait) = self
+        let waiting: Vec<(&Active, u64)> = self
             .active
             .values()
-            .filter_map(|a| Self::waiting_ms(a, now))
-            .max()
-        {
-            return format!("waiting {}", seconds(wait));
+            .filter_map(|a| Self::waiting_ms(a, now).map(|ms| (a, ms)))
+            .collect();
+        // The newest waiting call (the shortest wait) is the one the user
+        // just sent: say why it waits, when the engine knows.
+        let newest = waiting
+            .iter()
+            .min_by_key(|(a, ms)| (*ms, std::cmp::Reverse(a.call.id.as_str())));
+        if let Some(words) = newest.and_then(|(a, ms)| wait_words(a, *ms)) {
+            return words;
+        }
+        if let Some(longest) = waiting.iter().map(|(_, ms)| *ms).max() {
+            return format!("waiting {}", seconds(longest));
         }
         match self.active.values().map(|a| a.speed.phase).next() {
             Some(phase) => phase_label(phase).to_owned(),
@@ -369,13 +454,30 @@ pub fn phase_label(phase: Phase) -> &'static str {
     }
 }
 
+/// Why `a` waits, in the label's words: `loading 3.2 s` (with how long it
+/// has waited: a load has no progress to show), `queued #2`,
+/// `prefill 60%`; None without an explanation the tray can show.
+fn wait_words(a: &Active, waiting_ms: u64) -> Option<String> {
+    let wait = a.wait.as_ref()?;
+    let words = wait.words()?;
+    Some(if wait.reason == "loading_model" {
+        format!("{words} {}", seconds(waiting_ms))
+    } else {
+        words
+    })
+}
+
 /// `qwen3:8b on ollama · responding · 41.7 tok/s`; a waiting call shows
-/// its wait instead of a rate, and a call without a rate shows none.
+/// its wait (and why, when known) instead of a rate, and a call without a
+/// rate shows none.
 fn call_line(a: &Active, waiting_ms: Option<u64>) -> String {
     let model = a.call.model.as_deref().unwrap_or("unknown model");
     let head = format!("{model} on {}", a.call.route);
     if let Some(wait) = waiting_ms {
-        return format!("{head} · waiting {}", seconds(wait));
+        return match wait_words(a, wait) {
+            Some(words) => format!("{head} · {words}"),
+            None => format!("{head} · waiting {}", seconds(wait)),
+        };
     }
     let phase = phase_label(a.speed.phase);
     match a.speed.output_tokens_per_second {
@@ -505,6 +607,218 @@ mod tests {
         assert_eq!(v.title, "waiting 3.2 s");
         assert_eq!(v.state, TrayState::Waiting);
         assert_eq!(v.menu[0].text, "qwen3:8b on ollama · waiting 3.2 s");
+    }
+
+    /// A waiting call the engine explained: `wait` is the snapshot's
+    /// `wait` as the contract spells it (docs/api.md).
+    fn explained(
+        m: &mut TrayModel,
+        id: &str,
+        elapsed_ms: u64,
+        wait: serde_json::Value,
+        now: Instant,
+    ) {
+        let wait = WaitView::from_snapshot_json(&serde_json::json!({ "wait": wait }));
+        assert!(wait.is_some(), "the contract's wait parses");
+        m.insert(
+            &ident(id, "qwen3:32b"),
+            &snap(Phase::AwaitingFirstToken, elapsed_ms, None),
+            wait,
+            now,
+        );
+    }
+
+    #[test]
+    fn a_call_waiting_for_its_model_labels_the_tray_loading_with_the_time_waited() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        explained(
+            &mut m,
+            "c-1",
+            1200,
+            serde_json::json!({"reason": "loading_model", "eta_ms": 800, "usual_ms": 4000}),
+            t0,
+        );
+        let v = m.view(t0 + Duration::from_millis(2000), &INPUTS);
+        assert_eq!(v.title, "loading 3.2 s");
+        assert_eq!(v.state, TrayState::Waiting);
+        assert_eq!(v.menu[0].text, "qwen3:32b on ollama · loading 3.2 s");
+    }
+
+    #[test]
+    fn a_queued_call_labels_the_tray_with_its_place_in_the_queue() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        explained(
+            &mut m,
+            "c-1",
+            300,
+            serde_json::json!({"reason": "queued", "position": 2}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "queued #2");
+        explained(
+            &mut m,
+            "c-1",
+            300,
+            serde_json::json!({"reason": "queued"}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "queued", "no position known: no number");
+    }
+
+    #[test]
+    fn a_prefilling_call_labels_the_tray_with_its_progress_rounded_down() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        for (progress, label) in [
+            (0.6, "prefill 60%"),
+            (0.29, "prefill 29%"),
+            (0.996, "prefill 99%"),
+            (1.3, "prefill 100%"),
+        ] {
+            explained(
+                &mut m,
+                "c-1",
+                300,
+                serde_json::json!({"reason": "prefilling", "progress": progress, "prompt_tokens": 12000}),
+                t0,
+            );
+            assert_eq!(m.title(t0), label);
+        }
+        explained(
+            &mut m,
+            "c-1",
+            300,
+            serde_json::json!({"reason": "prefilling"}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "prefill");
+        assert_eq!(
+            m.view(t0, &INPUTS).menu[0].text,
+            "qwen3:32b on ollama · prefill"
+        );
+    }
+
+    #[test]
+    fn the_newest_waiting_call_decides_the_label() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        explained(
+            &mut m,
+            "c-1",
+            9000,
+            serde_json::json!({"reason": "prefilling", "progress": 0.5}),
+            t0,
+        );
+        explained(
+            &mut m,
+            "c-2",
+            500,
+            serde_json::json!({"reason": "queued", "position": 1}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "queued #1");
+        // The newest one has no explanation: the plain label, with the
+        // longest wait as before.
+        m.apply(&speed("c-3", Phase::AwaitingFirstToken, 100, None), t0);
+        assert_eq!(m.title(t0), "waiting 9.0 s");
+    }
+
+    #[test]
+    fn a_wait_of_unknown_reason_keeps_the_plain_waiting_label() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        explained(
+            &mut m,
+            "c-1",
+            3200,
+            serde_json::json!({"reason": "unknown"}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "waiting 3.2 s");
+        explained(
+            &mut m,
+            "c-1",
+            3200,
+            serde_json::json!({"reason": "warming_up"}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "waiting 3.2 s", "a reason from a newer engine");
+        assert_eq!(
+            m.view(t0, &INPUTS).menu[0].text,
+            "qwen3:32b on ollama · waiting 3.2 s"
+        );
+    }
+
+    #[test]
+    fn the_global_rate_still_beats_a_wait_explanation() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        explained(
+            &mut m,
+            "c-1",
+            300,
+            serde_json::json!({"reason": "queued", "position": 1}),
+            t0,
+        );
+        m.apply(&stats(Some(41.7), None, None), t0);
+        assert_eq!(m.title(t0), "41.7 tok/s");
+    }
+
+    #[test]
+    fn the_first_token_ends_the_explanation() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        explained(
+            &mut m,
+            "c-1",
+            300,
+            serde_json::json!({"reason": "queued", "position": 1}),
+            t0,
+        );
+        m.apply(&speed("c-1", Phase::Responding, 900, None), t0);
+        assert_eq!(m.title(t0), "responding");
+        assert_eq!(
+            m.view(t0, &INPUTS).menu[0].text,
+            "qwen3:8b on ollama · responding"
+        );
+    }
+
+    #[test]
+    fn a_wait_is_read_from_the_snapshot_json_and_a_missing_or_malformed_one_is_none() {
+        let parsed = WaitView::from_snapshot_json(&serde_json::json!({
+            "phase": "awaiting_first_token",
+            "wait": {"reason": "prefilling", "progress": 0.6, "eta_ms": 3000, "usual_ms": 4000, "prompt_tokens": 12000}
+        }));
+        assert_eq!(
+            parsed,
+            Some(WaitView {
+                reason: "prefilling".into(),
+                position: None,
+                progress: Some(0.6)
+            })
+        );
+        assert_eq!(
+            WaitView::from_snapshot_json(&serde_json::json!({"phase": "awaiting_first_token"})),
+            None
+        );
+        assert_eq!(
+            WaitView::from_snapshot_json(&serde_json::json!({"wait": {"position": 2}})),
+            None
+        );
+        assert_eq!(
+            WaitView::from_snapshot_json(
+                &serde_json::json!({"wait": {"reason": "queued", "position": -1}})
+            ),
+            None
+        );
+        // A snapshot without an explanation, or one that no longer waits, has none.
+        assert_eq!(
+            WaitView::of(&snap(Phase::AwaitingFirstToken, 100, None)),
+            None
+        );
+        assert_eq!(WaitView::of(&snap(Phase::Responding, 100, None)), None);
     }
 
     #[test]

@@ -7,6 +7,10 @@ org.freedesktop.Notifications.Notify call.
   with `notify_settled = true` a follow-up comes when the call ends.
 - With "Pause notifications" checked (clicked over dbusmenu) a slow call
   is not notified; after unchecking, notifications come again.
+- A first token that is late because the model is loading (the simulator's
+  --load-ms: the first call finds its model not resident) is notified with
+  the reason in the text ("loading the model"), which the engine learns
+  from the server's /api/ps while the call waits.
 """
 
 import os
@@ -80,6 +84,21 @@ class NotifyTest(unittest.TestCase):
         stream_in_background(proxies["c"], model="qwen3:32b", headers=SLOW)
         wait_until("the notification after resuming",
                    lambda: '"qwen3:32b on c: no first token after 0.' in self.notify_log(), timeout=10)
+
+    def test_a_slow_first_token_while_the_model_loads_says_so(self):
+        # Its own simulator: a model that takes 4 s to load, and a first
+        # token right after, so the wait is all load; the alarm fires at
+        # 1.5 s (no history on this route yet: the fixed threshold is the
+        # floor), well inside the load.
+        sim = start_simulator(self.work, tps=40, tokens=20, ttft_ms=50, load_ms=4000)
+        _, proxies, _, _ = start_app(self.work, {"a": sim}, extra=["--slow-ttft-ms", "1500"], name="app-load")
+        waiting = stream_in_background(proxies["a"], model="qwen3:32b")
+        wait_until("the slow-first-token notification",
+                   lambda: '"qwen3:32b on a: no first token after ' in self.notify_log(), timeout=10)
+        line = next(ln for ln in self.notify_log().splitlines() if '"qwen3:32b on a: no first token after ' in ln)
+        self.assertRegex(line, r'"qwen3:32b on a: no first token after \d+\.\d s, loading the model', line)
+        for t in waiting:
+            t.join(20)
 
 
 if __name__ == "__main__":

@@ -19,17 +19,20 @@
 //   startDemo() ->                     {running, route}
 //   history(filter) ->                 {calls: [Call]}        (stored calls)
 //   models(filter) ->                  {models: [ModelSummary]}
+//   historyDepth({model, route?, since?, until?}) ->
+//                                      {model, points: [{context_tokens,
+//                                      tokens_per_second}], fit: {a, b, kind} | null}
 //   exportFile(filter, format) ->      {url} in a browser (a download link
 //                                      the page follows), {text} in Tauri
 //                                      (saved by the page as a Blob)
-//   subscribe({speed, stats, settled, slow_first_token, open, error}) -> unsubscribe()
+//   subscribe({speed, stats, settled, slow_first_token, prompt_truncated, open, error}) -> unsubscribe()
 // Every request rejects with a SourceError. `filter` is lib/history.js's:
 // `{since?, until?, model?, route?, client?, limit?}`, set keys only.
 
-import { exportUrl, filterQuery } from "./history.js";
+import { depthFilter, exportUrl, filterQuery } from "./history.js";
 
 /** The live event names, the same in SSE and Tauri. */
-export const EVENTS = ["speed", "stats", "settled", "slow_first_token"];
+export const EVENTS = ["speed", "stats", "settled", "slow_first_token", "prompt_truncated"];
 
 export class SourceError extends Error {
   /**
@@ -109,6 +112,9 @@ export function browserSource({ fetch, EventSource }, base = "") {
       const qs = filterQuery(rest);
       return request("GET", `/api/v1/models${qs ? `?${qs}` : ""}`);
     },
+    historyDepth(filter = {}) {
+      return request("GET", `/api/v1/history/depth?${filterQuery(depthFilter(filter, filter.model))}`);
+    },
     // The browser downloads the file itself (the engine answers with
     // content-disposition: attachment), so nothing is buffered in the page.
     exportFile: async (filter = {}, format = "csv") => ({ url: base + exportUrl(filter, format) }),
@@ -169,6 +175,7 @@ export function tauriSource(tauri) {
       const { limit: _ignored, ...rest } = filter;
       return invoke("models", { filter: rest });
     },
+    historyDepth: (filter = {}) => invoke("history_depth", depthFilter(filter, filter.model)),
     async exportFile(filter = {}, format = "csv") {
       const { limit: _ignored, ...rest } = filter;
       const text = await invoke("export", { format, filter: rest });

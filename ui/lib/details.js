@@ -7,7 +7,9 @@
 
 import {
   apiLabel,
+  formatBytes,
   formatCount,
+  formatPercent,
   formatMs,
   formatRate,
   formatTimestamp,
@@ -16,6 +18,7 @@ import {
   sourceBadge,
   statusLabel,
 } from "./format.js";
+import { waitView } from "./present.js";
 
 /** Settled rates need this many tokens (docs/metering.md). */
 export const MIN_FINAL_RATE_TOKENS = 20;
@@ -182,5 +185,103 @@ export function callDetails(call, { timeZone } = {}) {
     source: source ? { ...source } : null,
     rateNote: rateExplanation(call),
     flags: callFlags(call),
+    wait: waitPanel(call),
+    truncation: truncationWarning(call.prompt_truncated),
+    facts: callFacts(call),
   };
+}
+
+/**
+ * Why the call waited for its first token: live while it still waits (the
+ * snapshot's `wait`), else the last explanation before its first token
+ * (the stored `wait`). `{live, heading, ...waitView}` or null.
+ */
+export function waitPanel(call) {
+  const speed = call?.speed;
+  const waiting = speed?.phase === "awaiting_first_token" && (call.status ?? "in_flight") === "in_flight" && speed.is_final !== true;
+  const view = waitView(waiting ? (speed.wait ?? call.wait) : call?.wait, { past: !waiting });
+  if (!view) return null;
+  return { live: waiting, heading: waiting ? "Waiting for the first token" : "Before the first token", ...view };
+}
+
+/**
+ * The warning for a prompt the server cut (`prompt_truncated`): both
+ * numbers and the context size when known, or null. Shown at the top of
+ * the panel: a model that silently read a fraction of its prompt answers
+ * a different question than the one asked.
+ */
+export function truncationWarning(t) {
+  if (!t || typeof t !== "object" || !isShowable(t.request_tokens) || !isShowable(t.server_tokens)) return null;
+  const context = isShowable(t.context_size) ? ` (context ${formatCount(t.context_size)})` : "";
+  return {
+    headline: "The server cut the prompt",
+    text: `${formatCount(t.request_tokens)} tokens sent, ${formatCount(t.server_tokens)} read${context}.`,
+    hint: isShowable(t.context_size)
+      ? "The model answered without the rest. Raise the context size (Ollama: num_ctx) or send a shorter prompt."
+      : "The model answered without the rest. Send a shorter prompt or raise the server's context size.",
+    request: t.request_tokens,
+    server: t.server_tokens,
+    context: isShowable(t.context_size) ? t.context_size : null,
+  };
+}
+
+const PLACEMENTS = {
+  gpu: { text: "GPU", title: "The whole model is in GPU memory" },
+  split: { text: "split GPU / CPU", title: "Part of the model is in GPU memory, the rest runs on the CPU (slower)" },
+  cpu: { text: "CPU", title: "The model runs on the CPU only" },
+};
+
+/**
+ * The facts about where and how the call ran, as `{key, label, value,
+ * title?, fraction?}` rows; only those the server reported:
+ * context used against its size (with the fraction for a bar), speculative
+ * decoding acceptance, where the model ran, cold or warm start.
+ */
+export function callFacts(call) {
+  if (!call || typeof call !== "object") return [];
+  const facts = [];
+  const ctx = call.context;
+  if (ctx && typeof ctx === "object" && isShowable(ctx.used)) {
+    if (isShowable(ctx.size) && ctx.size > 0) {
+      const fraction = ctx.used / ctx.size;
+      facts.push({
+        key: "context",
+        label: "Context used",
+        value: `${formatCount(ctx.used)} of ${formatCount(ctx.size)} tokens (${formatPercent(fraction)})`,
+        title: "Prompt, cached and output tokens against the loaded context size",
+        fraction: Math.min(fraction, 1),
+        full: fraction >= 0.9,
+      });
+    } else {
+      facts.push({ key: "context", label: "Context used", value: `${formatCount(ctx.used)} tokens` });
+    }
+  }
+  const draft = call.draft;
+  if (draft && typeof draft === "object" && isShowable(draft.drafted) && isShowable(draft.accepted)) {
+    facts.push({
+      key: "draft",
+      label: "Draft acceptance",
+      value:
+        draft.drafted > 0
+          ? `${formatPercent(draft.accepted / draft.drafted)} (${formatCount(draft.accepted)} of ${formatCount(draft.drafted)} drafted tokens)`
+          : "no tokens drafted",
+      title: "Speculative decoding: the share of the draft model's tokens the main model accepted",
+    });
+  }
+  if (typeof call.placement === "string" && call.placement !== "") {
+    const p = PLACEMENTS[call.placement] ?? { text: call.placement, title: "" };
+    let value = p.text;
+    if (isShowable(call.vram_bytes) && isShowable(call.model_bytes) && call.model_bytes > 0) {
+      value += ` (${formatBytes(call.vram_bytes)} of ${formatBytes(call.model_bytes)} in VRAM)`;
+    }
+    facts.push({ key: "placement", label: "Ran on", value, title: p.title || undefined, kind: call.placement });
+  }
+  if (call.start === "cold" || call.start === "warm") {
+    facts.push({
+      key: "start",
+      label: "Start",
+      value: call.start === "cold" ? "cold (the model loaded for this call)" : "warm (the model was already loaded)",
+    });
+  }
+  return facts;
 }

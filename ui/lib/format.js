@@ -216,3 +216,35 @@ export const NO_MODEL = "(no model named)";
 export function modelLabel(model) {
   return typeof model === "string" && model !== "" ? model : NO_MODEL;
 }
+
+/**
+ * A fraction (0..1) as a whole percentage, rounded down so a prefill at
+ * 99.6% never reads "100%" before it is done; values past the ends are
+ * clamped. DASH when absent.
+ */
+export function formatPercent(fraction) {
+  if (!isShowable(fraction)) return DASH;
+  // The epsilon keeps 0.29 at "29%" (0.29 * 100 is 28.999... in binary).
+  return `${Math.floor(Math.min(fraction, 1) * 100 + 1e-9)}%`;
+}
+
+/**
+ * Time left, in words: "about 3 s left", "about 2 min left", "under a
+ * second left". An estimate, so whole units only. DASH when absent.
+ */
+export function formatEta(ms) {
+  if (!isShowable(ms)) return DASH;
+  if (ms < 1000) return "under a second left";
+  const s = Math.round(ms / 1000);
+  if (s < 90) return `about ${s} s left`;
+  return `about ${Math.round(s / 60)} min left`;
+}
+
+/** A size in bytes: "5.0 GB", "512 MB" (decimal units, as servers report). DASH when absent. */
+export function formatBytes(bytes) {
+  if (!isShowable(bytes)) return DASH;
+  if (bytes >= 1e9) return `${(bytes / 1e9).toFixed(1)} GB`;
+  if (bytes >= 1e6) return `${Math.round(bytes / 1e6)} MB`;
+  if (bytes >= 1e3) return `${Math.round(bytes / 1e3)} kB`;
+  return `${Math.round(bytes)} B`;
+}

@@ -248,3 +248,85 @@ export function rateRange(rangeKey, now, xs = []) {
   if (since !== undefined) start = Math.max(start, since / 1000);
   return [start, last];
 }
+
+// ---- decode speed against context depth ----------------------------------------
+
+/**
+ * The models the depth chart can show, from `/api/v1/models` rows: every
+ * named model once (a model on two routes is one choice), most calls
+ * first, then by name. Calls that named no model have no curve of their own.
+ */
+export function depthModels(models) {
+  const calls = new Map();
+  for (const m of Array.isArray(models) ? models : []) {
+    if (typeof m?.model !== "string" || m.model === "") continue;
+    calls.set(m.model, (calls.get(m.model) ?? 0) + (isShowable(m.calls) ? m.calls : 0));
+  }
+  return [...calls.entries()]
+    .sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0], "en", { numeric: true }))
+    .map(([model]) => model);
+}
+
+/**
+ * Which model the depth chart shows: the History filter's model when one is
+ * picked, else the one the user picked in the chart (if still offered),
+ * else the busiest. null when there is none.
+ */
+export function depthModel({ filterModel, picked, models = [] } = {}) {
+  if (typeof filterModel === "string" && filterModel !== "") return filterModel;
+  if (typeof picked === "string" && models.includes(picked)) return picked;
+  return models[0] ?? null;
+}
+
+/**
+ * The depth query for `model` within the History filter: the same
+ * parameters for `GET /api/v1/history/depth` (through filterQuery) and the
+ * `history_depth` command: `{model, route?, since?, until?}`.
+ */
+export function depthFilter(filter = {}, model) {
+  const out = { model };
+  for (const key of ["route", "since", "until"]) {
+    if (filter[key] !== undefined && filter[key] !== null) out[key] = filter[key];
+  }
+  return out;
+}
+
+/**
+ * The depth scatter in uPlot's shape from a `history/depth` answer:
+ * `data: [xs, ys, fit]`, x the context depth in tokens (ascending), y the
+ * call's decode tok/s, `fit` the fitted line at each x (null where the line
+ * would go below 0 tok/s: a rate is never negative, and drawing one would be
+ * a wrong number). Points without both numbers are dropped. `fitText`
+ * describes the line in words, or is "" without a usable fit (under 3
+ * points the engine sends none; an unknown `kind` is not drawn).
+ */
+export function depthSeries(doc) {
+  const points = (Array.isArray(doc?.points) ? doc.points : [])
+    .filter((p) => p && isShowable(p.context_tokens) && isShowable(p.tokens_per_second))
+    .map((p) => [p.context_tokens, p.tokens_per_second])
+    .sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  const xs = points.map((p) => p[0]);
+  const ys = points.map((p) => p[1]);
+  const f = doc?.fit;
+  const linear = f && f.kind === "linear" && Number.isFinite(f.a) && Number.isFinite(f.b) && xs.length > 0;
+  const fit = xs.map((x) => {
+    if (!linear) return null;
+    const y = f.a + f.b * x;
+    return y >= 0 ? y : null;
+  });
+  let fitText = "";
+  if (linear) {
+    const per1k = f.b * 1000;
+    const slope =
+      Math.abs(per1k) < 0.05
+        ? "about the same at every depth"
+        : `${per1k < 0 ? "−" : "+"}${formatRate(Math.abs(per1k))} tok/s per 1,000 tokens of context`;
+    fitText = `Fitted line: ${formatRate(Math.max(f.a, 0))} tok/s at an empty context, ${slope}`;
+  }
+  return {
+    model: typeof doc?.model === "string" ? doc.model : null,
+    count: xs.length,
+    data: [xs, ys, fit],
+    fitText,
+  };
+}

@@ -6,7 +6,9 @@ import {
   DASH,
   apiLabel,
   formatCount,
+  formatEta,
   formatMs,
+  formatPercent,
   formatRate,
   formatTime,
   isShowable,
@@ -40,10 +42,11 @@ export function callRow(call, { slow, now, timeZone } = {}) {
     api: apiLabel(call.api),
     apiRaw: call.api ?? "",
     phase: speed ? { text: phaseLabel(speed.phase), kind: speed.phase } : null,
-    slow:
-      waiting && slow && isShowable(slow.waited_ms)
-        ? `No first token after ${formatMs(slow.waited_ms)} (threshold ${formatMs(slow.threshold_ms)})`
-        : null,
+    slow: waiting && slow && isShowable(slow.waited_ms) ? slowText(slow) : null,
+    // Why it waits, while it waits (the engine sends it in the snapshot).
+    wait: waiting ? waitView(speed.wait) : null,
+    // The server read less of the prompt than was sent (settled calls).
+    truncated: truncationBadge(call.prompt_truncated),
     ttft: formatMs(speed?.time_to_first_token_ms),
     rate: formatRate(speed?.output_tokens_per_second),
     tokens: speed ? formatCount(speed.output_tokens) : DASH,
@@ -75,5 +78,101 @@ export function globalPanel(stats) {
     active: Number.isInteger(stats.active) && stats.active >= 0 ? String(stats.active) : DASH,
     high: formatRate(stats.high),
     low: formatRate(stats.low),
+  };
+}
+
+/**
+ * The slow badge's tooltip: against the route's normal when the engine
+ * knows it, else against the threshold.
+ */
+function slowText(slow) {
+  const after = `No first token after ${formatMs(slow.waited_ms)}`;
+  if (isShowable(slow.usual_ms)) return `${after} (usually ${formatMs(slow.usual_ms)})`;
+  return `${after} (threshold ${formatMs(slow.threshold_ms)})`;
+}
+
+/** Calls ahead, in words: "1 call", "3 calls". */
+function callsAhead(n) {
+  return `${formatCount(n)} ${n === 1 ? "call" : "calls"}`;
+}
+
+/** The reasons this dashboard knows; any other shows as itself. */
+const WAIT_REASONS = new Set(["loading_model", "queued", "prefilling", "unknown"]);
+
+/**
+ * A snapshot's `wait` (why a call has no first token yet) as what the
+ * live row and the details panel show, or null without one:
+ *
+ * - `badge`: the short text ("loading model", "queued #2", "prefill 60%");
+ * - `sentence`: the same in words, with the prompt size and the usual time;
+ * - `progress`: 0..1 for a prefill with known progress, else null;
+ * - `eta`: "about 3 s left", or null when the engine gave no estimate;
+ * - `facts`: `{label, value}` rows for the details panel (only those known).
+ *
+ * `past`: the wait is over (a settled call's stored `wait`): the sentence
+ * is in the past tense, without progress or time left.
+ *
+ * Every number is optional (absent = not known): a queued call without a
+ * position says "queued", a prefill without progress "prefill". A reason
+ * this dashboard does not know (a newer engine) shows as itself.
+ */
+export function waitView(wait, { past = false } = {}) {
+  if (!wait || typeof wait !== "object" || typeof wait.reason !== "string" || wait.reason === "") return null;
+  const reason = wait.reason;
+  const position = Number.isInteger(wait.position) && wait.position >= 0 ? wait.position : null;
+  const progress = isShowable(wait.progress) ? Math.min(wait.progress, 1) : null;
+  // An estimate of time left means nothing once the wait is over.
+  const eta = !past && isShowable(wait.eta_ms) ? formatEta(wait.eta_ms) : null;
+  const usual = isShowable(wait.usual_ms) ? formatMs(wait.usual_ms) : null;
+  const prompt = isShowable(wait.prompt_tokens) ? `${formatCount(wait.prompt_tokens)} ${wait.prompt_tokens === 1 ? "token" : "tokens"}` : null;
+  const usually = usual ? ` (usually ${usual})` : "";
+  let badge;
+  let sentence;
+  const facts = [];
+  switch (reason) {
+    case "loading_model":
+      badge = "loading model";
+      sentence = `${past ? "Waited for the model to load" : "Loading the model"}${usually}`;
+      break;
+    case "queued": {
+      badge = position !== null ? `queued #${position}` : "queued";
+      const behind = position === null || position === 0 ? "other calls" : callsAhead(position);
+      sentence = `${past ? "Waited" : "Queued"} behind ${behind} on this server`;
+      if (!past && position === 0) sentence = "Queued, next in line on this server";
+      break;
+    }
+    case "prefilling":
+      badge = progress !== null ? `prefill ${formatPercent(progress)}` : "prefill";
+      sentence = past
+        ? `Processed the prompt${prompt ? ` of ${prompt}` : ""}`
+        : `Processing the prompt${prompt ? ` of ${prompt}` : ""}${progress !== null ? `, ${formatPercent(progress)} done` : ""}`;
+      if (usual) facts.push({ label: "Usual TTFT", value: usual, title: "Usual time to first token for a prompt this size on this route" });
+      break;
+    case "unknown":
+      badge = "waiting";
+      sentence = past ? "The server did not say why it waited" : "Waiting; the server does not say why";
+      break;
+    default:
+      badge = reason.replace(/_/g, " ");
+      sentence = `${past ? "Waited" : "Waiting"} (${badge})`;
+  }
+  if (eta) facts.push({ label: "First token", value: eta, title: "speedtap's estimate of the time until the first token" });
+  return {
+    reason: WAIT_REASONS.has(reason) ? reason : "other",
+    badge,
+    sentence,
+    progress: reason === "prefilling" && !past ? progress : null,
+    eta,
+    title: eta ? `${sentence}; ${eta}` : sentence,
+    facts,
+  };
+}
+
+/** The row's "prompt cut" badge for a `prompt_truncated`, or null. */
+export function truncationBadge(t) {
+  if (!t || typeof t !== "object" || !isShowable(t.request_tokens) || !isShowable(t.server_tokens)) return null;
+  return {
+    text: "prompt cut",
+    title: `The server read ${formatCount(t.server_tokens)} of the ${formatCount(t.request_tokens)} prompt tokens sent${isShowable(t.context_size) ? ` (context ${formatCount(t.context_size)})` : ""}`,
   };
 }

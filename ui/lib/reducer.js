@@ -10,7 +10,10 @@
 // - `stats`    {stats: Stats}: the global reading; a real `tps` is also
 //              appended to the hour's history.
 // - `history`  {points: [{t, tps}]}: the engine's readings of the last hour.
-// - `slow_first_token` {call, waited_ms, threshold_ms}.
+// - `slow_first_token` {call, waited_ms, threshold_ms, usual_ms?, reason?}.
+// - `prompt_truncated` {call, request_tokens, server_tokens, context_size?}:
+//              the server read less of the prompt than was sent; kept on
+//              the call as `prompt_truncated`, as its stored record has it.
 
 import { isShowable } from "./format.js";
 
@@ -30,7 +33,7 @@ export function initialState(options = {}) {
     calls: {},
     /** id -> live rates seen in that call's `speed` events, oldest first. */
     series: {},
-    /** id -> {waited_ms, threshold_ms} from `slow_first_token`. */
+    /** id -> {waited_ms, threshold_ms, usual_ms?, reason?} from `slow_first_token`. */
     slow: {},
     /** The latest Stats, or null before the first. */
     stats: null,
@@ -75,6 +78,8 @@ export function reduce(state, event, now) {
       return onHistory(state, event.points ?? [], now);
     case "slow_first_token":
       return onSlow(state, event);
+    case "prompt_truncated":
+      return onTruncated(state, event);
     default:
       return state;
   }
@@ -139,8 +144,27 @@ function onSlow(state, event) {
   return cap({
     ...state,
     calls,
-    slow: { ...state.slow, [id]: { waited_ms: event.waited_ms, threshold_ms: event.threshold_ms } },
+    slow: { ...state.slow, [id]: slowOf(event) },
   });
+}
+
+function onTruncated(state, event) {
+  const id = typeof event.call === "string" ? event.call : event.call?.id;
+  if (typeof id !== "string") return state;
+  const held = state.calls[id];
+  // The settled record carries its own (stored) flag.
+  if (!held || held.status !== "in_flight") return state;
+  const prompt_truncated = { request_tokens: event.request_tokens, server_tokens: event.server_tokens };
+  if (isShowable(event.context_size)) prompt_truncated.context_size = event.context_size;
+  return { ...state, calls: { ...state.calls, [id]: { ...held, prompt_truncated } } };
+}
+
+/** What a row needs of the alarm; the route's normal and the reason only when sent. */
+function slowOf(event) {
+  const slow = { waited_ms: event.waited_ms, threshold_ms: event.threshold_ms };
+  if (isShowable(event.usual_ms)) slow.usual_ms = event.usual_ms;
+  if (event.reason && typeof event.reason === "object") slow.reason = event.reason;
+  return slow;
 }
 
 function onStats(state, stats, now) {

@@ -3,6 +3,10 @@ import assert from "node:assert/strict";
 import { DASH } from "../lib/format.js";
 import {
   DEFAULT_RANGE,
+  depthFilter,
+  depthModel,
+  depthModels,
+  depthSeries,
   MIN_RATE_SPAN_MS,
   RANGES,
   buildFilter,
@@ -226,4 +230,61 @@ test("rate chart range: starts before the first point, at least 10 min, within t
   assert.deepEqual(rateRange("hour", NOW, []), [end - 3600, end]);
   // A point later than now (clock skew) is still inside.
   assert.equal(rateRange("all", NOW, [end - 100, end + 5])[1], end + 5);
+});
+
+// ---- decode speed against context depth ----------------------------------------
+
+test("the depth chart's models: each named model once, busiest first", () => {
+  const models = [
+    { model: "b", route: "r1", calls: 3 },
+    { model: "a", route: "r1", calls: 2 },
+    { model: "a", route: "r2", calls: 2 },
+    { model: "", route: "r1", calls: 50 },
+    { model: "c", route: "r1", calls: 3 },
+  ];
+  assert.deepEqual(depthModels(models), ["a", "b", "c"]);
+  assert.deepEqual(depthModels(undefined), []);
+});
+
+test("the depth chart follows the History filter's model, else the one picked, else the busiest", () => {
+  const models = ["a", "b"];
+  assert.equal(depthModel({ filterModel: "z", picked: "b", models }), "z");
+  assert.equal(depthModel({ filterModel: null, picked: "b", models }), "b");
+  assert.equal(depthModel({ filterModel: "", picked: "gone", models }), "a", "named none has no curve; a stale pick falls back");
+  assert.equal(depthModel({ models: [] }), null);
+});
+
+test("the depth query keeps the range and route of the filter, never its limit or client", () => {
+  assert.deepEqual(depthFilter({ since: 10, until: 20, route: "r", client: "curl", limit: 500, model: "x" }, "m"), { model: "m", route: "r", since: 10, until: 20 });
+});
+
+test("the depth scatter sorts points by depth and draws the fitted line through them", () => {
+  const s = depthSeries({
+    model: "qwen3:8b",
+    points: [
+      { context_tokens: 8000, tokens_per_second: 36.1 },
+      { context_tokens: 1000, tokens_per_second: 44.2 },
+      { context_tokens: 4000, tokens_per_second: 40.5 },
+      { context_tokens: 2000 },
+      { tokens_per_second: 20 },
+    ],
+    fit: { a: 45, b: -0.0011, kind: "linear" },
+  });
+  assert.equal(s.model, "qwen3:8b");
+  assert.equal(s.count, 3, "points without both numbers are dropped");
+  assert.deepEqual(s.data[0], [1000, 4000, 8000]);
+  assert.deepEqual(s.data[1], [44.2, 40.5, 36.1]);
+  assert.deepEqual(s.data[2].map((y) => Math.round(y * 100) / 100), [43.9, 40.6, 36.2]);
+  assert.equal(s.fitText, "Fitted line: 45.0 tok/s at an empty context, −1.1 tok/s per 1,000 tokens of context");
+});
+
+test("the fitted line is never drawn below 0 tok/s, nor without a fit", () => {
+  const steep = depthSeries({ points: [{ context_tokens: 10, tokens_per_second: 5 }, { context_tokens: 100_000, tokens_per_second: 1 }], fit: { a: 5, b: -0.0001, kind: "linear" } });
+  assert.deepEqual(steep.data[2], [4.999, null]);
+  const none = depthSeries({ points: [{ context_tokens: 10, tokens_per_second: 5 }], fit: null });
+  assert.deepEqual(none.data[2], [null]);
+  assert.equal(none.fitText, "");
+  assert.equal(depthSeries({ points: [{ context_tokens: 1, tokens_per_second: 1 }], fit: { a: 1, b: 0, kind: "power" } }).fitText, "", "an unknown kind is not drawn");
+  assert.match(depthSeries({ points: [{ context_tokens: 1, tokens_per_second: 1 }], fit: { a: 30, b: 0.00001, kind: "linear" } }).fitText, /about the same at every depth/);
+  assert.equal(depthSeries(null).count, 0);
 });

@@ -34,7 +34,13 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
     };
     const badge = h("span", { class: "badge phase" });
     const slow = h("span", { class: "badge slow", hidden: true }, "slow");
-    cells.phase.append(badge, slow);
+    const cut = h("span", { class: "badge cut", hidden: true }, "prompt cut");
+    // Why a waiting call waits: a prefill's progress and the ETA under the badge.
+    const waitFill = h("span", { class: "wait-fill" });
+    const waitBar = h("span", { class: "wait-bar", hidden: true, role: "progressbar", "aria-valuemin": "0", "aria-valuemax": "100" }, waitFill);
+    const waitEta = h("span", { class: "wait-eta", hidden: true });
+    const waitLine = h("span", { class: "wait-line", hidden: true }, waitBar, waitEta);
+    cells.phase.append(badge, slow, cut, waitLine);
     const svg = document.createElementNS(SVG, "svg");
     svg.setAttribute("viewBox", `0 0 ${SPARK_W} ${SPARK_H}`);
     svg.setAttribute("width", SPARK_W);
@@ -50,7 +56,7 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
     const status = h("span", { class: "status" });
     cells.status.append(status);
     const tr = h("tr", { dataset: { id }, tabindex: "0", title: "Show this call's details" }, Object.values(cells));
-    return { tr, cells, badge, slow, area, line, src, status };
+    return { tr, cells, badge, slow, cut, waitLine, waitBar, waitFill, waitEta, area, line, src, status };
   }
 
   function update(row, call, state) {
@@ -66,8 +72,13 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
     setText(cells.client, v.client);
     setText(cells.api, v.api);
     cells.api.title = v.apiRaw;
-    setText(row.badge, v.phase ? v.phase.text : "–");
+    setText(row.badge, v.wait ? v.wait.badge : v.phase ? v.phase.text : "–");
     row.badge.dataset.phase = v.phase ? v.phase.kind : "none";
+    row.badge.dataset.wait = v.wait ? v.wait.reason : "";
+    row.badge.title = v.wait ? v.wait.title : "";
+    drawWait(row, v.wait);
+    row.cut.hidden = !v.truncated;
+    row.cut.title = v.truncated?.title ?? "";
     row.slow.hidden = !v.slow;
     row.slow.title = v.slow ?? "";
     setText(cells.ttft, v.ttft);
@@ -93,6 +104,19 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
     }
     setText(row.status, v.status.text);
     row.status.dataset.status = v.status.kind;
+  }
+
+  function drawWait(row, wait) {
+    const progress = wait?.progress ?? null;
+    row.waitBar.hidden = progress === null;
+    if (progress !== null) {
+      const pct = `${(progress * 100).toFixed(1)}%`;
+      if (row.waitFill.style.width !== pct) row.waitFill.style.width = pct;
+      row.waitBar.setAttribute("aria-valuenow", String(Math.floor(progress * 100 + 1e-9)));
+    }
+    row.waitEta.hidden = !wait?.eta;
+    setText(row.waitEta, wait?.eta ?? "");
+    row.waitLine.hidden = row.waitBar.hidden && row.waitEta.hidden;
   }
 
   // One listener for every row: a click (or Enter) opens its details.

@@ -66,6 +66,59 @@ export function mountDetails({ onClose } = {}, doc = document) {
     );
   }
 
+  function bar(fraction, cls, label) {
+    const pct = Math.max(0, Math.min(1, fraction)) * 100;
+    return h(
+      "div",
+      { class: `meter ${cls}`, role: "progressbar", "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(Math.floor(pct + 1e-9)), "aria-label": label },
+      h("span", { class: "meter-fill", style: `width: ${pct.toFixed(1)}%` }),
+    );
+  }
+
+  function waitSection(w) {
+    return section(
+      w.heading,
+      "wait",
+      h(
+        "p",
+        { class: `wait-sentence${w.live ? " live" : ""}`, id: "details-wait", "data-wait": w.reason },
+        w.sentence,
+      ),
+      w.progress !== null ? bar(w.progress, "wait-meter", "Prompt processed") : null,
+      w.facts.length ? list(w.facts) : null,
+    );
+  }
+
+  function truncationWarning(t) {
+    return h(
+      "div",
+      { class: "warning", role: "alert", id: "details-truncated" },
+      h("strong", {}, t.headline),
+      h("p", { class: "warning-numbers" }, t.text),
+      h("p", { class: "small" }, t.hint),
+    );
+  }
+
+  function factsSection(facts) {
+    return section(
+      "Model and context",
+      "facts",
+      h(
+        "dl",
+        { class: "kv" },
+        facts.map((f) => [
+          h("dt", {}, f.label),
+          h(
+            "dd",
+            { title: f.title || undefined, "data-field": f.label, "data-fact": f.key, "data-kind": f.kind || undefined },
+            f.value,
+            f.fraction !== undefined ? bar(f.fraction, `context-meter${f.full ? " full" : ""}`, "Context used") : null,
+          ),
+        ]),
+      ),
+    );
+  }
+
   function draw(call) {
     const d = callDetails(call);
     const key = JSON.stringify(d);
@@ -77,7 +130,10 @@ export function mountDetails({ onClose } = {}, doc = document) {
       " ",
       h("span", { class: "status", "data-status": d.status.kind }, d.status.text),
     );
-    const parts = [section("Call", "identity", list(d.identity))];
+    const parts = [];
+    if (d.truncation) parts.push(truncationWarning(d.truncation));
+    if (d.wait?.live) parts.push(waitSection(d.wait));
+    parts.push(section("Call", "identity", list(d.identity)));
     if (d.outcome.length) parts.push(section("Outcome", "outcome", list(d.outcome)));
     if (d.ttft || d.breakdown) {
       parts.push(
@@ -89,6 +145,7 @@ export function mountDetails({ onClose } = {}, doc = document) {
         ),
       );
     }
+    if (d.wait && !d.wait.live) parts.push(waitSection(d.wait));
     if (d.output.length || d.rateNote) {
       parts.push(
         section(
@@ -99,6 +156,7 @@ export function mountDetails({ onClose } = {}, doc = document) {
         ),
       );
     }
+    if (d.facts.length) parts.push(factsSection(d.facts));
     if (d.flags.length) {
       parts.push(
         section(

@@ -9,6 +9,10 @@ import {
   RANGES,
   buildFilter,
   comparisonRows,
+  depthFilter,
+  depthModel,
+  depthModels,
+  depthSeries,
   exportFilename,
   exportMime,
   exportUrl,
@@ -19,7 +23,7 @@ import {
 } from "../lib/history.js";
 import { formatTime } from "../lib/format.js";
 import { callRow } from "../lib/present.js";
-import { mountHistoryChart } from "./historychart.js";
+import { mountDepthChart, mountHistoryChart } from "./historychart.js";
 import { h, setText } from "./dom.js";
 
 const RANGE_KEY = "speedtap.historyRange";
@@ -42,6 +46,17 @@ export function mountHistory(source, { onSelect }, doc = document) {
   const callsEmpty = el("h-calls-empty");
   const callsCount = el("h-calls-count");
   const chart = mountHistoryChart({ container: el("h-chart"), empty: el("h-chart-empty"), note: el("h-chart-note") });
+  const depthCard = el("h-depth-card");
+  const depthPicker = el("h-depth-model");
+  const depth = mountDepthChart({ container: el("h-depth"), empty: el("h-depth-empty"), note: el("h-depth-note"), fit: el("h-depth-fit") });
+  /** The model picked in the depth chart itself (when the filter names none). */
+  let depthPicked = null;
+  /** Counts depth loads, so a slow answer never overwrites a newer one. */
+  let depthSeq = 0;
+  /** The engine has no depth endpoint (an older engine): the card stays hidden. */
+  let depthUnavailable = false;
+  let lastFilter = {};
+  let lastModels = [];
 
   const stored = localStorage.getItem(RANGE_KEY);
   const choice = {
@@ -107,6 +122,10 @@ export function mountHistory(source, { onSelect }, doc = document) {
     });
   }
   el("h-refresh").addEventListener("click", () => load());
+  depthPicker.addEventListener("change", () => {
+    depthPicked = depthPicker.value || null;
+    loadDepth(lastFilter, lastModels);
+  });
   el("history-filters").addEventListener("submit", (e) => e.preventDefault());
 
   function updateExport() {
@@ -191,7 +210,12 @@ export function mountHistory(source, { onSelect }, doc = document) {
           td("rate", v.rate, "num strong"),
           td("tokens", v.tokens, "num"),
           h("td", { "data-col": "source" }, src),
-          h("td", { "data-col": "status" }, h("span", { class: "status", "data-status": v.status.kind }, v.status.text)),
+          h(
+            "td",
+            { "data-col": "status" },
+            h("span", { class: "status", "data-status": v.status.kind }, v.status.text),
+            v.truncated ? h("span", { class: "badge cut", title: v.truncated.title }, "prompt cut") : null,
+          ),
         );
       }),
     );
@@ -216,10 +240,49 @@ export function mountHistory(source, { onSelect }, doc = document) {
     if (e.key === "Enter") pick(e);
   });
 
+  // ---- decode speed against context depth ----------------------------------------
+
+  /** Loads and draws the depth chart for the model the filter or the picker names. */
+  async function loadDepth(filter, summary) {
+    if (depthUnavailable) return;
+    const models = depthModels(summary);
+    const model = depthModel({ filterModel: filter.model, picked: depthPicked, models });
+    const offered = model !== null && !models.includes(model) ? [model, ...models] : models;
+    depthPicker.replaceChildren(...offered.map((m) => h("option", { value: m }, m)));
+    depthPicker.disabled = typeof filter.model === "string" && filter.model !== "";
+    depthPicker.title = depthPicker.disabled ? "The History filter picks the model" : "";
+    if (model === null) {
+      depthCard.hidden = true;
+      return;
+    }
+    depthPicker.value = model;
+    const query = depthFilter(filter, model);
+    const seq = ++depthSeq;
+    try {
+      const doc = await source.historyDepth(query);
+      if (seq !== depthSeq) return;
+      depthCard.hidden = false;
+      depth.resize();
+      depth.render(depthSeries(doc));
+    } catch (err) {
+      if (seq !== depthSeq) return;
+      if (err?.unavailable) {
+        // An engine without the endpoint: no card rather than an error.
+        depthUnavailable = true;
+        depthCard.hidden = true;
+        return;
+      }
+      depthCard.hidden = false;
+      depth.clear();
+      setText(el("h-depth-fit"), `Could not load the depth chart: ${err?.message ?? err}`);
+    }
+  }
+
   function showUnavailable(text) {
     unavailable.textContent = text;
     unavailable.hidden = false;
     for (const c of cards) c.hidden = true;
+    depthCard.hidden = true;
     exportLink.classList.add("disabled");
     exportLink.setAttribute("aria-disabled", "true");
   }
@@ -264,6 +327,10 @@ export function mountHistory(source, { onSelect }, doc = document) {
     drawModels(summary, now);
     chart.render(calls, { range: choice.range, now });
     drawCalls(calls, now);
+    lastFilter = filter;
+    lastModels = summary;
+    // Not awaited: the depth chart never holds up the rest of the view.
+    loadDepth(filter, summary);
     setText(status, `Loaded at ${formatTime(new Date(now).toISOString(), { now })}.`);
   }
 
@@ -295,6 +362,7 @@ export function mountHistory(source, { onSelect }, doc = document) {
       visible = on;
       if (on) {
         chart.resize();
+        depth.resize();
         load();
       }
     },

@@ -126,3 +126,99 @@ export function mountHistoryChart({ container, empty, note }) {
     },
   };
 }
+
+const DEPTH_HEIGHT = 220;
+
+/** "3.1k" tokens on the depth axis, "800" below a thousand. */
+function tokensTick(v) {
+  if (Math.abs(v) >= 1000) return `${(v / 1000).toFixed(v % 1000 === 0 ? 0 : 1)}k`;
+  return v.toFixed(0);
+}
+
+/**
+ * Decode tok/s against context depth for one model (History view): each
+ * settled call is a dot, the engine's fitted line runs through them. The
+ * data is lib/history.js's depthSeries.
+ */
+export function mountDepthChart({ container, empty, note, fit }) {
+  let plot = null;
+  let last = null;
+
+  function options(width) {
+    const text = cssVar("--muted", "#6b7280");
+    const grid = cssVar("--grid", "rgba(0,0,0,.06)");
+    const axis = { stroke: text, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 }, font: "11px system-ui, sans-serif" };
+    const dot = color(0);
+    const line = dark() ? "#e3b341" : "#d97706";
+    return {
+      width,
+      height: DEPTH_HEIGHT,
+      legend: { show: false },
+      cursor: { y: false, points: { size: 9 } },
+      scales: {
+        x: { time: false, range: (u, min, max) => [0, Math.max(1000, Math.ceil(((max ?? 0) * 1.05) / 1000) * 1000)] },
+        y: { range: (u, min, max) => [0, Math.max(10, Math.ceil((max ?? 0) * 1.15))] },
+      },
+      axes: [
+        { ...axis, space: 90, values: (u, splits) => splits.map(tokensTick), label: "context tokens", labelSize: 18, labelFont: "11px system-ui, sans-serif" },
+        { ...axis, size: 44, values: (u, splits) => splits.map((v) => v.toFixed(0)), label: "tok/s", labelSize: 18, labelFont: "11px system-ui, sans-serif" },
+      ],
+      series: [
+        {},
+        { label: "calls", stroke: dot, fill: undefined, width: 0, paths: () => null, points: { show: true, size: 7, fill: dot, stroke: dot } },
+        { label: "fitted", stroke: line, width: 2, dash: [6, 4], points: { show: false }, spanGaps: false },
+      ],
+      hooks: {
+        setCursor: [
+          (u) => {
+            const i = u.cursor.idx;
+            if (i === null || i === undefined || u.data[1][i] === null || u.data[1][i] === undefined) {
+              note.textContent = "";
+              return;
+            }
+            note.textContent = `${formatRate(u.data[1][i])} tok/s at ${Math.round(u.data[0][i]).toLocaleString("en-US")} tokens of context`;
+          },
+        ],
+      },
+    };
+  }
+
+  function color(i) {
+    const p = dark() ? PALETTE.dark : PALETTE.light;
+    return p[i % p.length];
+  }
+
+  function draw() {
+    if (!last) return;
+    plot?.destroy();
+    plot = new uPlot(options(Math.max(200, container.clientWidth)), last.data, container);
+    empty.hidden = last.count > 0;
+    fit.textContent = last.count === 0 ? "" : last.fitText || (last.count < 3 ? "A fitted line needs at least 3 calls." : "");
+  }
+
+  new ResizeObserver(() => {
+    if (plot && container.clientWidth > 0 && Math.abs(plot.width - container.clientWidth) > 1) {
+      plot.setSize({ width: Math.max(200, container.clientWidth), height: DEPTH_HEIGHT });
+    }
+  }).observe(container);
+  matchMedia("(prefers-color-scheme: dark)").addEventListener("change", draw);
+
+  return {
+    /** `series`: lib/history.js's depthSeries of the engine's answer. */
+    render(series) {
+      last = series;
+      draw();
+    },
+    clear() {
+      last = null;
+      plot?.destroy();
+      plot = null;
+      empty.hidden = false;
+      fit.textContent = "";
+      note.textContent = "";
+    },
+    resize() {
+      if (plot && container.clientWidth > 0) plot.setSize({ width: container.clientWidth, height: DEPTH_HEIGHT });
+    },
+  };
+}
