@@ -875,13 +875,16 @@ fn csv_export_has_the_documented_header_and_flat_rows() {
         "id,route,api,model,client,status,http_status,started_at,settled_at,elapsed_ms,ttft_ms,\
          output_tokens,output_tokens_per_second,token_source,input_tokens,load_ms,prefill_ms,\
          prefill_tokens,cached_tokens,prefill_tokens_per_second,other_ms,one_burst,\
-         unstreamed_reasoning,seen_by,capture_gap"
+         unstreamed_reasoning,seen_by,capture_gap,wait_reason,wait_position,wait_progress,\
+         wait_eta_ms,wait_usual_ms,wait_prompt_tokens,truncated_request_tokens,\
+         truncated_server_tokens,truncated_context_size,context_size,context_used,draft_n,\
+         draft_accepted,placement,model_bytes,vram_bytes,start,error,prompt_tokens_estimated"
     );
     assert_eq!(
         lines[1],
         format!(
             "c-000005,llama,openai_chat,gemma3,openai-python,upstream_error,500,{},{},2000,250,80,,\
-             server,37,,,,,,,false,false,proxy,false",
+             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,",
             ms_to_rfc3339(T0 + 4),
             ms_to_rfc3339(T0 + 2004)
         )
