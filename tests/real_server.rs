@@ -547,12 +547,23 @@ fn waits_are_explained_by_a_real_llama_server() {
     let route = format!("real=127.0.0.1:0={url}");
     let run = Proc::spawn(speedtap(
         &dir,
-        &["run", "--json", "--no-db", "--api", "127.0.0.1:0", "--route", &route],
+        &[
+            "run",
+            "--json",
+            "--no-db",
+            "--api",
+            "127.0.0.1:0",
+            "--route",
+            &route,
+        ],
     ));
     let (proxy, api) = read_announcement(&run, "real");
     let words: Vec<&str> = PROMPTS.iter().flat_map(|p| p.split(' ')).collect();
     let text = |n: usize| -> String {
-        (0..n).map(|i| words[i % words.len()]).collect::<Vec<_>>().join(" ")
+        (0..n)
+            .map(|i| words[i % words.len()])
+            .collect::<Vec<_>>()
+            .join(" ")
     };
     let chat = |content: String| {
         json!({
@@ -565,9 +576,11 @@ fn waits_are_explained_by_a_real_llama_server() {
     // A long prompt, and a short call sent once the long one is in.
     let long = chat(text(1_500));
     let first = std::thread::spawn(move || post(proxy, "/v1/chat/completions", &long));
-    run.stdout.wait_for("the long call's first snapshot", Duration::from_secs(10), |t| {
-        t.contains("\"c-000001\"")
-    });
+    run.stdout.wait_for(
+        "the long call's first snapshot",
+        Duration::from_secs(10),
+        |t| t.contains("\"c-000001\""),
+    );
     let short = chat(text(20));
     let second = std::thread::spawn(move || post(proxy, "/v1/chat/completions", &short));
     first.join().expect("long call");
@@ -601,7 +614,9 @@ fn waits_are_explained_by_a_real_llama_server() {
         .as_array()
         .and_then(|c| c.iter().find(|c| c["id"] == "c-000001").cloned())
         .expect("the long call");
-    let ttft = long_call["speed"]["time_to_first_token_ms"].as_u64().expect("ttft");
+    let ttft = long_call["speed"]["time_to_first_token_ms"]
+        .as_u64()
+        .expect("ttft");
     let errors: Vec<i64> = a
         .iter()
         .filter_map(|(t, w)| Some((t + w["eta_ms"].as_u64()?) as i64 - ttft as i64))
@@ -617,7 +632,12 @@ fn waits_are_explained_by_a_real_llama_server() {
         &[],
     )
     .expect("POST");
-    assert_eq!(reply.status, 400, "{}", String::from_utf8_lossy(&reply.body));
+    assert_eq!(
+        reply.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
     let refused = settled_call(api);
     let error = refused["error"].as_str().unwrap_or_default();
     assert!(error.contains("context size"), "{refused}");

@@ -1233,7 +1233,11 @@ fn the_depth_curve_has_one_point_per_settled_call_with_a_rate_and_a_depth() {
         .into_iter()
         .enumerate()
     {
-        calls.push(with_facts(ok(&format!("c-{i:06}"), T0 + i as u64), depth, tps));
+        calls.push(with_facts(
+            ok(&format!("c-{i:06}"), T0 + i as u64),
+            depth,
+            tps,
+        ));
     }
     // No depth known, another model, another route: not on the curve.
     calls.push(ok("c-000010", T0 + 10));
@@ -1243,7 +1247,13 @@ fn the_depth_curve_has_one_point_per_settled_call_with_a_rate_and_a_depth() {
         10.0,
     ));
     calls.push(with_facts(
-        call("c-000012", T0 + 12, "llama", Some("qwen3:8b"), CallStatus::Ok),
+        call(
+            "c-000012",
+            T0 + 12,
+            "llama",
+            Some("qwen3:8b"),
+            CallStatus::Ok,
+        ),
         500,
         10.0,
     ));
@@ -1256,11 +1266,17 @@ fn the_depth_curve_has_one_point_per_settled_call_with_a_rate_and_a_depth() {
         })
         .unwrap();
     assert_eq!(
-        doc.points.iter().map(|p| p.context_tokens).collect::<Vec<_>>(),
+        doc.points
+            .iter()
+            .map(|p| p.context_tokens)
+            .collect::<Vec<_>>(),
         [1000, 2000, 3000, 4000]
     );
     let fit = doc.fit.unwrap();
-    assert!((fit.a - 45.0).abs() < 1e-6 && (fit.b + 0.001).abs() < 1e-9, "{fit:?}");
+    assert!(
+        (fit.a - 45.0).abs() < 1e-6 && (fit.b + 0.001).abs() < 1e-9,
+        "{fit:?}"
+    );
     let all_routes = store
         .depth(&DepthQuery {
             model: "qwen3:8b".into(),

@@ -135,7 +135,11 @@ async fn a_call_for_an_unloaded_model_says_loading_then_a_later_load_has_an_eta(
         let got = send(addr, "POST", "/api/chat", &ollama_chat("m", "hello there")).await;
         assert_eq!(got.status, 200);
         let (seen, call) = waits_of(&mut rx, &id).await;
-        assert_eq!(reasons(&seen)[0], WaitReason::LoadingModel, "{id}: {seen:?}");
+        assert_eq!(
+            reasons(&seen)[0],
+            WaitReason::LoadingModel,
+            "{id}: {seen:?}"
+        );
         assert_eq!(call.details.start, Some(StartKind::Cold), "{id}");
         // The details keep the last known reason: loading, or (once the
         // route knows its prefill rate) the estimated prefill after it.
@@ -201,7 +205,13 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
         |e| matches!(e, EngineEvent::Speed { call, .. } if call.id == "c-000002"),
     )
     .await;
-    let second = tokio::spawn(send_with(addr, "POST", "/v1/chat/completions", body, HEADERS));
+    let second = tokio::spawn(send_with(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        body,
+        HEADERS,
+    ));
     let mut a = Vec::new();
     let mut b = Vec::new();
     let mut settled = Vec::new();
@@ -232,7 +242,11 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
     assert_eq!(first.await.unwrap().status, 200);
     assert_eq!(second.await.unwrap().status, 200);
     assert_eq!(reasons(&a), [WaitReason::Prefilling], "{a:?}");
-    assert_eq!(reasons(&b), [WaitReason::Queued, WaitReason::Prefilling], "{b:?}");
+    assert_eq!(
+        reasons(&b),
+        [WaitReason::Queued, WaitReason::Prefilling],
+        "{b:?}"
+    );
     assert!(b
         .iter()
         .filter(|s| s.wait.reason == WaitReason::Queued)
@@ -253,7 +267,12 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
         .iter()
         .find(|c| c.identity.id == "c-000003")
         .unwrap();
-    let ttft = b_call.speed.as_ref().unwrap().time_to_first_token_ms.unwrap();
+    let ttft = b_call
+        .speed
+        .as_ref()
+        .unwrap()
+        .time_to_first_token_ms
+        .unwrap();
     let errors = eta_errors(
         &b.iter()
             .filter(|s| s.wait.reason == WaitReason::Prefilling)
@@ -302,7 +321,11 @@ async fn a_prompt_cut_to_the_context_is_flagged_and_alarmed_once_per_route_and_m
         let id = format!("c-{n:06}");
         let deadline = Instant::now() + Duration::from_secs(10);
         let call = loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await.unwrap().unwrap() {
+            match tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .unwrap()
+                .unwrap()
+            {
                 EngineEvent::PromptTruncated(cut) => alarms.push(cut),
                 EngineEvent::Settled(call) if call.identity.id == id => break call,
                 _ => {}
@@ -399,10 +422,17 @@ async fn a_route_is_polled_only_while_a_call_waits_and_never_when_idle() {
     // /metrics (/props at most once a minute).
     let looks = active.as_millis() as u64 / 500 + 3;
     assert!(during >= 3, "{during}");
-    assert!(during <= 3 * looks, "{during} requests for at most {looks} looks");
+    assert!(
+        during <= 3 * looks,
+        "{during} requests for at most {looks} looks"
+    );
     let after = sim.telemetry_requests();
     tokio::time::sleep(Duration::from_millis(2_000)).await;
-    assert_eq!(sim.telemetry_requests(), after, "polled after the call ended");
+    assert_eq!(
+        sim.telemetry_requests(),
+        after,
+        "polled after the call ended"
+    );
     engine.shutdown(Duration::from_secs(1)).await;
     sim.shutdown().await;
 }
@@ -412,7 +442,12 @@ async fn an_endpoint_answered_404_is_never_asked_again() {
     // A server with the model routes only: every telemetry GET is a 404.
     let upstream = ScriptedUpstream::start(std::collections::HashMap::from([(
         "/v1/chat/completions".to_owned(),
-        openai_chat_script(3, Duration::from_millis(300), Duration::from_millis(20), None),
+        openai_chat_script(
+            3,
+            Duration::from_millis(300),
+            Duration::from_millis(20),
+            None,
+        ),
     )]))
     .await;
     let engine = telemetry_engine(&upstream.url()).await;

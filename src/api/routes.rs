@@ -717,7 +717,10 @@ mod tests {
         assert_eq!(endpoint("/api/v1/history"), Some(Endpoint::StoredCalls));
         assert_eq!(endpoint("/api/v1/history/depth"), Some(Endpoint::Depth));
         assert_eq!(
-            depth_query(Some("model=m&route=r")).unwrap().route.as_deref(),
+            depth_query(Some("model=m&route=r"))
+                .unwrap()
+                .route
+                .as_deref(),
             Some("r")
         );
         assert!(depth_query(Some("route=r")).unwrap_err().contains("model"));

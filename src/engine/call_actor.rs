@@ -20,7 +20,9 @@ use super::details;
 use super::messages::*;
 use super::supervisor::Supervisor;
 use super::telemetry::explain::ServerFacts;
-use super::telemetry::{CallUpdate, FirstTokenSeen, TelemetryPoller, Track, Untrack, WaitExplained};
+use super::telemetry::{
+    CallUpdate, FirstTokenSeen, TelemetryPoller, Track, Untrack, WaitExplained,
+};
 use crate::decode::detect::{detect_framing, request_facts, BodyFraming};
 use crate::decode::request_fields::RequestFields;
 use crate::meter::calibration::CalibrationTable;

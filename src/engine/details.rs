@@ -64,8 +64,8 @@ pub fn truncation(
     context_size: Option<u64>,
 ) -> Option<PromptTruncation> {
     let (estimate, server) = (estimate?, server?);
-    let over_context = context_size
-        .is_some_and(|c| estimate as f64 > c as f64 * 1.1 && server <= c);
+    let over_context =
+        context_size.is_some_and(|c| estimate as f64 > c as f64 * 1.1 && server <= c);
     let far_below = cache_reported
         && (server as f64) < estimate as f64 * 0.5
         && estimate.saturating_sub(server) >= 256;
@@ -251,7 +251,10 @@ mod tests {
         // llama.cpp reports its cache: a count far below is a cut.
         assert!(truncation(Some(9_000), Some(2_000), true, None).is_some());
         // Close enough: estimate error, not a cut.
-        assert_eq!(truncation(Some(2_100), Some(2_000), true, Some(4_096)), None);
+        assert_eq!(
+            truncation(Some(2_100), Some(2_000), true, Some(4_096)),
+            None
+        );
         assert_eq!(truncation(None, Some(2_000), true, Some(1)), None);
     }
 

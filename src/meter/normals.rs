@@ -125,7 +125,11 @@ pub struct Observation {
 
 impl Normal {
     fn observe(&mut self, o: &Observation) {
-        let load = if o.cold { o.load_ms.unwrap_or(0.0) } else { 0.0 };
+        let load = if o.cold {
+            o.load_ms.unwrap_or(0.0)
+        } else {
+            0.0
+        };
         if o.cold {
             if let Some(ms) = o.load_ms.filter(|ms| *ms > 0.0) {
                 self.load.add(ms);
@@ -295,7 +299,10 @@ mod tests {
         let mut n = Normals::new();
         n.observe("r", "m", &warm(1_000, 10));
         n.observe("r", "m", &warm(1_000, 10));
-        assert_eq!(n.slow_limit_ms("r", Some("m"), Some(10), false, 5_000), (5_000, None));
+        assert_eq!(
+            n.slow_limit_ms("r", Some("m"), Some(10), false, 5_000),
+            (5_000, None)
+        );
         n.observe("r", "m", &warm(1_000, 10));
         // Twice the usual, at least 2 s over it.
         assert_eq!(

@@ -167,6 +167,10 @@ impl PromptTruncated {
 }
 
 /// What subscribers (control API SSE, terminal view, tray) receive.
+// `Settled(Call)` is the large variant since calls carry their facts;
+// boxing it would change the type every front end matches on, for a
+// channel of at most a few thousand events.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
     /// A published snapshot of one call (`event: speed`).

@@ -237,7 +237,10 @@ mod depth_tests {
         };
         let pts = vec![p(1000, 44.0), p(2000, 43.0), p(3000, 42.0), p(4000, 41.0)];
         let fit = fit_line(&pts).unwrap();
-        assert!((fit.a - 45.0).abs() < 1e-9 && (fit.b + 0.001).abs() < 1e-12, "{fit:?}");
+        assert!(
+            (fit.a - 45.0).abs() < 1e-9 && (fit.b + 0.001).abs() < 1e-12,
+            "{fit:?}"
+        );
         assert_eq!(fit_line(&pts[..2]), None);
         assert_eq!(fit_line(&[p(5, 1.0), p(5, 2.0), p(5, 3.0)]), None);
         let doc = DepthDoc::fitted("m".into(), pts[..2].to_vec());

@@ -38,6 +38,4 @@ pub use history::{
 pub use route::{RouteSpec, Upstream};
 pub use snapshot::{Phase, Snapshot, TokenSource};
 pub use stats::Stats;
-pub use wait::{
-    ContextUse, DraftCounts, Placement, PromptTruncation, StartKind, Wait, WaitReason,
-};
+pub use wait::{ContextUse, DraftCounts, Placement, PromptTruncation, StartKind, Wait, WaitReason};

@@ -325,7 +325,11 @@ impl TelemetryPoller {
 }
 
 /// `GET path` on the upstream, with the timeout and the body cap.
-async fn fetch(client: &Client<HttpConnector, Empty<Bytes>>, upstream: &Upstream, path: &str) -> Answer {
+async fn fetch(
+    client: &Client<HttpConnector, Empty<Bytes>>,
+    upstream: &Upstream,
+    path: &str,
+) -> Answer {
     let Ok(uri) = upstream.join(path).parse::<hyper::Uri>() else {
         return Answer::Failed;
     };
