@@ -241,7 +241,9 @@ impl Normals {
     }
 
     /// The slow rule: a first token is late after twice the usual (and at
-    /// least [`SLOW_MARGIN_MS`] over it); without history, after `floor`.
+    /// least [`SLOW_MARGIN_MS`] over it, or `floor` over it when the fixed
+    /// threshold is set lower than that margin: whoever asks for early
+    /// warnings gets them); without history, after `floor`.
     /// Returns the limit and the usual it came from.
     pub fn slow_limit_ms(
         &self,
@@ -254,7 +256,8 @@ impl Normals {
         let usual = model.and_then(|m| self.usual_ttft_ms(route, m, prompt_tokens, cold));
         match usual {
             Some(u) => {
-                let limit = ((u as f64 * SLOW_FACTOR).round() as u64).max(u + SLOW_MARGIN_MS);
+                let margin = SLOW_MARGIN_MS.min(floor_ms);
+                let limit = ((u as f64 * SLOW_FACTOR).round() as u64).max(u + margin);
                 (limit, Some(u))
             }
             None => (floor_ms, None),
@@ -315,6 +318,11 @@ mod tests {
         assert_eq!(
             n.slow_limit_ms("r", Some("big"), Some(10), false, 5_000),
             (16_000, Some(8_000))
+        );
+        // A threshold set below the margin narrows it.
+        assert_eq!(
+            n.slow_limit_ms("r", Some("m"), Some(10), false, 150),
+            (2_000, Some(1_000))
         );
     }
 
