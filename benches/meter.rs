@@ -104,6 +104,7 @@ fn live_snapshot(tokens: u64) -> Snapshot {
         output_tokens: tokens,
         output_tokens_per_second: Some(41.7),
         token_source: TokenSource::Estimated,
+        wait: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn call(i: u64) -> Call {
             output_tokens: 150 + i % 400,
             output_tokens_per_second: Some(35.0 + (i % 200) as f64 / 10.0),
             token_source: TokenSource::Server,
+            wait: None,
         }),
         input_tokens: Some(40 + i % 2000),
         details: CallDetails {

@@ -342,6 +342,7 @@ fn waiting_snapshot(elapsed_ms: u64) -> Snapshot {
         output_tokens: 0,
         output_tokens_per_second: None,
         token_source: TokenSource::Estimated,
+        wait: None,
     }
 }
 

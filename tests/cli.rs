@@ -262,7 +262,7 @@ fn check_snapshot(speed: &Value, ctx: &str) {
             "output_tokens",
             "token_source",
         ],
-        &["time_to_first_token_ms", "output_tokens_per_second"],
+        &["time_to_first_token_ms", "output_tokens_per_second", "wait"],
         ctx,
     );
     assert!(

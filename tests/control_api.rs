@@ -167,6 +167,7 @@ fn settled_call() -> Call {
             output_tokens: 201,
             output_tokens_per_second: Some(41.7),
             token_source: TokenSource::Server,
+            wait: None,
         }),
         input_tokens: Some(37),
         details: Default::default(),
@@ -182,6 +183,7 @@ fn live_snapshot() -> Snapshot {
         output_tokens: 12,
         output_tokens_per_second: None,
         token_source: TokenSource::Estimated,
+        wait: None,
     }
 }
 

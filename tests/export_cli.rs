@@ -68,6 +68,7 @@ fn call(id: &str, started_ms: u64, route: &str, model: Option<&str>, client: &st
             output_tokens: 120,
             output_tokens_per_second: Some(43.2),
             token_source: TokenSource::Server,
+            wait: None,
         }),
         input_tokens: Some(50),
         details: CallDetails {

@@ -65,6 +65,7 @@ fn call(
             output_tokens: tokens,
             output_tokens_per_second: rate,
             token_source: TokenSource::Provider,
+            wait: None,
         }),
         input_tokens: Some(37),
         details: Default::default(),

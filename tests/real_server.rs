@@ -512,3 +512,134 @@ fn settled_rate_and_counts_match_a_real_llama_server() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The waits speedtap published for call `id`, from the `--json` lines:
+/// `(elapsed_ms, wait)` of each snapshot awaiting the first token.
+fn waits_in(lines: &[String], id: &str) -> Vec<(u64, Value)> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["call"]["id"] == id && v["speed"]["phase"] == "awaiting_first_token")
+        .filter_map(|v| {
+            let wait = v["speed"].get("wait")?.clone();
+            Some((v["speed"]["elapsed_ms"].as_u64()?, wait))
+        })
+        .collect()
+}
+
+/// Waits explained by a real llama-server (`-np 1`, so one slot): a long
+/// prompt shows `prefilling` with progress rising from `/slots`; a second
+/// call sent meanwhile shows `queued` behind one call, then streams; a
+/// prompt over the context size (2,048) ends with a clear cause.
+/// `scripts/real-server-check` starts the server with `-b 256`, so a
+/// prompt of ~1,500 tokens is processed in several batches and `/slots`
+/// shows it advancing.
+#[test]
+fn waits_are_explained_by_a_real_llama_server() {
+    let Ok(url) = std::env::var(URL_VAR) else {
+        println!("skipped: set {URL_VAR} to a running llama-server (scripts/real-server-check)");
+        return;
+    };
+    let url = url.trim_end_matches('/').to_owned();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real_server_waits");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let route = format!("real=127.0.0.1:0={url}");
+    let run = Proc::spawn(speedtap(
+        &dir,
+        &[
+            "run",
+            "--json",
+            "--no-db",
+            "--api",
+            "127.0.0.1:0",
+            "--route",
+            &route,
+        ],
+    ));
+    let (proxy, api) = read_announcement(&run, "real");
+    let words: Vec<&str> = PROMPTS.iter().flat_map(|p| p.split(' ')).collect();
+    let text = |n: usize| -> String {
+        (0..n)
+            .map(|i| words[i % words.len()])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let chat = |content: String| {
+        json!({
+            "model": "SmolLM2-135M-Instruct", "max_tokens": 8, "stream": true,
+            "temperature": 0, "cache_prompt": false,
+            "messages": [{"role": "user", "content": content}],
+        })
+    };
+
+    // A long prompt, and a short call sent once the long one is in.
+    let long = chat(text(1_500));
+    let first = std::thread::spawn(move || post(proxy, "/v1/chat/completions", &long));
+    run.stdout.wait_for(
+        "the long call's first snapshot",
+        Duration::from_secs(10),
+        |t| t.contains("\"c-000001\""),
+    );
+    let short = chat(text(20));
+    let second = std::thread::spawn(move || post(proxy, "/v1/chat/completions", &short));
+    first.join().expect("long call");
+    second.join().expect("short call");
+    let _ = settled_call(api);
+    let lines = run.stdout.lines_so_far();
+
+    let a = waits_in(&lines, "c-000001");
+    let progress: Vec<f64> = a
+        .iter()
+        .filter(|(_, w)| w["reason"] == "prefilling")
+        .filter_map(|(_, w)| w["progress"].as_f64())
+        .collect();
+    println!("long prompt: prefill progress seen {progress:?}");
+    assert!(progress.len() >= 2, "no rising prefill progress: {a:?}");
+    assert!(progress.windows(2).all(|w| w[0] <= w[1]), "{progress:?}");
+    assert!(progress.first() < progress.last(), "{progress:?}");
+
+    let b = waits_in(&lines, "c-000002");
+    assert!(
+        b.iter()
+            .any(|(_, w)| w["reason"] == "queued" && w["position"] == 1),
+        "the second call was not queued behind one: {b:?}"
+    );
+    let calls = get(api, "/api/v1/calls?limit=2").json();
+    for call in calls["calls"].as_array().expect("calls") {
+        assert_eq!(call["status"], "ok", "{call}");
+    }
+    // ETA accuracy of the long call: predicted vs actual first token.
+    let long_call = calls["calls"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["id"] == "c-000001").cloned())
+        .expect("the long call");
+    let ttft = long_call["speed"]["time_to_first_token_ms"]
+        .as_u64()
+        .expect("ttft");
+    let errors: Vec<i64> = a
+        .iter()
+        .filter_map(|(t, w)| Some((t + w["eta_ms"].as_u64()?) as i64 - ttft as i64))
+        .collect();
+    println!("long prompt: ttft {ttft} ms, eta errors (ms) {errors:?}");
+
+    // Over the context: refused, with the cause in the call's details.
+    let reply = http(
+        proxy,
+        "POST",
+        "/v1/chat/completions",
+        chat(text(3_000)).to_string().as_bytes(),
+        &[],
+    )
+    .expect("POST");
+    assert_eq!(
+        reply.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let refused = settled_call(api);
+    let error = refused["error"].as_str().unwrap_or_default();
+    assert!(error.contains("context size"), "{refused}");
+    drop(run);
+}

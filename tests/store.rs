@@ -63,6 +63,7 @@ fn call(id: &str, started_ms: u64, route: &str, model: Option<&str>, status: Cal
         output_tokens: 80,
         output_tokens_per_second: (status == CallStatus::Ok).then_some(45.5),
         token_source: TokenSource::Server,
+        wait: None,
     });
     Call {
         identity: CallIdentity {
@@ -874,13 +875,16 @@ fn csv_export_has_the_documented_header_and_flat_rows() {
         "id,route,api,model,client,status,http_status,started_at,settled_at,elapsed_ms,ttft_ms,\
          output_tokens,output_tokens_per_second,token_source,input_tokens,load_ms,prefill_ms,\
          prefill_tokens,cached_tokens,prefill_tokens_per_second,other_ms,one_burst,\
-         unstreamed_reasoning,seen_by,capture_gap"
+         unstreamed_reasoning,seen_by,capture_gap,wait_reason,wait_position,wait_progress,\
+         wait_eta_ms,wait_usual_ms,wait_prompt_tokens,truncated_request_tokens,\
+         truncated_server_tokens,truncated_context_size,context_size,context_used,draft_n,\
+         draft_accepted,placement,model_bytes,vram_bytes,start,error,prompt_tokens_estimated"
     );
     assert_eq!(
         lines[1],
         format!(
             "c-000005,llama,openai_chat,gemma3,openai-python,upstream_error,500,{},{},2000,250,80,,\
-             server,37,,,,,,,false,false,proxy,false",
+             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,",
             ms_to_rfc3339(T0 + 4),
             ms_to_rfc3339(T0 + 2004)
         )
@@ -1162,4 +1166,122 @@ fn kill_9_loses_no_call_reported_persisted() {
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap();
     assert_eq!(ok, "ok");
+}
+
+/// A call with every wait-explanation fact set.
+fn with_facts(mut c: Call, context_used: u64, tps: f64) -> Call {
+    use speedtap::model::{
+        ContextUse, DraftCounts, Placement, PromptTruncation, StartKind, Wait, WaitReason,
+    };
+    c.details.wait = Some(Wait {
+        progress: Some(0.625),
+        eta_ms: Some(1200),
+        usual_ms: Some(3000),
+        prompt_tokens: Some(9000),
+        ..Wait::new(WaitReason::Prefilling)
+    });
+    c.details.prompt_truncated = Some(PromptTruncation {
+        request_tokens: 9000,
+        server_tokens: 2048,
+        context_size: Some(2048),
+    });
+    c.details.context = Some(ContextUse {
+        size: Some(8192),
+        used: context_used,
+    });
+    c.details.draft = Some(DraftCounts {
+        drafted: 120,
+        accepted: 96,
+    });
+    c.details.placement = Some(Placement::Split);
+    c.details.model_bytes = Some(5_000_000_000);
+    c.details.vram_bytes = Some(3_000_000_000);
+    c.details.start = Some(StartKind::Cold);
+    c.details.error = Some("the prompt is over the server's context size".into());
+    c.details.prompt_tokens_estimated = Some(9000);
+    c.speed.as_mut().unwrap().output_tokens_per_second = Some(tps);
+    c
+}
+
+#[test]
+fn the_wait_and_the_server_facts_round_trip_through_the_store_and_both_exports() {
+    let mut store = Store::open_in_memory().unwrap();
+    let rich = with_facts(ok("c-000001", T0), 3100, 41.5);
+    let plain = ok("c-000002", T0 + 1);
+    store.insert_calls(&[rich.clone(), plain.clone()]).unwrap();
+    assert_eq!(
+        store.history(&HistoryFilter::default()).unwrap(),
+        vec![plain.clone(), rich.clone()]
+    );
+    for format in [ExportFormat::Csv, ExportFormat::Jsonl] {
+        let mut out = Vec::new();
+        export(&store, &HistoryFilter::default(), format, &mut out).unwrap();
+        assert_eq!(
+            parse_export(format, &mut out.as_slice()).unwrap(),
+            vec![rich.clone(), plain.clone()],
+            "{format:?}"
+        );
+    }
+}
+
+#[test]
+fn the_depth_curve_has_one_point_per_settled_call_with_a_rate_and_a_depth() {
+    use speedtap::model::DepthQuery;
+    let mut store = Store::open_in_memory().unwrap();
+    let mut calls = Vec::new();
+    for (i, (depth, tps)) in [(1000, 44.0), (2000, 43.0), (3000, 42.0), (4000, 41.0)]
+        .into_iter()
+        .enumerate()
+    {
+        calls.push(with_facts(
+            ok(&format!("c-{i:06}"), T0 + i as u64),
+            depth,
+            tps,
+        ));
+    }
+    // No depth known, another model, another route: not on the curve.
+    calls.push(ok("c-000010", T0 + 10));
+    calls.push(with_facts(
+        call("c-000011", T0 + 11, "ollama", Some("other"), CallStatus::Ok),
+        500,
+        10.0,
+    ));
+    calls.push(with_facts(
+        call(
+            "c-000012",
+            T0 + 12,
+            "llama",
+            Some("qwen3:8b"),
+            CallStatus::Ok,
+        ),
+        500,
+        10.0,
+    ));
+    store.insert_calls(&calls).unwrap();
+    let doc = store
+        .depth(&DepthQuery {
+            model: "qwen3:8b".into(),
+            route: Some("ollama".into()),
+            ..DepthQuery::default()
+        })
+        .unwrap();
+    assert_eq!(
+        doc.points
+            .iter()
+            .map(|p| p.context_tokens)
+            .collect::<Vec<_>>(),
+        [1000, 2000, 3000, 4000]
+    );
+    let fit = doc.fit.unwrap();
+    assert!(
+        (fit.a - 45.0).abs() < 1e-6 && (fit.b + 0.001).abs() < 1e-9,
+        "{fit:?}"
+    );
+    let all_routes = store
+        .depth(&DepthQuery {
+            model: "qwen3:8b".into(),
+            ..DepthQuery::default()
+        })
+        .unwrap();
+    assert_eq!(all_routes.points.len(), 5);
 }

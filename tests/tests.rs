@@ -25,3 +25,4 @@ mod simulate;
 mod simulate_servers;
 mod store;
 mod store_engine;
+mod wait;

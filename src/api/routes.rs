@@ -7,6 +7,9 @@
 //!   `limit` defaults to 100 and is clamped to [`MAX_LIMIT`].
 //! - `GET /api/v1/models?model=&route=&client=&since=&until=` ->
 //!   `{"models": [ModelSummary, ...]}`: per (model, route) figures.
+//! - `GET /api/v1/history/depth?model=M&route=&since=&until=` ->
+//!   [`DepthDoc`](crate::model::DepthDoc): one model's decode rate against
+//!   context depth, with its fitted line (`model` is required).
 //! - `GET /api/v1/export?format=csv|jsonl&model=&route=&client=&since=&until=`
 //!   -> the file `speedtap export` writes, as a download
 //!   (`content-disposition: attachment; filename="speedtap-calls.csv"` or
@@ -69,6 +72,7 @@ enum Endpoint<'a> {
     Routes,
     History,
     StoredCalls,
+    Depth,
     Models,
     Export,
     Discover,
@@ -107,6 +111,7 @@ fn endpoint(path: &str) -> Option<Endpoint<'_>> {
         "/api/v1/routes" => Some(Endpoint::Routes),
         "/api/v1/stats/history" => Some(Endpoint::History),
         "/api/v1/history" => Some(Endpoint::StoredCalls),
+        "/api/v1/history/depth" => Some(Endpoint::Depth),
         "/api/v1/models" => Some(Endpoint::Models),
         "/api/v1/export" => Some(Endpoint::Export),
         "/api/v1/discover" => Some(Endpoint::Discover),
@@ -276,6 +281,13 @@ async fn dispatch<E: EngineQueries>(
                 Err(message) => error(StatusCode::BAD_REQUEST, &message),
             }
         }
+        Endpoint::Depth => match depth_query(req.uri().query()) {
+            Ok(query) => match engine.history_depth(query).await {
+                Ok(doc) => json(StatusCode::OK, &doc),
+                Err(e) => query_error(&e),
+            },
+            Err(message) => error(StatusCode::BAD_REQUEST, &message),
+        },
         Endpoint::Models => {
             #[derive(Serialize)]
             struct Page {
@@ -399,6 +411,20 @@ pub fn history_query(query: Option<&str>) -> Result<HistoryFilter, String> {
     })?;
     filter.limit = Some(limit);
     Ok(filter)
+}
+
+/// `GET /api/v1/history/depth`: `model` (required), `route`, `since`,
+/// `until`, with the history filters' rules.
+pub fn depth_query(query: Option<&str>) -> Result<crate::model::DepthQuery, String> {
+    let filter = history_filter(query, |_, _| Ok(()))?;
+    let q = crate::model::DepthQuery {
+        model: filter.model.unwrap_or_default(),
+        route: filter.route,
+        since_ms: filter.since_ms,
+        until_ms: filter.until_ms,
+    };
+    q.check()?;
+    Ok(q)
 }
 
 /// `GET /api/v1/export`: the filters plus `format` (`csv`, the default, or
@@ -689,6 +715,15 @@ mod tests {
         assert_eq!(endpoint("/api/v1/calls/a/b"), None);
         assert_eq!(endpoint("/api/v1/stats/"), None);
         assert_eq!(endpoint("/api/v1/history"), Some(Endpoint::StoredCalls));
+        assert_eq!(endpoint("/api/v1/history/depth"), Some(Endpoint::Depth));
+        assert_eq!(
+            depth_query(Some("model=m&route=r"))
+                .unwrap()
+                .route
+                .as_deref(),
+            Some("r")
+        );
+        assert!(depth_query(Some("route=r")).unwrap_err().contains("model"));
         assert_eq!(endpoint("/api/v1/models"), Some(Endpoint::Models));
         assert_eq!(endpoint("/api/v1/export"), Some(Endpoint::Export));
         assert!(matches!(endpoint("/"), Some(Endpoint::Asset(_))));

@@ -46,6 +46,7 @@ pub fn frame(event: &EngineEvent) -> String {
         EngineEvent::Stats(stats) => encode("stats", stats),
         EngineEvent::Settled(call) => encode("settled", call),
         EngineEvent::SlowFirstToken(slow) => encode("slow_first_token", slow),
+        EngineEvent::PromptTruncated(cut) => encode("prompt_truncated", cut),
     }
 }
 
@@ -124,6 +125,7 @@ mod tests {
             output_tokens: 20,
             output_tokens_per_second: Some(41.7),
             token_source: TokenSource::Estimated,
+            wait: None,
         }
     }
 
@@ -176,6 +178,8 @@ mod tests {
             call: identity(),
             waited_ms: 5000,
             threshold_ms: 5000,
+            reason: None,
+            usual_ms: None,
         }));
         let v = data_of(&slow, "slow_first_token");
         assert_eq!(v["waited_ms"], 5000);

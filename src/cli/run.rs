@@ -94,6 +94,9 @@ async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json
                     EngineEvent::SlowFirstToken(slow) => {
                         eprintln!("{}", TerminalView::warning_line(slow));
                     }
+                    EngineEvent::PromptTruncated(cut) => {
+                        eprintln!("warning: {}", cut.message());
+                    }
                     _ => {}
                 }
                 if batch.len() < 64 * 1024 {

@@ -133,6 +133,11 @@ impl TerminalView {
                 self.scroll.push(format!("{YELLOW}{line}{RESET}"));
                 self.dirty = true;
             }
+            EngineEvent::PromptTruncated(cut) => {
+                let line = self.fit(&format!("warning: {}", cut.message()));
+                self.scroll.push(format!("{YELLOW}{line}{RESET}"));
+                self.dirty = true;
+            }
         }
     }
 
@@ -339,6 +344,7 @@ mod tests {
             output_tokens: 0,
             output_tokens_per_second: None,
             token_source: TokenSource::Estimated,
+            wait: None,
         }
     }
 
@@ -351,6 +357,7 @@ mod tests {
             output_tokens: tokens,
             output_tokens_per_second: Some(tps),
             token_source: TokenSource::Estimated,
+            wait: None,
         }
     }
 
@@ -374,6 +381,7 @@ mod tests {
                 output_tokens: 201,
                 output_tokens_per_second: Some(41.7),
                 token_source: TokenSource::Server,
+                wait: None,
             }),
             input_tokens: Some(37),
             details: Default::default(),
@@ -572,6 +580,8 @@ mod tests {
             call: ident("c-1", Some("qwen3:32b")),
             waited_ms: 5000,
             threshold_ms: 5000,
+            reason: None,
+            usual_ms: None,
         };
         assert_eq!(
             TerminalView::warning_line(&slow),

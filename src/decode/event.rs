@@ -59,6 +59,11 @@ pub struct ServerTimings {
     pub load_ms: Option<f64>,
     /// Prompt tokens reused from cache (`cache_n`, `tokens_cached`).
     pub cached_tokens: Option<u64>,
+    /// Speculative decoding: tokens the draft model proposed (llama.cpp
+    /// `draft_n`).
+    pub draft_tokens: Option<u64>,
+    /// Of those, the tokens the target accepted (`draft_n_accepted`).
+    pub draft_accepted: Option<u64>,
 }
 
 impl ServerTimings {
@@ -74,6 +79,8 @@ impl ServerTimings {
         self.prompt_ms = later.prompt_ms.or(self.prompt_ms);
         self.load_ms = later.load_ms.or(self.load_ms);
         self.cached_tokens = later.cached_tokens.or(self.cached_tokens);
+        self.draft_tokens = later.draft_tokens.or(self.draft_tokens);
+        self.draft_accepted = later.draft_accepted.or(self.draft_accepted);
     }
 }
 

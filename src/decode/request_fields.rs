@@ -36,6 +36,22 @@ pub struct RequestFields {
     /// The top-level `stream`, when it is `true` or `false` (`null` and
     /// other types leave each API's default in force).
     pub stream: Option<bool>,
+    /// Bytes of string content in the body outside `model` (the messages,
+    /// prompt, system text...), counted as they pass and never kept: the
+    /// prompt's size, for the wait explanations (about 4 bytes a token
+    /// before calibration, see `docs/metering.md`).
+    pub text_bytes: u64,
+    /// The top-level object closed: `text_bytes` is final.
+    pub complete: bool,
+}
+
+impl RequestFields {
+    /// The prompt's size in tokens before calibration: the string bytes
+    /// over 4 (o200k's average for English is close to 4.2 bytes a token;
+    /// the per-route calibration absorbs the rest).
+    pub fn raw_prompt_tokens(&self) -> u64 {
+        self.text_bytes.div_ceil(4)
+    }
 }
 
 impl RequestFields {
@@ -154,7 +170,20 @@ impl RequestScanner {
 
     /// Skips string contents with `memchr`: only a quote or a backslash
     /// can end or escape the string.
-    fn skip_string(&mut self, bytes: &[u8], mut i: usize, mut escaped: bool) -> usize {
+    fn skip_string(&mut self, bytes: &[u8], i: usize, escaped: bool) -> usize {
+        let start = i;
+        let end = self.skip_string_inner(bytes, i, escaped);
+        // String content only: the closing quote is not text.
+        let content = if matches!(self.state, State::InSkippedString { .. }) {
+            end - start
+        } else {
+            (end - start).saturating_sub(1)
+        };
+        self.fields.text_bytes += content as u64;
+        end
+    }
+
+    fn skip_string_inner(&mut self, bytes: &[u8], mut i: usize, mut escaped: bool) -> usize {
         if escaped {
             i += 1;
             escaped = false;
@@ -223,7 +252,7 @@ impl RequestScanner {
                     self.begin_member();
                     self.state = State::InKey { escaped: false };
                 }
-                b'}' => self.state = State::Finished,
+                b'}' => self.close(),
                 _ if b.is_ascii_whitespace() => {}
                 _ => self.state = State::Finished,
             },
@@ -293,12 +322,20 @@ impl RequestScanner {
             },
             State::AfterValue => match b {
                 b',' => self.state = State::ExpectKey,
-                b'}' => self.state = State::Finished,
+                b'}' => self.close(),
                 _ if b.is_ascii_whitespace() => {}
                 _ => self.state = State::Finished,
             },
             State::Nested | State::InSkippedString { .. } | State::Finished => {}
         }
+    }
+
+    /// The top-level object closed: the text count is final, which is
+    /// news worth passing on.
+    fn close(&mut self) {
+        self.state = State::Finished;
+        self.fields.complete = true;
+        self.changed = true;
     }
 
     fn begin_member(&mut self) {
@@ -348,15 +385,39 @@ impl RequestScanner {
 mod tests {
     use super::*;
 
+    /// The model and stream found (the text count has its own tests).
     fn scan(body: &str) -> RequestFields {
-        RequestFields::scan(body.as_bytes())
+        RequestFields {
+            text_bytes: 0,
+            complete: false,
+            ..RequestFields::scan(body.as_bytes())
+        }
     }
 
     fn fields(model: Option<&str>, stream: Option<bool>) -> RequestFields {
         RequestFields {
             model: model.map(str::to_owned),
             stream,
+            ..RequestFields::default()
         }
+    }
+
+    #[test]
+    fn the_text_of_every_string_but_the_model_is_counted_in_any_pieces() {
+        let body = br#"{"model":"qwen3:8b","messages":[{"role":"user","content":"hello \"you\""}],"prompt":"abcd","stream":true}"#;
+        // role(4) + user(4) + content(7) + `hello \"you\"`(13) + abcd(4).
+        let whole = RequestFields::scan(body);
+        assert_eq!(whole.text_bytes, 32);
+        assert!(whole.complete);
+        assert_eq!(whole.raw_prompt_tokens(), 8);
+        for size in [1, 2, 3, 7, 50] {
+            assert_eq!(scan_in_pieces(body, size), whole, "pieces of {size}");
+        }
+        let mut s = RequestScanner::default();
+        assert!(!s.feed(br#"{"messages":[{"content":"ab"#));
+        assert!(!s.fields().complete);
+        assert!(s.feed(br#"cd"}]}"#), "the close is news");
+        assert_eq!(s.fields().text_bytes, 11);
     }
 
     /// Feeds `body` in pieces of `size` bytes.
@@ -490,7 +551,10 @@ mod tests {
     fn every_split_of_the_body_gives_the_same_fields() {
         let body = br#"{"messages":[{"role":"user","content":"a \"quoted\" \\ {[ text"}],"options":{"a":[1,{"b":"c"}]},"stream":true,"model":"qwen3:8b\u00e9"}"#;
         let whole = RequestFields::scan(body);
-        assert_eq!(whole, fields(Some("qwen3:8bé"), Some(true)));
+        assert_eq!(
+            (whole.model.as_deref(), whole.stream, whole.complete),
+            (Some("qwen3:8bé"), Some(true), true)
+        );
         for size in 1..body.len() {
             assert_eq!(scan_in_pieces(body, size), whole, "pieces of {size}");
         }
@@ -517,7 +581,9 @@ mod tests {
             s.buf.capacity()
         );
         assert!(s.is_finished());
-        assert_eq!(s.into_fields(), fields(Some("m"), Some(true)));
+        let f = s.into_fields();
+        assert_eq!((f.model.as_deref(), f.stream), (Some("m"), Some(true)));
+        assert!(f.complete && f.text_bytes > 30_000_000, "{f:?}");
     }
 
     #[test]

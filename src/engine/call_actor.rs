@@ -11,19 +11,27 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Recipient, Running};
+use actix::{
+    Actor, ActorContext, Addr, AsyncContext, Context, Handler, Recipient, Running, SpawnHandle,
+};
 use tokio::time::Instant;
 
 use super::details;
 use super::messages::*;
 use super::supervisor::Supervisor;
+use super::telemetry::explain::ServerFacts;
+use super::telemetry::{
+    CallUpdate, FirstTokenSeen, TelemetryPoller, Track, Untrack, WaitExplained,
+};
 use crate::decode::detect::{detect_framing, request_facts, BodyFraming};
 use crate::decode::request_fields::RequestFields;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::limits::SNAPSHOT_INTERVAL;
+use crate::meter::normals::{Normals, Observation};
 use crate::metering::{CallMetering, Outcome, ResponseHead, StreamEnd};
 use crate::model::ApiKind;
 use crate::model::{Call, CallDetails, CallIdentity, CallStatus, SeenBy, SlowFirstToken};
+use crate::model::{ContextUse, DraftCounts, EngineEvent, Phase, PromptTruncated, StartKind, Wait};
 use crate::tokens::TokenEstimator;
 
 /// Everything a call actor needs at birth.
@@ -42,6 +50,12 @@ pub struct CallSetup {
     pub client: Option<String>,
     /// Which interceptor feeds this actor; only copied into the record.
     pub seen_by: SeenBy,
+    /// Every route's normals: the slow rule reads them, the settled call
+    /// teaches them.
+    pub normals: Arc<RwLock<Normals>>,
+    /// The route's telemetry poller, which explains the wait; `None`
+    /// (capture, tests): no explanation, the fixed slow rule.
+    pub telemetry: Option<Addr<TelemetryPoller>>,
 }
 
 pub struct CallActor {
@@ -59,6 +73,24 @@ pub struct CallActor {
     capture_gap: bool,
     /// When a snapshot tick first found every address gone (see `started`).
     orphaned_at: Option<Instant>,
+    /// The latest explanation of the wait (kept as it was at the first
+    /// token).
+    wait: Option<Wait>,
+    /// The last explanation with a known reason, for the call's details
+    /// (an `unknown` after "loading" only means the rest was the server's
+    /// own business); `unknown` when no reason was ever known.
+    known_wait: Option<Wait>,
+    /// What the server said about the call's model.
+    facts: ServerFacts,
+    /// The prompt's size from the request body: raw and calibrated tokens.
+    prompt: Option<(u64, u64)>,
+    /// The poller was told about the first token.
+    first_token_told: bool,
+    /// The pending slow-first-token check, and whether the alarm fired.
+    alarm: Option<SpawnHandle>,
+    alarm_fired: bool,
+    /// The start of a non-2xx body, read for a recognised cause.
+    error_body: Vec<u8>,
     /// The proxy tap's frame queue, known from its first `FramesQueued`.
     frames: Option<Arc<FrameQueue>>,
     /// The drained batch, its capacity kept for the next one.
@@ -78,6 +110,14 @@ impl CallActor {
             reported: false,
             capture_gap: false,
             orphaned_at: None,
+            wait: None,
+            known_wait: None,
+            facts: ServerFacts::default(),
+            prompt: None,
+            first_token_told: false,
+            alarm: None,
+            alarm_fired: false,
+            error_body: Vec::new(),
             frames: None,
             batch: Vec::new(),
         }
@@ -87,17 +127,108 @@ impl CallActor {
     /// (or a body not metered) was seen, the tap stops waking this actor
     /// per frame and the snapshot tick drains the queue.
     fn drain_frames(&mut self) {
-        let Some(queue) = &self.frames else { return };
+        let Some(queue) = self.frames.clone() else { return };
         queue.take(&mut self.batch);
         let mut batch = std::mem::take(&mut self.batch);
         for frame in batch.drain(..) {
-            if let Some(s) = self.metering.on_frame(&frame.bytes, frame.at) {
-                self.publish(s);
-            }
+            self.on_frame(&frame.bytes, frame.at);
         }
         self.batch = batch;
         if self.metering.first_output_at().is_some() || !self.metering.is_metering() {
             queue.relax();
+        }
+    }
+
+    /// One body frame, in arrival order, whichever way it came (a `Frame`
+    /// message from the capture, or the proxy tap's queue).
+    fn on_frame(&mut self, bytes: &[u8], at: Instant) {
+        if !(200..300).contains(&self.http_status.unwrap_or(200))
+            && self.error_body.len() < details::MAX_ERROR_BODY
+        {
+            let room = details::MAX_ERROR_BODY - self.error_body.len();
+            self.error_body
+                .extend_from_slice(&bytes[..bytes.len().min(room)]);
+        }
+        if let Some(s) = self.metering.on_frame(bytes, at) {
+            self.publish(s);
+        }
+        if !self.first_token_told && self.metering.first_output_at().is_some() {
+            self.first_token_told = true;
+            if let Some(poller) = &self.setup.telemetry {
+                poller.do_send(FirstTokenSeen {
+                    seq: self.setup.seq,
+                });
+            }
+        }
+    }
+
+    /// The slow rule for this call now: the route's normal for its model,
+    /// prompt size and start, or the fixed threshold without history.
+    fn slow_limit(&self) -> (u64, Option<u64>) {
+        let floor = self.setup.slow_ttft.as_millis() as u64;
+        let Ok(normals) = self.setup.normals.read() else {
+            return (floor, None);
+        };
+        normals.slow_limit_ms(
+            &self.setup.identity.route,
+            self.setup.identity.model.as_deref(),
+            self.prompt.map(|(_, calibrated)| calibrated),
+            self.facts.cold == Some(true),
+            floor,
+        )
+    }
+
+    fn waiting(&self) -> bool {
+        !self.reported && self.metering.first_output_at().is_none() && !self.unmetered
+    }
+
+    /// (Re)schedules the slow-first-token check at the current limit,
+    /// measured from dispatch. Called whenever the limit may have moved
+    /// (model, prompt size or cold start learned).
+    fn arm_alarm(&mut self, ctx: &mut Context<Self>) {
+        if self.alarm_fired || !self.waiting() {
+            return;
+        }
+        if let Some(h) = self.alarm.take() {
+            ctx.cancel_future(h);
+        }
+        let (limit, _) = self.slow_limit();
+        let deadline = self.setup.dispatched_at + Duration::from_millis(limit);
+        let delay = deadline.saturating_duration_since(Instant::now());
+        self.alarm = Some(ctx.run_later(delay, |act, ctx| {
+            act.alarm = None;
+            act.alarm_due(ctx);
+        }));
+    }
+
+    fn alarm_due(&mut self, ctx: &mut Context<Self>) {
+        if self.alarm_fired || !self.waiting() {
+            return;
+        }
+        let (limit, usual) = self.slow_limit();
+        let waited = Instant::now().saturating_duration_since(self.setup.dispatched_at);
+        if (waited.as_millis() as u64) < limit {
+            self.arm_alarm(ctx);
+            return;
+        }
+        self.alarm_fired = true;
+        self.setup.notifier.do_send(FirstTokenLate(SlowFirstToken {
+            call: self.setup.identity.clone(),
+            waited_ms: waited.as_millis() as u64,
+            threshold_ms: limit,
+            reason: self.wait.clone(),
+            usual_ms: usual,
+        }));
+    }
+
+    /// Tells the poller the model and the prompt size, once known.
+    fn tell_poller(&self) {
+        if let Some(poller) = &self.setup.telemetry {
+            poller.do_send(CallUpdate {
+                seq: self.setup.seq,
+                model: self.setup.identity.model.clone(),
+                prompt_tokens: self.prompt.map(|(_, calibrated)| calibrated),
+            });
         }
     }
 
@@ -115,7 +246,10 @@ impl CallActor {
         false
     }
 
-    fn publish(&self, speed: crate::model::Snapshot) {
+    fn publish(&self, mut speed: crate::model::Snapshot) {
+        if speed.phase == Phase::AwaitingFirstToken && !speed.is_final {
+            speed.wait = self.wait.clone();
+        }
         self.setup.supervisor.do_send(CallProgress {
             seq: self.setup.seq,
             identity: self.setup.identity.clone(),
@@ -134,6 +268,43 @@ impl CallActor {
             self.setup.identity.model = self.request.model.clone();
         }
         let report = self.metering.finish(end, now);
+        if let Some(poller) = &self.setup.telemetry {
+            poller.do_send(Untrack {
+                seq: self.setup.seq,
+            });
+        }
+        let timings = report.server_timings.clone().unwrap_or_default();
+        // The server's whole prompt count: processed plus cached.
+        let server_prompt = timings
+            .prompt_tokens
+            .map(|n| n + timings.cached_tokens.unwrap_or(0))
+            .or(report.input_tokens);
+        let estimate = self.prompt.map(|(_, calibrated)| calibrated);
+        let truncated = details::truncation(
+            estimate,
+            server_prompt,
+            timings.cached_tokens.is_some(),
+            self.facts.context_size,
+        );
+        let start = match self.facts.cold {
+            Some(true) => Some(StartKind::Cold),
+            Some(false) => Some(StartKind::Warm),
+            None => timings.load_ms.map(|ms| {
+                if ms >= 1_000.0 {
+                    StartKind::Cold
+                } else {
+                    StartKind::Warm
+                }
+            }),
+        };
+        let error = (!(200..300).contains(&self.http_status.unwrap_or(200)))
+            .then(|| details::context_refusal(&self.error_body))
+            .flatten();
+        self.error_body = Vec::new();
+        let context = server_prompt.map(|prompt| ContextUse {
+            size: self.facts.context_size,
+            used: prompt + report.snapshot.output_tokens,
+        });
         let details = CallDetails {
             client: self.setup.client.clone(),
             ttft_breakdown: report
@@ -148,7 +319,39 @@ impl CallActor {
             settled_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
             seen_by: self.setup.seen_by,
             capture_gap: self.capture_gap,
+            wait: self.known_wait.clone().or_else(|| self.wait.clone()),
+            prompt_truncated: truncated.clone(),
+            context,
+            draft: match (timings.draft_tokens, timings.draft_accepted) {
+                (Some(drafted), Some(accepted)) => Some(DraftCounts { drafted, accepted }),
+                _ => None,
+            },
+            placement: self.facts.placement,
+            model_bytes: self.facts.model_bytes,
+            vram_bytes: self.facts.vram_bytes,
+            start,
+            error,
+            prompt_tokens_estimated: estimate.filter(|n| *n > 0),
         };
+        self.learn(&report, server_prompt, truncated.is_some(), start);
+        if let (Some(cut), Some(model)) = (&truncated, &self.setup.identity.model) {
+            let first = self
+                .setup
+                .normals
+                .write()
+                .map(|mut n| n.first_truncation(&self.setup.identity.route, model))
+                .unwrap_or(false);
+            if first {
+                self.setup
+                    .supervisor
+                    .do_send(Broadcast(EngineEvent::PromptTruncated(PromptTruncated {
+                        call: self.setup.identity.clone(),
+                        request_tokens: cut.request_tokens,
+                        server_tokens: cut.server_tokens,
+                        context_size: cut.context_size,
+                    })));
+            }
+        }
         let status = if self.unreachable {
             CallStatus::UpstreamError
         } else if self.unmetered {
@@ -186,6 +389,43 @@ impl CallActor {
             call,
             calibration_ratio: report.calibration_ratio,
         });
+    }
+}
+
+impl CallActor {
+    /// Teaches the route's normal from a call that ended well.
+    fn learn(
+        &self,
+        report: &crate::metering::CallReport,
+        server_prompt: Option<u64>,
+        truncated: bool,
+        start: Option<StartKind>,
+    ) {
+        let (Some(model), Some(ttft_ms)) = (
+            self.setup.identity.model.as_deref(),
+            report.snapshot.time_to_first_token_ms,
+        ) else {
+            return;
+        };
+        if report.outcome != Outcome::Ok || self.unmetered || self.capture_gap {
+            return;
+        }
+        let timings = report.server_timings.clone().unwrap_or_default();
+        let observation = Observation {
+            ttft_ms,
+            prompt_tokens: server_prompt.or(self.prompt.map(|(_, c)| c)),
+            cold: start == Some(StartKind::Cold),
+            load_ms: timings.load_ms,
+            prefill: timings.prompt_tokens.zip(timings.prompt_ms),
+            prompt_estimate: if truncated {
+                None
+            } else {
+                self.prompt.map(|(raw, _)| raw).zip(server_prompt)
+            },
+        };
+        if let Ok(mut normals) = self.setup.normals.write() {
+            normals.observe(&self.setup.identity.route, model, &observation);
+        }
     }
 }
 
@@ -235,19 +475,15 @@ impl Actor for CallActor {
         });
         // The slow-first-token alarm fires while the call is still waiting,
         // measured from dispatch (not from the actor's start).
-        let deadline = self.setup.dispatched_at + self.setup.slow_ttft;
-        let delay = deadline.saturating_duration_since(Instant::now());
-        ctx.run_later(delay, |act, _| {
-            if act.reported || act.metering.first_output_at().is_some() || act.unmetered {
-                return;
-            }
-            let waited = Instant::now().saturating_duration_since(act.setup.dispatched_at);
-            act.setup.notifier.do_send(FirstTokenLate(SlowFirstToken {
-                call: act.setup.identity.clone(),
-                waited_ms: waited.as_millis() as u64,
-                threshold_ms: act.setup.slow_ttft.as_millis() as u64,
-            }));
-        });
+        self.arm_alarm(ctx);
+        if let Some(poller) = &self.setup.telemetry {
+            poller.do_send(Track {
+                seq: self.setup.seq,
+                model: self.setup.identity.model.clone(),
+                dispatched_at: self.setup.dispatched_at,
+                actor: ctx.address().recipient(),
+            });
+        }
     }
 
     fn stopping(&mut self, _ctx: &mut Self::Context) -> Running {
@@ -262,12 +498,30 @@ impl Actor for CallActor {
 
 impl Handler<RequestFieldsSeen> for CallActor {
     type Result = ();
-    fn handle(&mut self, msg: RequestFieldsSeen, _: &mut Self::Context) {
+    fn handle(&mut self, msg: RequestFieldsSeen, ctx: &mut Self::Context) {
         self.request = msg.0;
+        let mut news = false;
         // Name the model as soon as the request says it, so a call still
         // waiting for its first token already shows which model is slow.
         if self.learn_model() && !self.reported {
             self.publish(self.metering.latest().clone());
+            news = true;
+        }
+        if self.request.complete && self.prompt.is_none() {
+            let raw = self.request.raw_prompt_tokens();
+            let model = self.setup.identity.model.clone().unwrap_or_default();
+            let calibrated = self
+                .setup
+                .normals
+                .read()
+                .map(|n| n.calibrated_prompt(&self.setup.identity.route, &model, raw))
+                .unwrap_or(raw);
+            self.prompt = Some((raw, calibrated));
+            news = true;
+        }
+        if news {
+            self.tell_poller();
+            self.arm_alarm(ctx);
         }
     }
 }
@@ -311,9 +565,7 @@ impl Handler<ResponseStarted> for CallActor {
 impl Handler<Frame> for CallActor {
     type Result = ();
     fn handle(&mut self, msg: Frame, _: &mut Self::Context) {
-        if let Some(s) = self.metering.on_frame(&msg.bytes, msg.at) {
-            self.publish(s);
-        }
+        self.on_frame(&msg.bytes, msg.at);
     }
 }
 
@@ -322,6 +574,35 @@ impl Handler<FramesQueued> for CallActor {
     fn handle(&mut self, msg: FramesQueued, _: &mut Self::Context) {
         self.frames.get_or_insert(msg.0);
         self.drain_frames();
+    }
+}
+
+impl Handler<WaitExplained> for CallActor {
+    type Result = ();
+    fn handle(&mut self, msg: WaitExplained, ctx: &mut Self::Context) {
+        let cold_changed = self.facts.cold != msg.facts.cold;
+        self.facts = msg.facts;
+        if !self.waiting() {
+            return;
+        }
+        if msg.wait.is_some() && self.wait != msg.wait {
+            self.wait = msg.wait;
+            if self
+                .wait
+                .as_ref()
+                .is_some_and(|w| w.reason != crate::model::WaitReason::Unknown)
+            {
+                self.known_wait = self.wait.clone();
+            }
+            let mut speed = self.metering.latest().clone();
+            speed.elapsed_ms = Instant::now()
+                .saturating_duration_since(self.setup.dispatched_at)
+                .as_millis() as u64;
+            self.publish(speed);
+        }
+        if cold_changed {
+            self.arm_alarm(ctx);
+        }
     }
 }
 
@@ -416,6 +697,7 @@ mod tests {
         events: mpsc::Receiver<EngineEvent>,
         alarms: Addr<Alarms>,
         calibration: Arc<RwLock<CalibrationTable>>,
+        normals: Arc<RwLock<Normals>>,
         settled: Vec<Call>,
     }
 
@@ -439,6 +721,7 @@ mod tests {
                 events,
                 alarms,
                 calibration,
+                normals: Arc::new(RwLock::new(Normals::new())),
                 settled: Vec::new(),
             }
         }
@@ -464,6 +747,8 @@ mod tests {
                 notifier: self.alarms.clone().recipient(),
                 client: None,
                 seen_by: SeenBy::Proxy,
+                normals: self.normals.clone(),
+                telemetry: None,
             })
             .start()
         }
@@ -580,7 +865,14 @@ mod tests {
         h.settled().await.to_vec()
     }
 
+    /// The record of the test call: its request holds 17 bytes of text
+    /// (`role`, `user`, `content`, `hi`), a 5-token prompt estimate; the
+    /// context used is the server's prompt count plus the output.
     fn record(status: CallStatus, speed: Snapshot, input_tokens: Option<u64>) -> Call {
+        let context = input_tokens.map(|n| crate::model::ContextUse {
+            size: None,
+            used: n + speed.output_tokens,
+        });
         Call {
             identity: CallIdentity {
                 id: "c-000001".into(),
@@ -593,7 +885,11 @@ mod tests {
             http_status: Some(200),
             speed: Some(speed),
             input_tokens,
-            details: Default::default(),
+            details: CallDetails {
+                context,
+                prompt_tokens_estimated: Some(5),
+                ..CallDetails::default()
+            },
         }
     }
 
@@ -615,6 +911,7 @@ mod tests {
                     output_tokens: 30,
                     output_tokens_per_second: Some(12.1),
                     token_source: TokenSource::Provider,
+                    wait: None,
                 },
                 Some(7),
             );
@@ -647,6 +944,7 @@ mod tests {
                     output_tokens: 25,
                     output_tokens_per_second: Some(10.0),
                     token_source: TokenSource::Estimated,
+                    wait: None,
                 },
                 None,
             );
@@ -687,6 +985,7 @@ mod tests {
                     output_tokens: 6,
                     output_tokens_per_second: None,
                     token_source: TokenSource::Estimated,
+                    wait: None,
                 },
                 None,
             );
@@ -724,6 +1023,8 @@ mod tests {
                 },
                 waited_ms: 5_000,
                 threshold_ms: 5_000,
+                reason: None,
+                usual_ms: None,
             };
             assert_eq!(h.alarms().await, [(5_000, expected.clone())]);
 
@@ -733,6 +1034,83 @@ mod tests {
             h.at(40_000).await;
             assert_eq!(h.alarms().await, [(5_000, expected)]);
             assert!(h.settled().await.is_empty());
+        });
+    }
+
+    #[test]
+    fn the_slow_alarm_waits_for_twice_the_routes_usual_and_names_it() {
+        run_paused(async {
+            let h = Harness::new().await;
+            // On route r, model m usually takes 8 s to its first token.
+            for _ in 0..3 {
+                h.normals.write().unwrap().observe(
+                    "r",
+                    "m",
+                    &Observation {
+                        ttft_ms: 8_000,
+                        prompt_tokens: Some(10),
+                        ..Observation::default()
+                    },
+                );
+            }
+            let actor = h.start_call();
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            // The fixed 5 s is normal here: no alarm.
+            h.at(15_990).await;
+            assert!(h.alarms().await.is_empty());
+            h.at(16_000).await;
+            let alarms = h.alarms().await;
+            assert_eq!(alarms.len(), 1, "{alarms:?}");
+            let (at, slow) = &alarms[0];
+            assert_eq!(*at, 16_000);
+            assert_eq!(slow.threshold_ms, 16_000);
+            assert_eq!(slow.usual_ms, Some(8_000));
+            assert_eq!(
+                slow.message(),
+                "m on r: no first token after 16.0 s (usually 8.0 s)"
+            );
+            h.at(40_000).await;
+            assert_eq!(h.alarms().await.len(), 1);
+            drop(actor);
+        });
+    }
+
+    #[test]
+    fn without_history_the_fixed_threshold_rules_and_the_alarm_names_the_cause() {
+        run_paused(async {
+            let h = Harness::new().await;
+            let actor = h.start_call();
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            h.at(1_000).await;
+            actor.do_send(WaitExplained {
+                wait: Some(Wait::new(crate::model::WaitReason::LoadingModel)),
+                facts: ServerFacts {
+                    cold: Some(true),
+                    ..ServerFacts::default()
+                },
+            });
+            h.at(5_000).await;
+            let alarms = h.alarms().await;
+            assert_eq!(alarms.len(), 1, "{alarms:?}");
+            assert_eq!(alarms[0].0, 5_000);
+            assert_eq!(
+                alarms[0].1.message(),
+                "m on r: no first token after 5.0 s, loading the model"
+            );
+            // The snapshot published while waiting carries the wait.
+            let mut h = h;
+            flush().await;
+            let mut waits = Vec::new();
+            while let Ok(e) = h.events.try_recv() {
+                if let EngineEvent::Speed { speed, .. } = e {
+                    waits.push((speed.elapsed_ms, speed.wait.map(|w| w.reason)));
+                }
+            }
+            assert!(
+                waits.contains(&(1_000, Some(crate::model::WaitReason::LoadingModel))),
+                "{waits:?}"
+            );
+            drop(actor);
         });
     }
 

@@ -1,10 +1,80 @@
 //! Pure derivations of a call's details: which app made it (from its
 //! User-Agent), where its time to first token went (from the server's
-//! timings), and the flags that explain a missing or odd rate.
+//! timings), the flags that explain a missing or odd rate, a cut prompt,
+//! and a refusal about the context size.
 
 use crate::decode::ServerTimings;
 use crate::meter::limits::DRIFT_BAND;
-use crate::model::TtftBreakdown;
+use crate::model::wait::thousands;
+use crate::model::{PromptTruncation, TtftBreakdown};
+
+/// The most of an error body read for its cause (a refusal is a short
+/// JSON object).
+pub const MAX_ERROR_BODY: usize = 4_096;
+
+/// The clear cause of a refusal about the prompt's size, from the
+/// server's error body: llama-server's `exceed_context_size_error` (with
+/// `n_prompt_tokens` and `n_ctx`), Ollama's "the prompt is longer than the
+/// context length", vLLM's "maximum context length". `None` for any other
+/// error. Only numbers are taken from the body; the sentence is ours.
+pub fn context_refusal(body: &[u8]) -> Option<String> {
+    let body = &body[..body.len().min(MAX_ERROR_BODY)];
+    let text = String::from_utf8_lossy(body).to_ascii_lowercase();
+    const SIGNS: [&str; 7] = [
+        "exceed_context_size",
+        "exceeds the available context",
+        "longer than the context",
+        "maximum context length",
+        "context length exceeded",
+        "context_length_exceeded",
+        "too many tokens",
+    ];
+    if !SIGNS.iter().any(|s| text.contains(s)) {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let err = v.get("error").unwrap_or(&v);
+    let n = |k: &str| err.get(k).and_then(serde_json::Value::as_u64);
+    Some(match (n("n_prompt_tokens"), n("n_ctx")) {
+        (Some(p), Some(c)) => format!(
+            "the prompt ({} tokens) is over the server's context size ({} tokens)",
+            thousands(p),
+            thousands(c)
+        ),
+        (None, Some(c)) => format!(
+            "the prompt is over the server's context size ({} tokens)",
+            thousands(c)
+        ),
+        _ => "the prompt is over the server's context size".to_owned(),
+    })
+}
+
+/// Whether the server cut the prompt, from the request's calibrated
+/// estimate, the server's prompt count (processed plus cached) and the
+/// loaded context size. Two rules (`docs/metering.md`, "Truncation"):
+/// - the estimate is over the context size by more than 10% while the
+///   server read no more than the context: the prompt can't have fit;
+/// - where the server reports its cache (so its count is the whole
+///   prompt), it read under half the estimate and at least 256 tokens
+///   fewer.
+pub fn truncation(
+    estimate: Option<u64>,
+    server: Option<u64>,
+    cache_reported: bool,
+    context_size: Option<u64>,
+) -> Option<PromptTruncation> {
+    let (estimate, server) = (estimate?, server?);
+    let over_context =
+        context_size.is_some_and(|c| estimate as f64 > c as f64 * 1.1 && server <= c);
+    let far_below = cache_reported
+        && (server as f64) < estimate as f64 * 0.5
+        && estimate.saturating_sub(server) >= 256;
+    (over_context || far_below).then_some(PromptTruncation {
+        request_tokens: estimate,
+        server_tokens: server,
+        context_size,
+    })
+}
 
 /// The app behind a User-Agent, as a short stable name: `openai-python`,
 /// `openai-node`, `anthropic-python`, `ollama-python`, `ollama-js`,
@@ -152,6 +222,40 @@ mod tests {
             Some(0.0)
         );
         assert_eq!(ttft_breakdown(Some(10), &ServerTimings::default()), None);
+    }
+
+    #[test]
+    fn a_refusal_about_the_context_names_both_numbers() {
+        let llama = br#"{"error":{"code":400,"message":"request (5031 tokens) exceeds the available context size (2048 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5031,"n_ctx":2048}}"#;
+        assert_eq!(
+            context_refusal(llama).as_deref(),
+            Some("the prompt (5,031 tokens) is over the server's context size (2,048 tokens)")
+        );
+        let ollama = br#"{"error":"the prompt is longer than the context length currently available to the model"}"#;
+        assert_eq!(
+            context_refusal(ollama).as_deref(),
+            Some("the prompt is over the server's context size")
+        );
+        assert_eq!(context_refusal(br#"{"error":"model not found"}"#), None);
+    }
+
+    #[test]
+    fn a_cut_prompt_is_one_over_the_context_or_far_below_a_full_count() {
+        // Ollama: 9,000 sent, 2,048 read, context 2,048.
+        let t = truncation(Some(9_000), Some(2_048), false, Some(2_048)).unwrap();
+        assert_eq!(t.server_tokens, 2_048);
+        assert_eq!(t.context_size, Some(2_048));
+        // Ollama without the context known: its count may leave out its
+        // cache, so a low count alone proves nothing.
+        assert_eq!(truncation(Some(9_000), Some(100), false, None), None);
+        // llama.cpp reports its cache: a count far below is a cut.
+        assert!(truncation(Some(9_000), Some(2_000), true, None).is_some());
+        // Close enough: estimate error, not a cut.
+        assert_eq!(
+            truncation(Some(2_100), Some(2_000), true, Some(4_096)),
+            None
+        );
+        assert_eq!(truncation(None, Some(2_000), true, Some(1)), None);
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! snapshots to the [`supervisor::Supervisor`], which keeps the active and
 //! recent calls, the global meter and calibration, and fans events out to
 //! subscribers; the [`notifier::Notifier`] turns late first tokens into
-//! alarms. [`crate::host`] builds and runs all of it.
+//! alarms; each route's [`telemetry::TelemetryPoller`] asks the model
+//! server what it publishes and explains every waiting call's wait.
+//! [`crate::host`] builds and runs all of it.
 
 pub mod call_actor;
 pub mod capture;
@@ -16,3 +18,4 @@ pub mod metrics;
 pub mod notifier;
 pub mod proxy;
 pub mod supervisor;
+pub mod telemetry;

@@ -152,6 +152,8 @@ mod tests {
                     call: identity(1, route),
                     waited_ms: 5_000,
                     threshold_ms: 5_000,
+                    reason: None,
+                    usual_ms: None,
                 }))
                 .await
                 .expect("notifier");

@@ -477,6 +477,7 @@ pub(crate) mod tests {
             output_tokens,
             output_tokens_per_second: None,
             token_source: TokenSource::Estimated,
+            wait: None,
         }
     }
 
@@ -672,6 +673,8 @@ pub(crate) mod tests {
                     call: identity(1, route),
                     waited_ms: 5_000,
                     threshold_ms: 5_000,
+                    reason: None,
+                    usual_ms: None,
                 })
             };
             for route in ["x", "y"] {

@@ -73,4 +73,9 @@ pub struct RunArgs {
     /// containers (bridges).
     #[arg(long, value_name = "IFACE")]
     pub capture_interface: Option<String>,
+    /// Don't ask the model servers what they publish (`/api/ps`, `/slots`,
+    /// `/props`, `/metrics`): waits are then not explained beyond what the
+    /// stream shows.
+    #[arg(long)]
+    pub no_telemetry: bool,
 }

@@ -107,6 +107,10 @@ pub struct EngineOptions {
     /// Passive capture of the routes' upstream ports; `None` (the default)
     /// captures nothing.
     pub capture: Option<CaptureOptions>,
+    /// Ask each route's server what it publishes (`/api/ps`, `/slots`...)
+    /// to explain waits (on from settings, i.e. for both front ends, unless
+    /// `--no-telemetry`; off in [`EngineOptions::new`]).
+    pub telemetry: bool,
 }
 
 /// What to capture (`--capture`).
@@ -160,6 +164,9 @@ impl EngineOptions {
             otlp_endpoint: None,
             otlp_interval: settings::OTLP_INTERVAL,
             capture: None,
+            // Off for engines built in code (tests, benches): they opt in.
+            // The front ends' path, `from_settings`, turns it on.
+            telemetry: false,
         }
     }
 
@@ -167,6 +174,7 @@ impl EngineOptions {
     /// settings (routes, API address, threshold, notification switches).
     pub fn from_settings(settings: &Settings) -> Self {
         let mut options = EngineOptions::new(settings.routes.clone());
+        options.telemetry = true;
         options.api = Some(settings.api);
         options.slow_ttft = Duration::from_millis(settings.slow_ttft_ms);
         options.notifications = settings.notifications;
@@ -435,6 +443,14 @@ impl EngineQueries for EngineHandle {
         self.query(move |s| s.models(&filter)).await
     }
 
+    async fn history_depth(
+        &self,
+        query: crate::model::DepthQuery,
+    ) -> Result<crate::model::DepthDoc, QueryError> {
+        query.check().map_err(QueryError::BadInput)?;
+        self.query(move |s| s.depth(&query)).await
+    }
+
     async fn export(
         &self,
         filter: HistoryFilter,
@@ -611,6 +627,8 @@ impl Engine {
             slow_ttft_ms: AtomicU64::new(options.slow_ttft.as_millis() as u64),
             limits: options.proxy_limits,
             own_connections: std::sync::OnceLock::new(),
+            normals: Arc::new(RwLock::new(crate::meter::normals::Normals::new())),
+            telemetry: options.telemetry,
         });
         let (stop_accepting, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {

@@ -151,6 +151,7 @@ pub const OTLP_INTERVAL: Duration = Duration::from_secs(10);
 /// the store fails later (see `StoreWriter`).
 pub fn engine_options(args: &RunArgs, settings: &Settings) -> Result<EngineOptions, RunError> {
     let mut options = EngineOptions::from_settings(settings);
+    options.telemetry = !args.no_telemetry;
     options.config_path = Some(
         args.config
             .clone()

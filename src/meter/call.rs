@@ -152,6 +152,7 @@ impl CallMeter {
                 output_tokens: 0,
                 output_tokens_per_second: None,
                 token_source: TokenSource::Estimated,
+                wait: None,
             },
             ended: false,
         }
@@ -338,6 +339,7 @@ impl CallMeter {
             output_tokens,
             output_tokens_per_second: rate,
             token_source,
+            wait: None,
         };
         self.last_published_at = Some(now);
         Settlement {
@@ -373,6 +375,7 @@ impl CallMeter {
             output_tokens,
             output_tokens_per_second: None,
             token_source,
+            wait: None,
         };
         self.last_published_at = Some(now);
         self.latest.clone()
@@ -458,6 +461,7 @@ impl CallMeter {
                 self.window.rate(self.first_output_at)
             },
             token_source: self.live_source(),
+            wait: None,
         }
     }
 

@@ -4,10 +4,12 @@
 //! - [`rate`]: the live sliding-window rate;
 //! - [`call`]: the per-call meter (`docs/metering.md` "One call");
 //! - [`calibration`]: the per-(route, model) tokenizer-drift factors;
-//! - [`global`]: the all-streams meter with its hourly high/low (`docs/metering.md` "All calls").
+//! - [`global`]: the all-streams meter with its hourly high/low (`docs/metering.md` "All calls");
+//! - [`normals`]: each route and model's usual time to first token (`docs/metering.md` "Why a call waits").
 
 pub mod calibration;
 pub mod call;
 pub mod global;
 pub mod limits;
+pub mod normals;
 pub mod rate;

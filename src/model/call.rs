@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 use super::api_kind::ApiKind;
 use super::snapshot::Snapshot;
 use super::stats::Stats;
+use super::wait::{
+    seconds, thousands, ContextUse, DraftCounts, Placement, PromptTruncation, StartKind, Wait,
+};
 
 /// Who a call is: fixed for its whole life.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,31 +85,92 @@ pub struct Call {
     pub details: CallDetails,
 }
 
-/// A first token later than the route's threshold, while still waiting.
+/// A first token later than the route's own normal (or, without history,
+/// the fixed threshold), while still waiting.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SlowFirstToken {
     /// The late call.
     pub call: CallIdentity,
     /// How long the call had waited when the alarm fired.
     pub waited_ms: u64,
-    /// The threshold that was crossed.
+    /// The threshold that was crossed: the fixed one, or the one learned
+    /// from this route's history for this model and prompt size.
     pub threshold_ms: u64,
+    /// Why the call was waiting when the alarm fired, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Wait>,
+    /// The route's usual time to first token for this model and prompt
+    /// size (with the load, when the model had to load); absent without
+    /// history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usual_ms: Option<u64>,
 }
 
 impl SlowFirstToken {
     /// The one-line human message, e.g.
-    /// `qwen3:32b on ollama: no first token after 5.0 s`.
+    /// `qwen3:32b on ollama: no first token after 9.1 s, loading the model
+    /// (usually 4.0 s)`, or without a known cause `... after 9.1 s
+    /// (usually 2.0 s)`, or without history `... after 5.0 s`.
     pub fn message(&self) -> String {
-        format!(
+        let mut s = format!(
             "{} on {}: no first token after {:.1} s",
             self.call.model.as_deref().unwrap_or("a model"),
             self.call.route,
             self.waited_ms as f64 / 1000.0
-        )
+        );
+        match self.reason.as_ref().and_then(Wait::cause) {
+            Some(cause) => {
+                s.push_str(", ");
+                s.push_str(&cause);
+            }
+            None => {
+                if let Some(usual) = self.usual_ms {
+                    s.push_str(&format!(" (usually {})", seconds(usual)));
+                }
+            }
+        }
+        s
+    }
+}
+
+/// The engine's alarm for a cut prompt (event `prompt_truncated`), raised
+/// once per route and model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromptTruncated {
+    /// The call whose prompt was cut.
+    pub call: CallIdentity,
+    /// The request's prompt size, estimated from its body and calibrated.
+    pub request_tokens: u64,
+    /// The prompt tokens the server reports it read.
+    pub server_tokens: u64,
+    /// The loaded context size, when the server publishes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_size: Option<u64>,
+}
+
+impl PromptTruncated {
+    /// The one-line human message, e.g. `qwen3:32b on ollama cut the
+    /// prompt: 9,000 tokens sent, 2,048 read (context 2,048)`.
+    pub fn message(&self) -> String {
+        let mut s = format!(
+            "{} on {} cut the prompt: {} tokens sent, {} read",
+            self.call.model.as_deref().unwrap_or("a model"),
+            self.call.route,
+            thousands(self.request_tokens),
+            thousands(self.server_tokens)
+        );
+        if let Some(n) = self.context_size {
+            s.push_str(&format!(" (context {})", thousands(n)));
+        }
+        s
     }
 }
 
 /// What subscribers (control API SSE, terminal view, tray) receive.
+// `Settled(Call)` is the large variant since calls carry their facts;
+// boxing it would change the type every front end matches on, for a
+// channel of at most a few thousand events.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
     /// A published snapshot of one call (`event: speed`).
@@ -122,6 +186,8 @@ pub enum EngineEvent {
     Stats(Stats),
     /// A first token is late (the Notifier's alarm).
     SlowFirstToken(SlowFirstToken),
+    /// The server cut a prompt (once per route and model).
+    PromptTruncated(PromptTruncated),
 }
 
 /// The `data` of an SSE `event: speed`: `{"call": CallIdentity, "speed": Snapshot}`.
@@ -171,6 +237,7 @@ mod tests {
                 output_tokens: 201,
                 output_tokens_per_second: Some(41.7),
                 token_source: TokenSource::Server,
+                wait: None,
             }),
             input_tokens: Some(37),
             details: Default::default(),
@@ -200,11 +267,125 @@ mod tests {
             },
             waited_ms: 5000,
             threshold_ms: 5000,
+            reason: None,
+            usual_ms: None,
         };
         assert_eq!(
             s.message(),
             "qwen3:32b on ollama: no first token after 5.0 s"
         );
+    }
+
+    #[test]
+    fn the_truncation_message_names_both_counts_and_the_context() {
+        let t = PromptTruncated {
+            call: CallIdentity {
+                id: "c-000001".into(),
+                route: "ollama".into(),
+                api: ApiKind::OllamaChat,
+                model: Some("qwen3:32b".into()),
+                started_at: String::new(),
+            },
+            request_tokens: 9000,
+            server_tokens: 2048,
+            context_size: Some(2048),
+        };
+        assert_eq!(
+            t.message(),
+            "qwen3:32b on ollama cut the prompt: 9,000 tokens sent, 2,048 read (context 2,048)"
+        );
+    }
+
+    #[test]
+    fn the_slow_message_names_the_cause_and_the_normal() {
+        use crate::model::{Wait, WaitReason};
+        let slow = |reason: Option<Wait>, usual_ms: Option<u64>| SlowFirstToken {
+            call: CallIdentity {
+                id: "c-000001".into(),
+                route: "ollama".into(),
+                api: ApiKind::OllamaChat,
+                model: Some("qwen3:32b".into()),
+                started_at: String::new(),
+            },
+            waited_ms: 9100,
+            threshold_ms: 8000,
+            reason,
+            usual_ms,
+        };
+        let loading = Wait {
+            usual_ms: Some(4000),
+            ..Wait::new(WaitReason::LoadingModel)
+        };
+        assert_eq!(
+            slow(Some(loading), Some(4500)).message(),
+            "qwen3:32b on ollama: no first token after 9.1 s, loading the model (usually 4.0 s)"
+        );
+        let queued = Wait {
+            position: Some(1),
+            ..Wait::new(WaitReason::Queued)
+        };
+        assert_eq!(
+            slow(Some(queued), None).message(),
+            "qwen3:32b on ollama: no first token after 9.1 s, queued behind 1 call"
+        );
+        let prefill = Wait {
+            progress: Some(0.6),
+            eta_ms: Some(3000),
+            prompt_tokens: Some(12000),
+            ..Wait::new(WaitReason::Prefilling)
+        };
+        assert_eq!(
+            slow(Some(prefill), Some(5000)).message(),
+            "qwen3:32b on ollama: no first token after 9.1 s, prefill of 12,000 tokens 60% done, about 3 s left"
+        );
+        assert_eq!(
+            slow(Some(Wait::new(WaitReason::Unknown)), Some(2000)).message(),
+            "qwen3:32b on ollama: no first token after 9.1 s (usually 2.0 s)"
+        );
+        let json = serde_json::to_value(slow(None, Some(2000))).unwrap();
+        assert_eq!(json["usual_ms"], 2000);
+        assert!(json.get("reason").is_none());
+    }
+
+    #[test]
+    fn details_carry_the_new_facts_and_skip_them_when_unknown() {
+        use crate::model::{Wait, WaitReason};
+        let plain = serde_json::to_value(CallDetails::default()).unwrap();
+        assert_eq!(plain, serde_json::json!({"seen_by": "proxy"}));
+        let d = CallDetails {
+            wait: Some(Wait::new(WaitReason::LoadingModel)),
+            prompt_truncated: Some(PromptTruncation {
+                request_tokens: 9000,
+                server_tokens: 2048,
+                context_size: Some(2048),
+            }),
+            context: Some(ContextUse {
+                size: Some(8192),
+                used: 3100,
+            }),
+            draft: Some(DraftCounts {
+                drafted: 120,
+                accepted: 96,
+            }),
+            placement: Some(Placement::Split),
+            model_bytes: Some(5_000_000_000),
+            vram_bytes: Some(3_000_000_000),
+            start: Some(StartKind::Cold),
+            error: Some("the prompt is over the context size".into()),
+            prompt_tokens_estimated: Some(9000),
+            ..CallDetails::default()
+        };
+        let json = serde_json::to_value(&d).unwrap();
+        assert_eq!(json["wait"]["reason"], "loading_model");
+        assert_eq!(json["prompt_truncated"]["server_tokens"], 2048);
+        assert_eq!(json["context"]["used"], 3100);
+        assert_eq!(json["draft"]["accepted"], 96);
+        assert_eq!(json["placement"], "split");
+        assert_eq!(json["model_bytes"], 5_000_000_000u64);
+        assert_eq!(json["vram_bytes"], 3_000_000_000u64);
+        assert_eq!(json["start"], "cold");
+        assert_eq!(json["prompt_tokens_estimated"], 9000);
+        assert_eq!(serde_json::from_value::<CallDetails>(json).unwrap(), d);
     }
 }
 
@@ -262,6 +443,39 @@ pub struct CallDetails {
     /// rate is shown, since the timings it would rest on are incomplete.
     #[serde(default, skip_serializing_if = "is_false")]
     pub capture_gap: bool,
+    /// The last explanation of the wait before the first token (see
+    /// [`Wait`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Wait>,
+    /// The server read far fewer prompt tokens than the request held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_truncated: Option<PromptTruncation>,
+    /// How full the call left the context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextUse>,
+    /// Speculative decoding counts, where the server reports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftCounts>,
+    /// Where the model ran (Ollama's `size_vram` against `size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    /// The loaded model's size in bytes, as the server reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_bytes: Option<u64>,
+    /// Of that, the bytes in GPU memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_bytes: Option<u64>,
+    /// Whether the model had to load for this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartKind>,
+    /// A clear cause when the call failed for a reason speedtap
+    /// recognises (a prompt over the context size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The prompt's size estimated from the request body (calibrated per
+    /// route and model against the server's own prompt counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_estimated: Option<u64>,
 }
 
 /// How a call was seen: through a proxy route, or by the passive capture

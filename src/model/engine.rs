@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::call::{Call, EngineEvent};
 use super::control::{DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
-use super::history::{ExportFormat, HistoryFilter, ModelSummary};
+use super::history::{DepthDoc, DepthQuery, ExportFormat, HistoryFilter, ModelSummary};
 use super::stats::Stats;
 
 /// Why a request to the engine failed. Each kind has one HTTP status
@@ -158,6 +158,15 @@ pub trait EngineQueries: Clone + Send + Sync + 'static {
         filter: HistoryFilter,
     ) -> impl Future<Output = Result<Vec<ModelSummary>, QueryError>> + Send {
         let _ = filter;
+        async { Err(QueryError::Unavailable(NO_STORE.to_owned())) }
+    }
+    /// Decode speed against context depth for one model, from the store's
+    /// settled calls, with its fitted line (`GET /api/v1/history/depth`).
+    fn history_depth(
+        &self,
+        query: DepthQuery,
+    ) -> impl Future<Output = Result<DepthDoc, QueryError>> + Send {
+        let _ = query;
         async { Err(QueryError::Unavailable(NO_STORE.to_owned())) }
     }
     /// The stored calls `filter` selects as a whole export file in `format`

@@ -127,3 +127,146 @@ impl HistoryFilter {
         Ok(())
     }
 }
+
+/// `GET /api/v1/history/depth`: which settled calls feed the depth curve.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DepthQuery {
+    /// The model (required; the curve is per model).
+    pub model: String,
+    /// Only calls of this route.
+    pub route: Option<String>,
+    /// Calls started at or after this unix time (ms).
+    pub since_ms: Option<u64>,
+    /// Calls started before this unix time (ms).
+    pub until_ms: Option<u64>,
+}
+
+impl DepthQuery {
+    /// The checks every front end applies: a model is named, and the
+    /// window is not empty (the history filter's rule).
+    pub fn check(&self) -> Result<(), String> {
+        if self.model.trim().is_empty() {
+            return Err("model is required: the depth curve is per model".to_owned());
+        }
+        HistoryFilter {
+            since_ms: self.since_ms,
+            until_ms: self.until_ms,
+            ..HistoryFilter::default()
+        }
+        .check_window()
+    }
+}
+
+/// One settled call on the depth curve.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DepthPoint {
+    /// How full the context was: prompt plus cached plus output tokens.
+    pub context_tokens: u64,
+    /// The call's settled decode rate.
+    pub tokens_per_second: f64,
+}
+
+/// The least-squares line through the points: `tps = a + b * context_tokens`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DepthFit {
+    /// Tokens per second at an empty context.
+    pub a: f64,
+    /// Change in tokens per second per context token (negative: slows as
+    /// the context fills).
+    pub b: f64,
+    /// The fitted curve's shape: `linear`.
+    pub kind: String,
+}
+
+/// The depth curve of one model: decode speed against context depth, from
+/// real traffic.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DepthDoc {
+    /// The model asked for.
+    pub model: String,
+    /// Settled calls with a rate and a known context depth, oldest first.
+    pub points: Vec<DepthPoint>,
+    /// The fitted line; `null` under 3 points (or when every point has the
+    /// same depth).
+    pub fit: Option<DepthFit>,
+}
+
+impl DepthDoc {
+    /// The document for `points`, with its least-squares fit.
+    pub fn fitted(model: String, points: Vec<DepthPoint>) -> DepthDoc {
+        let fit = fit_line(&points);
+        DepthDoc { model, points, fit }
+    }
+}
+
+/// Ordinary least squares of tps on context tokens; `None` under 3 points
+/// or without spread in depth.
+pub fn fit_line(points: &[DepthPoint]) -> Option<DepthFit> {
+    if points.len() < 3 {
+        return None;
+    }
+    let n = points.len() as f64;
+    let mx = points.iter().map(|p| p.context_tokens as f64).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.tokens_per_second).sum::<f64>() / n;
+    let (mut sxx, mut sxy) = (0.0, 0.0);
+    for p in points {
+        let dx = p.context_tokens as f64 - mx;
+        sxx += dx * dx;
+        sxy += dx * (p.tokens_per_second - my);
+    }
+    if sxx <= 0.0 {
+        return None;
+    }
+    let b = sxy / sxx;
+    Some(DepthFit {
+        a: my - b * mx,
+        b,
+        kind: "linear".to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod depth_tests {
+    use super::*;
+
+    #[test]
+    fn the_depth_fit_is_the_least_squares_line_and_absent_under_three_points() {
+        let p = |c: u64, t: f64| DepthPoint {
+            context_tokens: c,
+            tokens_per_second: t,
+        };
+        let pts = vec![p(1000, 44.0), p(2000, 43.0), p(3000, 42.0), p(4000, 41.0)];
+        let fit = fit_line(&pts).unwrap();
+        assert!(
+            (fit.a - 45.0).abs() < 1e-9 && (fit.b + 0.001).abs() < 1e-12,
+            "{fit:?}"
+        );
+        assert_eq!(fit_line(&pts[..2]), None);
+        assert_eq!(fit_line(&[p(5, 1.0), p(5, 2.0), p(5, 3.0)]), None);
+        let doc = DepthDoc::fitted("m".into(), pts[..2].to_vec());
+        assert_eq!(
+            serde_json::to_value(&doc).unwrap(),
+            serde_json::json!({"model": "m", "points": [
+                {"context_tokens": 1000, "tokens_per_second": 44.0},
+                {"context_tokens": 2000, "tokens_per_second": 43.0}], "fit": null})
+        );
+    }
+
+    #[test]
+    fn a_depth_query_needs_a_model_and_a_window_in_order() {
+        assert!(DepthQuery::default().check().is_err());
+        let q = DepthQuery {
+            model: "m".into(),
+            since_ms: Some(10),
+            until_ms: Some(5),
+            ..DepthQuery::default()
+        };
+        assert!(q.check().is_err());
+        assert!(DepthQuery {
+            model: "m".into(),
+            ..DepthQuery::default()
+        }
+        .check()
+        .is_ok());
+    }
+}

@@ -19,18 +19,23 @@ pub mod route;
 pub mod snapshot;
 pub mod stats;
 pub mod time;
+pub mod wait;
 
 pub use api_kind::ApiKind;
 pub use call::{
-    json_line, Call, CallDetails, CallIdentity, CallStatus, EngineEvent, SeenBy, SlowFirstToken,
-    SpeedEvent, TtftBreakdown,
+    json_line, Call, CallDetails, CallIdentity, CallStatus, EngineEvent, PromptTruncated, SeenBy,
+    SlowFirstToken, SpeedEvent, TtftBreakdown,
 };
 pub use control::{
     BoundRoute, DemoDoc, DiscoveredDoc, HistoryDoc, HistoryPoint, RouteDoc, RouteInfo, RoutesDoc,
     SaveOutcome, ServerDoc, SettingsDoc,
 };
 pub use engine::{CallsQuery, EngineQueries, QueryError};
-pub use history::{time_bound, ExportFormat, HistoryFilter, ModelSummary, MAX_LIMIT};
+pub use history::{
+    time_bound, DepthDoc, DepthFit, DepthPoint, DepthQuery, ExportFormat, HistoryFilter,
+    ModelSummary, MAX_LIMIT,
+};
 pub use route::{RouteSpec, Upstream};
 pub use snapshot::{Phase, Snapshot, TokenSource};
 pub use stats::Stats;
+pub use wait::{ContextUse, DraftCounts, Placement, PromptTruncation, StartKind, Wait, WaitReason};

@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::wait::Wait;
+
 /// What the model is doing now, as far as the stream shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -82,6 +84,9 @@ pub struct Snapshot {
     pub output_tokens_per_second: Option<f64>,
     /// Where `output_tokens` (final: the rate) came from.
     pub token_source: TokenSource,
+    /// While awaiting the first token: why the call waits, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Wait>,
 }
 
 /// Rounds a rate to the one decimal the contract publishes.
@@ -103,6 +108,7 @@ mod tests {
             output_tokens: 0,
             output_tokens_per_second: None,
             token_source: TokenSource::Estimated,
+            wait: None,
         };
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(

@@ -134,6 +134,8 @@ struct Shared {
     started: SystemTime,
     active: AtomicU64,
     cancelled: AtomicU64,
+    /// Telemetry GETs answered (`/api/ps`, `/slots`, `/props`, `/metrics`).
+    telemetry: AtomicU64,
     /// Set on shutdown, so streams cut by the server itself are not counted
     /// as client hang-ups.
     closing: AtomicBool,
@@ -200,6 +202,7 @@ impl SimServer {
             started: SystemTime::now(),
             active: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
+            telemetry: AtomicU64::new(0),
             closing: AtomicBool::new(false),
         });
         let (stop, stopped) = oneshot::channel();
@@ -227,6 +230,12 @@ impl SimServer {
     /// (`x-sim-cut-after`) and shutdown don't count.
     pub fn cancelled_streams(&self) -> u64 {
         self.shared.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Telemetry requests answered so far (`/api/ps`, `/slots`, `/props`,
+    /// `/metrics`): what polling this server costs it.
+    pub fn telemetry_requests(&self) -> u64 {
+        self.shared.telemetry.load(Ordering::SeqCst)
     }
 
     /// Generations in progress now (streamed or not).
@@ -764,6 +773,7 @@ fn discovery(path: &str, shared: &Shared) -> Option<Response<Body>> {
 
 /// The telemetry endpoints, rendered from the state at this instant.
 fn telemetry_reply(path: &str, shared: &Shared) -> Response<Body> {
+    shared.telemetry.fetch_add(1, Ordering::SeqCst);
     let snap = shared.state.snapshot(Instant::now());
     let n_ctx = shared.config.n_ctx;
     let speculative = shared.config.draft_acceptance.is_some();
@@ -821,6 +831,7 @@ mod tests {
             started: SystemTime::now(),
             active: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
+            telemetry: AtomicU64::new(0),
             closing: AtomicBool::new(false),
         };
         for p in GET_PATHS {

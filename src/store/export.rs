@@ -10,6 +10,7 @@ use std::io::{BufRead, Write};
 use super::query::{for_each_call, Order};
 use super::{Store, StoreError};
 use crate::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
+use crate::model::{ContextUse, DraftCounts, PromptTruncation, Wait};
 use crate::model::{ExportFormat, HistoryFilter};
 use crate::model::{Phase, Snapshot};
 
@@ -22,8 +23,10 @@ use crate::model::{Phase, Snapshot};
 /// none), and a TTFT breakdown when any of its six columns is set.
 ///
 /// Columns added later go at the end, so a script reading by position keeps
-/// working: `seen_by` and `capture_gap` came with the capture interceptor.
-pub const CSV_COLUMNS: [&str; 25] = [
+/// working: `seen_by` and `capture_gap` came with the capture interceptor,
+/// the `wait_*` columns and the facts after them with the wait
+/// explanations.
+pub const CSV_COLUMNS: [&str; 44] = [
     "id",
     "route",
     "api",
@@ -49,6 +52,25 @@ pub const CSV_COLUMNS: [&str; 25] = [
     "unstreamed_reasoning",
     "seen_by",
     "capture_gap",
+    "wait_reason",
+    "wait_position",
+    "wait_progress",
+    "wait_eta_ms",
+    "wait_usual_ms",
+    "wait_prompt_tokens",
+    "truncated_request_tokens",
+    "truncated_server_tokens",
+    "truncated_context_size",
+    "context_size",
+    "context_used",
+    "draft_n",
+    "draft_accepted",
+    "placement",
+    "model_bytes",
+    "vram_bytes",
+    "start",
+    "error",
+    "prompt_tokens_estimated",
 ];
 
 /// Writes the calls `filter` selects to `out`; returns how many.
@@ -91,6 +113,8 @@ fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
     let d = &c.details;
     let s = c.speed.as_ref();
     let b = d.ttft_breakdown.as_ref();
+    let w = d.wait.as_ref();
+    let t = d.prompt_truncated.as_ref();
     [
         c.identity.id.clone(),
         c.identity.route.clone(),
@@ -117,6 +141,25 @@ fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
         d.unstreamed_reasoning.to_string(),
         d.seen_by.as_str().to_owned(),
         d.capture_gap.to_string(),
+        opt(w.map(|w| w.reason.as_str())),
+        opt(w.and_then(|w| w.position)),
+        opt(w.and_then(|w| w.progress)),
+        opt(w.and_then(|w| w.eta_ms)),
+        opt(w.and_then(|w| w.usual_ms)),
+        opt(w.and_then(|w| w.prompt_tokens)),
+        opt(t.map(|t| t.request_tokens)),
+        opt(t.map(|t| t.server_tokens)),
+        opt(t.and_then(|t| t.context_size)),
+        opt(d.context.as_ref().and_then(|c| c.size)),
+        opt(d.context.as_ref().map(|c| c.used)),
+        opt(d.draft.as_ref().map(|x| x.drafted)),
+        opt(d.draft.as_ref().map(|x| x.accepted)),
+        opt(d.placement.map(|p| p.as_str())),
+        opt(d.model_bytes),
+        opt(d.vram_bytes),
+        opt(d.start.map(|s| s.as_str())),
+        opt(d.error.as_deref()),
+        opt(d.prompt_tokens_estimated),
     ]
     .into_iter()
 }
@@ -289,6 +332,7 @@ fn csv_call(f: &[String]) -> Result<Call, String> {
             output_tokens: num(f, 11)?.ok_or("output_tokens: missing")?,
             output_tokens_per_second: num(f, 12)?,
             token_source: named(f, 13)?,
+            wait: None,
         }),
     };
     let breakdown = TtftBreakdown {
@@ -319,6 +363,39 @@ fn csv_call(f: &[String]) -> Result<Call, String> {
             settled_at: text(8),
             seen_by: named(f, 23)?,
             capture_gap: boolean(24)?,
+            wait: match text(25) {
+                None => None,
+                Some(_) => Some(Wait {
+                    reason: named(f, 25)?,
+                    position: num(f, 26)?,
+                    progress: num(f, 27)?,
+                    eta_ms: num(f, 28)?,
+                    usual_ms: num(f, 29)?,
+                    prompt_tokens: num(f, 30)?,
+                }),
+            },
+            prompt_truncated: match (num(f, 31)?, num(f, 32)?) {
+                (Some(request_tokens), Some(server_tokens)) => Some(PromptTruncation {
+                    request_tokens,
+                    server_tokens,
+                    context_size: num(f, 33)?,
+                }),
+                _ => None,
+            },
+            context: num(f, 35)?.map(|used| ContextUse {
+                size: num(f, 34).ok().flatten(),
+                used,
+            }),
+            draft: match (num(f, 36)?, num(f, 37)?) {
+                (Some(drafted), Some(accepted)) => Some(DraftCounts { drafted, accepted }),
+                _ => None,
+            },
+            placement: text(38).map(|_| named(f, 38)).transpose()?,
+            model_bytes: num(f, 39)?,
+            vram_bytes: num(f, 40)?,
+            start: text(41).map(|_| named(f, 41)).transpose()?,
+            error: text(42),
+            prompt_tokens_estimated: num(f, 43)?,
         },
     })
 }

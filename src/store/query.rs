@@ -8,6 +8,7 @@ use super::record::{self, COLUMNS};
 use super::{Store, StoreError};
 use crate::model::snapshot::round_rate;
 use crate::model::{Call, CallStatus};
+use crate::model::{DepthDoc, DepthPoint, DepthQuery};
 use crate::model::{HistoryFilter, ModelSummary};
 
 /// Row order of a scan.
@@ -130,6 +131,48 @@ impl Store {
     pub fn models(&self, filter: &HistoryFilter) -> Result<Vec<ModelSummary>, StoreError> {
         models(&self.conn, filter).map_err(|source| self.db.err("cannot summarise models", source))
     }
+
+    /// The depth curve of one model: its `ok` calls with a settled rate and
+    /// a known context use, oldest first (at most [`MAX_DEPTH_POINTS`], the
+    /// newest), with the least-squares line through them.
+    pub fn depth(&self, q: &DepthQuery) -> Result<DepthDoc, StoreError> {
+        let points = depth_points(&self.conn, q)
+            .map_err(|source| self.db.err("cannot read the depth curve", source))?;
+        Ok(DepthDoc::fitted(q.model.clone(), points))
+    }
+}
+
+/// The most points one depth curve carries.
+pub const MAX_DEPTH_POINTS: usize = 5_000;
+
+fn depth_points(conn: &rusqlite::Connection, q: &DepthQuery) -> rusqlite::Result<Vec<DepthPoint>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT context_used, output_tokens_per_second FROM calls \
+         WHERE model = ?1 AND status = 'ok' AND context_used IS NOT NULL \
+           AND output_tokens_per_second IS NOT NULL \
+           AND (?2 IS NULL OR route = ?2) \
+           AND (?3 IS NULL OR started_at_ms >= ?3) \
+           AND (?4 IS NULL OR started_at_ms < ?4) \
+         ORDER BY started_at_ms DESC, pk DESC LIMIT ?5",
+    )?;
+    let rows = stmt.query_map(
+        rusqlite::params![
+            q.model,
+            q.route,
+            q.since_ms,
+            q.until_ms,
+            MAX_DEPTH_POINTS as i64
+        ],
+        |row| {
+            Ok(DepthPoint {
+                context_tokens: row.get(0)?,
+                tokens_per_second: row.get(1)?,
+            })
+        },
+    )?;
+    let mut points = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    points.reverse();
+    Ok(points)
 }
 
 /// The samples of one (model, route) group while scanning.

@@ -11,20 +11,25 @@ use serde::de::DeserializeOwned;
 use super::StoreError;
 use crate::model::Snapshot;
 use crate::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
+use crate::model::{ContextUse, DraftCounts, PromptTruncation, Wait};
 
 /// The stored columns, in the order [`from_row`] reads them.
 pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, model, client, \
     status, http_status, settled_at, settled_at_ms, phase, is_final, elapsed_ms, ttft_ms, \
     output_tokens, output_tokens_per_second, token_source, input_tokens, load_ms, prefill_ms, \
     prefill_tokens, cached_tokens, prefill_tokens_per_second, other_ms, one_burst, \
-    unstreamed_reasoning, seen_by, capture_gap";
+    unstreamed_reasoning, seen_by, capture_gap, wait_reason, wait_position, wait_progress, \
+    wait_eta_ms, wait_usual_ms, wait_prompt_tokens, truncated_request_tokens, \
+    truncated_server_tokens, truncated_context_size, context_size, context_used, draft_n, \
+    draft_accepted, placement, model_bytes, vram_bytes, start, error, prompt_tokens_estimated";
 
 /// Inserts `calls`, skipping any already stored (same id and started_at).
 pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Result<()> {
     let mut stmt = tx.prepare_cached(&format!(
         "INSERT INTO calls ({COLUMNS}) VALUES \
          (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-          ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29) \
+          ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, \
+          ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45, ?46, ?47, ?48) \
          ON CONFLICT (id, started_at) DO NOTHING"
     ))?;
     for c in calls {
@@ -46,6 +51,8 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
             0
         });
         let settled_at_ms = d.settled_at.as_deref().and_then(rfc3339_to_ms);
+        let w = d.wait.as_ref();
+        let t = d.prompt_truncated.as_ref();
         stmt.execute(params![
             c.identity.id,
             c.identity.started_at,
@@ -76,6 +83,25 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
             d.unstreamed_reasoning,
             d.seen_by.as_str(),
             d.capture_gap,
+            w.map(|w| w.reason.as_str()),
+            w.and_then(|w| w.position),
+            w.and_then(|w| w.progress),
+            w.and_then(|w| w.eta_ms),
+            w.and_then(|w| w.usual_ms),
+            w.and_then(|w| w.prompt_tokens),
+            t.map(|t| t.request_tokens),
+            t.map(|t| t.server_tokens),
+            t.and_then(|t| t.context_size),
+            d.context.as_ref().and_then(|c| c.size),
+            d.context.as_ref().map(|c| c.used),
+            d.draft.as_ref().map(|x| x.drafted),
+            d.draft.as_ref().map(|x| x.accepted),
+            d.placement.map(|p| p.as_str()),
+            d.model_bytes,
+            d.vram_bytes,
+            d.start.map(|s| s.as_str()),
+            d.error,
+            d.prompt_tokens_estimated,
         ])?;
     }
     Ok(())
@@ -98,6 +124,7 @@ pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<Call> {
             output_tokens: row.get(15)?,
             output_tokens_per_second: row.get(16)?,
             token_source: enum_from(row.get::<_, String>(17)?, 17)?,
+            wait: None,
         }),
     };
     let breakdown = TtftBreakdown {
@@ -128,6 +155,45 @@ pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<Call> {
             settled_at: row.get(9)?,
             seen_by: enum_from(row.get::<_, String>(27)?, 27)?,
             capture_gap: row.get(28)?,
+            wait: match row.get::<_, Option<String>>(29)? {
+                None => None,
+                Some(reason) => Some(Wait {
+                    reason: enum_from(reason, 29)?,
+                    position: row.get(30)?,
+                    progress: row.get(31)?,
+                    eta_ms: row.get(32)?,
+                    usual_ms: row.get(33)?,
+                    prompt_tokens: row.get(34)?,
+                }),
+            },
+            prompt_truncated: match (row.get(35)?, row.get(36)?) {
+                (Some(request_tokens), Some(server_tokens)) => Some(PromptTruncation {
+                    request_tokens,
+                    server_tokens,
+                    context_size: row.get(37)?,
+                }),
+                _ => None,
+            },
+            context: row.get::<_, Option<u64>>(39)?.map(|used| ContextUse {
+                size: row.get(38).ok().flatten(),
+                used,
+            }),
+            draft: match (row.get(40)?, row.get(41)?) {
+                (Some(drafted), Some(accepted)) => Some(DraftCounts { drafted, accepted }),
+                _ => None,
+            },
+            placement: row
+                .get::<_, Option<String>>(42)?
+                .map(|p| enum_from(p, 42))
+                .transpose()?,
+            model_bytes: row.get(43)?,
+            vram_bytes: row.get(44)?,
+            start: row
+                .get::<_, Option<String>>(45)?
+                .map(|p| enum_from(p, 45))
+                .transpose()?,
+            error: row.get(46)?,
+            prompt_tokens_estimated: row.get(47)?,
         },
     })
 }

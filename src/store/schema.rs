@@ -85,8 +85,36 @@ ALTER TABLE calls ADD COLUMN seen_by     TEXT    NOT NULL DEFAULT 'proxy';
 ALTER TABLE calls ADD COLUMN capture_gap INTEGER NOT NULL DEFAULT 0;
 ";
 
+/// Migration 3: why each call waited and the facts the server told about
+/// it (`docs/api.md`, "Call details"): the last wait explanation before
+/// the first token, a cut prompt, context use, speculative decoding
+/// counts, where the model ran, cold or warm start, a recognised error
+/// cause and the prompt size estimated from the request. All NULL on rows
+/// from before: not known.
+pub const MIGRATION_3: &str = "
+ALTER TABLE calls ADD COLUMN wait_reason              TEXT;
+ALTER TABLE calls ADD COLUMN wait_position            INTEGER;
+ALTER TABLE calls ADD COLUMN wait_progress            REAL;
+ALTER TABLE calls ADD COLUMN wait_eta_ms              INTEGER;
+ALTER TABLE calls ADD COLUMN wait_usual_ms            INTEGER;
+ALTER TABLE calls ADD COLUMN wait_prompt_tokens       INTEGER;
+ALTER TABLE calls ADD COLUMN truncated_request_tokens INTEGER;
+ALTER TABLE calls ADD COLUMN truncated_server_tokens  INTEGER;
+ALTER TABLE calls ADD COLUMN truncated_context_size   INTEGER;
+ALTER TABLE calls ADD COLUMN context_size             INTEGER;
+ALTER TABLE calls ADD COLUMN context_used             INTEGER;
+ALTER TABLE calls ADD COLUMN draft_n                  INTEGER;
+ALTER TABLE calls ADD COLUMN draft_accepted           INTEGER;
+ALTER TABLE calls ADD COLUMN placement                TEXT;
+ALTER TABLE calls ADD COLUMN model_bytes              INTEGER;
+ALTER TABLE calls ADD COLUMN vram_bytes               INTEGER;
+ALTER TABLE calls ADD COLUMN start                    TEXT;
+ALTER TABLE calls ADD COLUMN error                    TEXT;
+ALTER TABLE calls ADD COLUMN prompt_tokens_estimated  INTEGER;
+";
+
 /// Every migration, in order: `MIGRATIONS[i]` upgrades version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[MIGRATION_1, MIGRATION_2];
+pub const MIGRATIONS: &[&str] = &[MIGRATION_1, MIGRATION_2, MIGRATION_3];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -439,6 +439,8 @@ pub fn index_timings(t: &Value) -> Option<ServerTimings> {
         prompt_ms: t["prompt_ms"].as_f64(),
         load_ms: None,
         cached_tokens: t["cache_n"].as_u64(),
+        draft_tokens: None,
+        draft_accepted: None,
     })
 }
 

@@ -139,6 +139,8 @@ pub fn llamacpp_timings(v: Option<&Value>) -> Option<ServerTimings> {
         prompt_ms: plausible_ms(number(t.get("prompt_ms")), prompt, MAX_PROMPT_TOKENS_PER_S),
         load_ms: None,
         cached_tokens: count(t.get("cache_n")),
+        draft_tokens: count(t.get("draft_n")),
+        draft_accepted: count(t.get("draft_n_accepted")),
     })
 }
 
@@ -386,7 +388,9 @@ mod tests {
                 prompt_tokens: Some(1),
                 prompt_ms: Some(16.2),
                 load_ms: None,
-                cached_tokens: Some(2)
+                cached_tokens: Some(2),
+                draft_tokens: None,
+                draft_accepted: None,
             })
         );
         let t = json!({"predicted_n": 3, "predicted_ms": null, "prompt_ms": null});

@@ -156,7 +156,9 @@ mod tests {
                 prompt_tokens: Some(1),
                 prompt_ms: Some(16.247),
                 load_ms: None,
-                cached_tokens: Some(2)
+                cached_tokens: Some(2),
+                draft_tokens: None,
+                draft_accepted: None,
             })
         );
         assert_eq!(out.last(), Some(&StreamEvent::Done));

@@ -156,6 +156,8 @@ fn final_receipts(v: &Value, sink: &mut Sink<'_>) {
         ),
         load_ms: json::plausible_ms(json::ns_to_ms(v.get("load_duration")), None, f64::INFINITY),
         cached_tokens: None,
+        draft_tokens: None,
+        draft_accepted: None,
     }));
 }
 
@@ -202,7 +204,9 @@ mod tests {
                 prompt_tokens: Some(26),
                 prompt_ms: Some(107.345),
                 load_ms: Some(534.986708),
-                cached_tokens: None
+                cached_tokens: None,
+                draft_tokens: None,
+                draft_accepted: None,
             })
         );
         assert_eq!(out.last(), Some(&StreamEvent::Done));

@@ -358,6 +358,10 @@ impl CaptureTask {
                 .as_deref()
                 .and_then(super::details::client_app),
             seen_by: SeenBy::Capture,
+            normals: link.normals.clone(),
+            // The capture sees calls to the server's own port: the wait is
+            // not explained there (the fixed slow rule applies).
+            telemetry: None,
         };
         let actor = CallActor::start_in_arbiter(link.arbiter(), move |_| CallActor::new(setup));
         self.exchanges.insert(
@@ -448,6 +452,8 @@ mod tests {
                 slow_ttft_ms: AtomicU64::new(60_000),
                 limits: ProxyLimits::default(),
                 own_connections: std::sync::OnceLock::new(),
+                normals: Default::default(),
+                telemetry: false,
             });
             let routes = [CaptureRoute {
                 name: "ollama".into(),

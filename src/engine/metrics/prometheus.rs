@@ -479,6 +479,7 @@ mod tests {
             output_tokens: tokens,
             output_tokens_per_second: rate,
             token_source: TokenSource::Server,
+            wait: None,
         }
     }
 

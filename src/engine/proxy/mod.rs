@@ -52,8 +52,10 @@ use tokio::time::Instant;
 use super::call_actor::{CallActor, CallSetup};
 use super::messages::{BodyEnded, FirstTokenLate, PassedThrough, ResponseStarted, UpstreamFailed};
 use super::supervisor::Supervisor;
+use super::telemetry::TelemetryPoller;
 use crate::decode::detect::detect_request;
 use crate::meter::calibration::CalibrationTable;
+use crate::meter::normals::Normals;
 use crate::metering::StreamEnd;
 use crate::model::ApiKind;
 use crate::model::Upstream;
@@ -88,6 +90,11 @@ pub struct EngineLink {
     /// those connections, so a proxied call is recorded once (by the
     /// proxy). Unset, nothing is reported.
     pub own_connections: OnceLock<mpsc::UnboundedSender<OwnConnection>>,
+    /// Every route's normals (usual TTFT, load time, prompt factor).
+    pub normals: Arc<RwLock<Normals>>,
+    /// Start a telemetry poller per route (off in tests that count the
+    /// upstream's requests).
+    pub telemetry: bool,
 }
 
 /// One of the proxy's own upstream connections: its local address, and
@@ -124,6 +131,8 @@ pub struct RouteProxy {
     upstream: Upstream,
     client: Client<ReportingConnector, BoxBody<Bytes, hyper::Error>>,
     link: Arc<EngineLink>,
+    /// The route's telemetry poller (see `engine::telemetry`).
+    telemetry: Option<Addr<TelemetryPoller>>,
 }
 
 /// The proxy's connector: hyper's, plus one report per connection of the
@@ -189,11 +198,20 @@ impl RouteProxy {
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)
             .build(connector);
+        // The poller lives on a metering arbiter, off the proxy's threads;
+        // it stops when the route (and its last call) lets go of it.
+        let telemetry = link.telemetry.then(|| {
+            let (route, up, normals) = (name.clone(), upstream.clone(), link.normals.clone());
+            TelemetryPoller::start_in_arbiter(link.arbiter(), move |_| {
+                TelemetryPoller::new(route, up, normals)
+            })
+        });
         RouteProxy {
             name,
             upstream,
             client,
             link,
+            telemetry,
         }
     }
 
@@ -253,6 +271,8 @@ impl RouteProxy {
                 notifier: self.link.notifier.clone(),
                 client: client.clone(),
                 seen_by: SeenBy::Proxy,
+                normals: self.link.normals.clone(),
+                telemetry: self.telemetry.clone(),
             };
             CallActor::start_in_arbiter(self.link.arbiter(), move |_| CallActor::new(setup))
         });

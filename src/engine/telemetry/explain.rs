@@ -1,0 +1,494 @@
+//! The rules that turn what a server publishes and what speedtap sees
+//! into each waiting call's [`Wait`] (`docs/metering.md`, "Why a call
+//! waits"). Pure: the poller passes the server's latest state, the
+//! route's normals and `now`.
+//!
+//! In order, the first that applies:
+//! 1. `loading_model`: the model was not among the server's loaded models
+//!    (`/api/ps`) at the first look after dispatch, and still isn't.
+//!    ETA: this model's usual load time left, plus its usual warm TTFT.
+//! 2. `queued`: the call has no slot and speedtap's own calls dispatched
+//!    before it, still in flight on this upstream, fill every slot the
+//!    server has (`/props` `total_slots`, or the `/slots` list), and the
+//!    server does not contradict it (a free slot, or `requests_deferred`
+//!    0). Position: those calls ahead of it.
+//! 3. `prefilling`: the server's slot for the call (`/slots`) shows its
+//!    prompt progress (`n_prompt_tokens_processed / n_prompt_tokens`); the
+//!    ETA is what is left at the rate observed between polls (or the
+//!    learned rate). Without `/slots`, the progress is the time since the
+//!    prefill started times this route and model's learned prefill rate,
+//!    against the call's (calibrated) prompt size.
+//! 4. `unknown`.
+
+use std::collections::{BTreeMap, HashSet};
+
+use tokio::time::Instant;
+
+use super::server::{same_model, LoadedModel, Props, Queue, SlotState};
+use crate::meter::normals::Normals;
+use crate::model::{Placement, Wait, WaitReason};
+
+/// The server's latest published state; `None`: not published (or not yet
+/// read).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServerView {
+    /// Ollama's loaded models.
+    pub ps: Option<Vec<LoadedModel>>,
+    /// llama-server's slots.
+    pub slots: Option<Vec<SlotState>>,
+    /// llama-server's properties.
+    pub props: Option<Props>,
+    /// The queue gauges of `/metrics`.
+    pub queue: Option<Queue>,
+    /// When the look that gave this state began: only a look begun after
+    /// a call's dispatch may decide whether its model was loaded.
+    pub at: Option<Instant>,
+}
+
+impl ServerView {
+    fn total_slots(&self) -> Option<u64> {
+        self.props
+            .as_ref()
+            .and_then(|p| p.total_slots)
+            .or_else(|| self.slots.as_ref().map(|s| s.len() as u64))
+            .filter(|n| *n > 0)
+    }
+
+    fn loaded(&self, model: &str) -> Option<&LoadedModel> {
+        self.ps
+            .as_ref()?
+            .iter()
+            .find(|m| same_model(model, &m.name))
+    }
+}
+
+/// The facts the server tells about a call's model, for its details.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerFacts {
+    /// The loaded context size.
+    pub context_size: Option<u64>,
+    /// Where the model runs.
+    pub placement: Option<Placement>,
+    /// The loaded model's bytes.
+    pub model_bytes: Option<u64>,
+    /// Of those, in VRAM.
+    pub vram_bytes: Option<u64>,
+    /// The model was not loaded at dispatch (`Some(false)`: it was).
+    pub cold: Option<bool>,
+}
+
+/// One call speedtap sees on the route.
+#[derive(Clone, Debug)]
+struct Tracked {
+    model: Option<String>,
+    dispatched_at: Instant,
+    /// The prompt size, calibrated (from the request body).
+    prompt_tokens: Option<u64>,
+    waiting: bool,
+    cold: Option<bool>,
+    /// The server's slot and task serving it.
+    slot: Option<(u64, u64)>,
+    /// First progress sample `(at, processed)` of that slot.
+    first_progress: Option<(Instant, u64)>,
+    /// When the call stopped loading or queueing (its prefill began).
+    prefill_since: Option<Instant>,
+    facts: ServerFacts,
+}
+
+/// Every call in flight on one route, in dispatch order (by sequence
+/// number), and what is known of each.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    calls: BTreeMap<u64, Tracked>,
+    /// Server tasks already matched (or running before speedtap looked).
+    seen_tasks: HashSet<(u64, u64)>,
+}
+
+impl Tracker {
+    /// A call was dispatched.
+    pub fn track(&mut self, seq: u64, model: Option<String>, dispatched_at: Instant) {
+        self.calls.insert(
+            seq,
+            Tracked {
+                model,
+                dispatched_at,
+                prompt_tokens: None,
+                waiting: true,
+                cold: None,
+                slot: None,
+                first_progress: None,
+                prefill_since: None,
+                facts: ServerFacts::default(),
+            },
+        );
+    }
+
+    /// The request named its model or its prompt size became known.
+    pub fn update(&mut self, seq: u64, model: Option<String>, prompt_tokens: Option<u64>) {
+        if let Some(c) = self.calls.get_mut(&seq) {
+            if model.is_some() {
+                c.model = model;
+            }
+            if prompt_tokens.is_some() {
+                c.prompt_tokens = prompt_tokens;
+            }
+        }
+    }
+
+    /// Whether the call is tracked without a model yet.
+    pub fn model_unknown(&self, seq: u64) -> bool {
+        self.calls.get(&seq).is_some_and(|c| c.model.is_none())
+    }
+
+    /// The call's first token arrived: it no longer waits.
+    pub fn first_token(&mut self, seq: u64) {
+        if let Some(c) = self.calls.get_mut(&seq) {
+            c.waiting = false;
+        }
+    }
+
+    /// The call ended.
+    pub fn untrack(&mut self, seq: u64) {
+        self.calls.remove(&seq);
+    }
+
+    /// Calls in flight.
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// No call in flight.
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Some call still awaits its first token.
+    pub fn any_waiting(&self) -> bool {
+        self.calls.values().any(|c| c.waiting)
+    }
+
+    /// Takes a fresh server state into account: decides cold or warm for
+    /// calls that have not had a look yet, matches new slot tasks to
+    /// waiting calls in dispatch order, and gathers each call's facts.
+    pub fn observe(&mut self, view: &ServerView, now: Instant) {
+        // Tasks on busy slots not yet matched, oldest task first.
+        let mut fresh: Vec<&SlotState> = view
+            .slots
+            .iter()
+            .flatten()
+            .filter(|s| s.busy && s.task.is_some())
+            .filter(|s| !self.seen_tasks.contains(&(s.id, s.task.unwrap_or(0))))
+            .collect();
+        fresh.sort_by_key(|s| s.task);
+        let mut fresh = fresh.into_iter();
+        let total_slots = view.total_slots();
+        let seqs: Vec<u64> = self.calls.keys().copied().collect();
+        for (ahead, seq) in seqs.into_iter().enumerate() {
+            let Some(c) = self.calls.get_mut(&seq) else {
+                continue;
+            };
+            let fresh_look = view.at.is_some_and(|at| at >= c.dispatched_at);
+            if c.cold.is_none() && view.ps.is_some() && fresh_look {
+                if let Some(model) = &c.model {
+                    c.cold = Some(view.loaded(model).is_none());
+                }
+            }
+            if let Some(m) = c.model.as_deref().and_then(|m| view.loaded(m)) {
+                c.facts.model_bytes = m.size;
+                c.facts.vram_bytes = m.size_vram;
+                c.facts.placement = match (m.size, m.size_vram) {
+                    (Some(size), Some(vram)) if size > 0 => Some(Placement::from_sizes(size, vram)),
+                    _ => None,
+                };
+                c.facts.context_size = m.context_length.or(c.facts.context_size);
+            }
+            c.facts.cold = c.cold;
+            if c.waiting && c.slot.is_none() {
+                let loading = c.cold == Some(true)
+                    && c.model.as_deref().is_some_and(|m| view.loaded(m).is_none());
+                let queued_by_count = total_slots.is_some_and(|n| ahead as u64 >= n);
+                if !loading && !queued_by_count {
+                    if let Some(s) = fresh.next() {
+                        if let Some(task) = s.task {
+                            c.slot = Some((s.id, task));
+                            self.seen_tasks.insert((s.id, task));
+                        }
+                    }
+                }
+            }
+            if let Some((slot_id, task)) = c.slot {
+                if let Some(s) = view
+                    .slots
+                    .iter()
+                    .flatten()
+                    .find(|s| s.id == slot_id && s.task == Some(task))
+                {
+                    c.facts.context_size = s.n_ctx.or(c.facts.context_size);
+                    if c.first_progress.is_none() {
+                        if let Some(p) = s.prompt_processed {
+                            c.first_progress = Some((now, p));
+                        }
+                    }
+                }
+            }
+            if c.facts.context_size.is_none() {
+                c.facts.context_size = view.props.as_ref().and_then(|p| p.n_ctx);
+            }
+        }
+        // Tasks nobody took (other clients, or calls speedtap saw end) are
+        // not matched later either.
+        for s in fresh {
+            if let Some(task) = s.task {
+                self.seen_tasks.insert((s.id, task));
+            }
+        }
+    }
+
+    /// The facts gathered for a call.
+    pub fn facts(&self, seq: u64) -> Option<&ServerFacts> {
+        self.calls.get(&seq).map(|c| &c.facts)
+    }
+
+    /// The wait of every call still awaiting its first token, by sequence
+    /// number.
+    pub fn explain(
+        &mut self,
+        route: &str,
+        view: &ServerView,
+        normals: &Normals,
+        now: Instant,
+    ) -> Vec<(u64, Wait)> {
+        let total_slots = view.total_slots();
+        let free_slot = view
+            .slots
+            .as_ref()
+            .map(|s| s.iter().any(|s| !s.busy))
+            .unwrap_or(false);
+        let deferred = view.queue.as_ref().and_then(|q| q.deferred);
+        let mut out = Vec::new();
+        let seqs: Vec<u64> = self.calls.keys().copied().collect();
+        for (ahead, seq) in seqs.into_iter().enumerate() {
+            let Some(c) = self.calls.get_mut(&seq) else {
+                continue;
+            };
+            if !c.waiting {
+                continue;
+            }
+            let model = c.model.clone().unwrap_or_default();
+            let elapsed = now.saturating_duration_since(c.dispatched_at).as_millis() as u64;
+            let warm_usual = normals.usual_ttft_ms(route, &model, c.prompt_tokens, false);
+            // 1. Loading.
+            if c.cold == Some(true) && view.loaded(&model).is_none() {
+                let usual = normals.usual_load_ms(route, &model);
+                let eta = usual.map(|u| u.saturating_sub(elapsed) + warm_usual.unwrap_or(0));
+                out.push((
+                    seq,
+                    Wait {
+                        eta_ms: eta,
+                        usual_ms: usual,
+                        prompt_tokens: c.prompt_tokens,
+                        ..Wait::new(WaitReason::LoadingModel)
+                    },
+                ));
+                continue;
+            }
+            // 2. Queued.
+            let queued = c.slot.is_none()
+                && total_slots.is_some_and(|n| ahead as u64 >= n)
+                && !free_slot
+                && deferred != Some(0);
+            if queued {
+                out.push((
+                    seq,
+                    Wait {
+                        position: Some(ahead as u32),
+                        prompt_tokens: c.prompt_tokens,
+                        ..Wait::new(WaitReason::Queued)
+                    },
+                ));
+                continue;
+            }
+            let since = *c.prefill_since.get_or_insert(now);
+            let learned_rate = normals
+                .get(route, &model)
+                .and_then(|n| n.prefill_tokens_per_ms());
+            // 3a. Prefilling, from the server's slot.
+            let slot = c.slot.and_then(|(id, task)| {
+                view.slots
+                    .iter()
+                    .flatten()
+                    .find(|s| s.id == id && s.task == Some(task))
+            });
+            if let Some(s) = slot {
+                if let (Some(total), Some(done)) = (s.prompt_tokens, s.prompt_processed) {
+                    if total > 0 && done < total && s.decoded.unwrap_or(0) == 0 {
+                        let observed = c.first_progress.and_then(|(t0, p0)| {
+                            let dt = now.saturating_duration_since(t0).as_millis() as f64;
+                            (dt > 0.0 && done > p0).then(|| (done - p0) as f64 / dt)
+                        });
+                        let rate = observed.or(learned_rate);
+                        let eta = rate.map(|r| ((total - done) as f64 / r).round() as u64);
+                        out.push((
+                            seq,
+                            Wait {
+                                progress: Some(round3(done as f64 / total as f64)),
+                                eta_ms: eta,
+                                usual_ms: normals.usual_ttft_ms(route, &model, Some(total), false),
+                                prompt_tokens: Some(total),
+                                ..Wait::new(WaitReason::Prefilling)
+                            },
+                        ));
+                        continue;
+                    }
+                }
+            }
+            // 3b. Prefilling, estimated from the learned rate.
+            if let (Some(prompt), Some(rate)) = (c.prompt_tokens, learned_rate) {
+                if prompt > 0 {
+                    let in_prefill = now.saturating_duration_since(since).as_millis() as f64;
+                    let progress = (in_prefill * rate / prompt as f64).min(0.99);
+                    let total_ms = prompt as f64 / rate;
+                    out.push((
+                        seq,
+                        Wait {
+                            progress: Some(round3(progress)),
+                            eta_ms: Some((total_ms - in_prefill).max(0.0).round() as u64),
+                            usual_ms: warm_usual,
+                            prompt_tokens: Some(prompt),
+                            ..Wait::new(WaitReason::Prefilling)
+                        },
+                    ));
+                    continue;
+                }
+            }
+            // 4. Unknown.
+            out.push((
+                seq,
+                Wait {
+                    usual_ms: warm_usual,
+                    prompt_tokens: c.prompt_tokens,
+                    ..Wait::new(WaitReason::Unknown)
+                },
+            ));
+        }
+        out
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x.clamp(0.0, 1.0) * 1000.0).floor() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn ms(t0: Instant, ms: u64) -> Instant {
+        t0 + Duration::from_millis(ms)
+    }
+
+    fn slot(id: u64, busy: bool, task: Option<u64>, total: u64, done: u64) -> SlotState {
+        SlotState {
+            id,
+            busy,
+            task,
+            n_ctx: Some(4096),
+            prompt_tokens: Some(total),
+            prompt_processed: Some(done),
+            decoded: Some(0),
+        }
+    }
+
+    #[test]
+    fn a_model_missing_from_api_ps_at_dispatch_is_loading_until_it_appears() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        let normals = Normals::new();
+        t.track(1, Some("m".into()), t0);
+        let mut view = ServerView {
+            ps: Some(vec![]),
+            at: Some(t0),
+            ..ServerView::default()
+        };
+        t.observe(&view, t0);
+        let w = t.explain("r", &view, &normals, ms(t0, 500));
+        assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
+        assert_eq!(t.facts(1).unwrap().cold, Some(true));
+        view.ps = Some(vec![LoadedModel {
+            name: "m:latest".into(),
+            size: Some(100),
+            size_vram: Some(50),
+            context_length: Some(2048),
+        }]);
+        t.observe(&view, ms(t0, 1000));
+        let w = t.explain("r", &view, &normals, ms(t0, 1000));
+        assert_eq!(w[0].1.reason, WaitReason::Unknown);
+        let facts = t.facts(1).unwrap();
+        assert_eq!(facts.placement, Some(Placement::Split));
+        assert_eq!(facts.context_size, Some(2048));
+        assert_eq!(facts.cold, Some(true), "cold stays cold");
+    }
+
+    #[test]
+    fn with_one_slot_the_second_call_is_queued_behind_the_first_then_prefills() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        let normals = Normals::new();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 10));
+        let mut view = ServerView {
+            slots: Some(vec![slot(0, true, Some(5), 1000, 100)]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 100));
+        let w = t.explain("r", &view, &normals, ms(t0, 100));
+        assert_eq!(w[0].1.reason, WaitReason::Prefilling);
+        assert_eq!(w[0].1.progress, Some(0.1));
+        assert_eq!(w[1].1.reason, WaitReason::Queued);
+        assert_eq!(w[1].1.position, Some(1));
+        // The first call streams, then ends; the second gets the slot.
+        t.first_token(1);
+        t.untrack(1);
+        view.slots = Some(vec![slot(0, true, Some(6), 2000, 500)]);
+        t.observe(&view, ms(t0, 1000));
+        view.slots = Some(vec![slot(0, true, Some(6), 2000, 1000)]);
+        t.observe(&view, ms(t0, 1500));
+        let w = t.explain("r", &view, &normals, ms(t0, 1500));
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].1.reason, WaitReason::Prefilling);
+        assert_eq!(w[0].1.progress, Some(0.5));
+        assert_eq!(w[0].1.prompt_tokens, Some(2000));
+        // 500 tokens in 500 ms: 1,000 left is 1 s.
+        assert_eq!(w[0].1.eta_ms, Some(1000));
+    }
+
+    #[test]
+    fn without_slots_the_prefill_is_estimated_from_the_learned_rate() {
+        let t0 = Instant::now();
+        let mut normals = Normals::new();
+        for p in [1_000u64, 2_000, 4_000] {
+            normals.observe(
+                "r",
+                "m",
+                &crate::meter::normals::Observation {
+                    ttft_ms: p,
+                    prompt_tokens: Some(p),
+                    ..Default::default()
+                },
+            );
+        }
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.update(1, None, Some(4_000));
+        let view = ServerView::default();
+        t.observe(&view, t0);
+        let _ = t.explain("r", &view, &normals, t0);
+        let w = t.explain("r", &view, &normals, ms(t0, 1_000));
+        assert_eq!(w[0].1.reason, WaitReason::Prefilling);
+        assert_eq!(w[0].1.progress, Some(0.25));
+        assert_eq!(w[0].1.eta_ms, Some(3_000));
+        assert_eq!(w[0].1.usual_ms, Some(4_000));
+    }
+}

@@ -1,0 +1,415 @@
+//! `TelemetryPoller`: one actor per route that asks the model server what
+//! it publishes about its state and explains each waiting call's wait.
+//!
+//! - **What it reads.** Ollama's `GET /api/ps`, llama-server's `GET
+//!   /slots`, `GET /props` and `GET /metrics` (vLLM's `/metrics` queue
+//!   gauges too), parsed by [`server`]. Which server the upstream is does
+//!   not matter: every endpoint is tried, and one answered 404 (or 405,
+//!   501: switched off) is never asked again, so a server that publishes
+//!   nothing costs one request per endpoint for the engine's life.
+//! - **When.** Once when the route starts (which is also when a
+//!   discovered server becomes a route), on each dispatched call, then
+//!   every [`POLL_INTERVAL`] while a call on the route still awaits its
+//!   first token. Streaming-only and idle routes are not polled: no timer
+//!   runs, no wake-ups. `/props` changes rarely: it is read at start and
+//!   then at most every [`PROPS_MAX_AGE`], on a dispatch.
+//! - **Never on the proxy's path.** The poller runs on a metering arbiter
+//!   with its own HTTP client and connections; each request has a
+//!   [`REQUEST_TIMEOUT`] and a body cap. Call actors talk to it with
+//!   `do_send` only.
+//! - **What it tells.** After each look it runs the rules of [`explain`]
+//!   and sends each waiting call's actor its [`Wait`] and the server facts
+//!   about its model (`WaitExplained`), when they changed.
+
+pub mod explain;
+pub mod server;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use actix::{
+    Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Recipient, SpawnHandle,
+    WrapFuture,
+};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+
+use crate::meter::normals::Normals;
+use crate::model::{Upstream, Wait};
+use explain::{ServerFacts, ServerView, Tracker};
+
+/// How often a route with a waiting call is looked at.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Each telemetry request gives up after this long: a server too busy to
+/// answer is not waited on (the wait explanation keeps its last state).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(1_000);
+
+/// `/props` is re-read at most this often.
+pub const PROPS_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// The largest telemetry body read (a `/slots` of 64 slots is ~60 KB).
+const MAX_BODY: usize = 1 << 20;
+
+/// The endpoints, in the order [`Endpoint::ALL`] lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// Ollama `GET /api/ps`.
+    Ps,
+    /// llama-server `GET /slots`.
+    Slots,
+    /// llama-server `GET /props`.
+    Props,
+    /// llama-server / vLLM `GET /metrics`.
+    Metrics,
+}
+
+impl Endpoint {
+    /// Every endpoint.
+    pub const ALL: [Endpoint; 4] = [
+        Endpoint::Ps,
+        Endpoint::Slots,
+        Endpoint::Props,
+        Endpoint::Metrics,
+    ];
+
+    /// The path on the server.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Ps => "/api/ps",
+            Endpoint::Slots => "/slots",
+            Endpoint::Props => "/props",
+            Endpoint::Metrics => "/metrics",
+        }
+    }
+}
+
+/// One endpoint's answer.
+enum Answer {
+    /// 2xx with this body.
+    Body(Bytes),
+    /// 404, 405 or 501: the server does not publish it; never ask again.
+    Absent,
+    /// Anything else (timeout, refused, 5xx): try again next time.
+    Failed,
+}
+
+// === CallActor -> TelemetryPoller ===
+
+/// A call was dispatched on the route.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Track {
+    pub seq: u64,
+    pub model: Option<String>,
+    pub dispatched_at: Instant,
+    pub actor: Recipient<WaitExplained>,
+}
+
+/// The request named its model, or its prompt size is known (calibrated
+/// tokens).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CallUpdate {
+    pub seq: u64,
+    pub model: Option<String>,
+    pub prompt_tokens: Option<u64>,
+}
+
+/// The call's first token arrived.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FirstTokenSeen {
+    pub seq: u64,
+}
+
+/// The call ended.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Untrack {
+    pub seq: u64,
+}
+
+// === TelemetryPoller -> CallActor ===
+
+/// The latest explanation of a call's wait (absent once it no longer
+/// waits) and what the server says about its model.
+#[derive(Message, Clone, Debug, PartialEq)]
+#[rtype(result = "()")]
+pub struct WaitExplained {
+    pub wait: Option<Wait>,
+    pub facts: ServerFacts,
+}
+
+/// One route's poller.
+pub struct TelemetryPoller {
+    route: String,
+    upstream: Upstream,
+    client: Client<HttpConnector, Empty<Bytes>>,
+    /// `false` once the endpoint answered that it does not exist.
+    available: [bool; 4],
+    view: ServerView,
+    props_read_at: Option<Instant>,
+    tracker: Tracker,
+    actors: HashMap<u64, Recipient<WaitExplained>>,
+    last_sent: HashMap<u64, WaitExplained>,
+    normals: Arc<RwLock<Normals>>,
+    /// A look (requests) is under way.
+    polling: bool,
+    /// The next scheduled look.
+    next: Option<SpawnHandle>,
+    /// Telemetry requests sent (diagnostics and tests).
+    requests: Arc<AtomicU64>,
+}
+
+impl TelemetryPoller {
+    pub fn new(route: String, upstream: Upstream, normals: Arc<RwLock<Normals>>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(REQUEST_TIMEOUT));
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        TelemetryPoller {
+            route,
+            upstream,
+            client,
+            available: [true; 4],
+            view: ServerView::default(),
+            props_read_at: None,
+            tracker: Tracker::default(),
+            actors: HashMap::new(),
+            last_sent: HashMap::new(),
+            normals,
+            polling: false,
+            next: None,
+            requests: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The count of telemetry requests this poller sent, shared.
+    pub fn request_counter(&self) -> Arc<AtomicU64> {
+        self.requests.clone()
+    }
+
+    /// Looks at the server now (unless a look is under way): the requests
+    /// run concurrently, each with its timeout; then every waiting call is
+    /// explained.
+    fn look(&mut self, ctx: &mut Context<Self>) {
+        if self.polling {
+            return;
+        }
+        if let Some(h) = self.next.take() {
+            ctx.cancel_future(h);
+        }
+        let now = Instant::now();
+        let props_due = self
+            .props_read_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= PROPS_MAX_AGE);
+        let wanted: Vec<Endpoint> = Endpoint::ALL
+            .into_iter()
+            .enumerate()
+            .filter(|(i, e)| self.available[*i] && (*e != Endpoint::Props || props_due))
+            .map(|(_, e)| e)
+            .collect();
+        if wanted.is_empty() {
+            self.view.at = Some(now);
+            self.after_look(ctx);
+            return;
+        }
+        self.polling = true;
+        self.view.at = Some(now);
+        self.requests
+            .fetch_add(wanted.len() as u64, Ordering::Relaxed);
+        let client = self.client.clone();
+        let upstream = self.upstream.clone();
+        let fut = async move {
+            let asks = wanted.iter().map(|e| fetch(&client, &upstream, e.path()));
+            let answers = futures_util::future::join_all(asks).await;
+            wanted.into_iter().zip(answers).collect::<Vec<_>>()
+        };
+        ctx.spawn(fut.into_actor(self).map(|answers, act, ctx| {
+            act.polling = false;
+            for (endpoint, answer) in answers {
+                act.take(endpoint, answer);
+            }
+            act.after_look(ctx);
+        }));
+    }
+
+    fn take(&mut self, endpoint: Endpoint, answer: Answer) {
+        let index = Endpoint::ALL
+            .iter()
+            .position(|e| *e == endpoint)
+            .unwrap_or(0);
+        let body = match answer {
+            Answer::Body(b) => b,
+            Answer::Absent => {
+                self.available[index] = false;
+                return;
+            }
+            Answer::Failed => return,
+        };
+        match endpoint {
+            Endpoint::Ps => {
+                if let Some(ps) = server::parse_ps(&body) {
+                    self.view.ps = Some(ps);
+                }
+            }
+            Endpoint::Slots => {
+                if let Some(slots) = server::parse_slots(&body) {
+                    self.view.slots = Some(slots);
+                }
+            }
+            Endpoint::Props => {
+                if let Some(props) = server::parse_props(&body) {
+                    self.view.props = Some(props);
+                    self.props_read_at = Some(Instant::now());
+                }
+            }
+            Endpoint::Metrics => {
+                if let Some(q) = server::parse_metrics(&body) {
+                    self.view.queue = Some(q);
+                }
+            }
+        }
+    }
+
+    /// Explains every waiting call and schedules the next look while one
+    /// waits.
+    fn after_look(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        self.tracker.observe(&self.view, now);
+        self.tell(now);
+        if self.tracker.any_waiting() && self.next.is_none() {
+            self.next = Some(ctx.run_later(POLL_INTERVAL, |act, ctx| {
+                act.next = None;
+                act.look(ctx);
+            }));
+        }
+    }
+
+    /// Sends each call its explanation when it changed.
+    fn tell(&mut self, now: Instant) {
+        let waits = match self.normals.read() {
+            Ok(normals) => self.tracker.explain(&self.route, &self.view, &normals, now),
+            Err(_) => return,
+        };
+        let mut waits: HashMap<u64, Wait> = waits.into_iter().collect();
+        for (seq, actor) in &self.actors {
+            let Some(facts) = self.tracker.facts(*seq) else {
+                continue;
+            };
+            let msg = WaitExplained {
+                wait: waits.remove(seq),
+                facts: facts.clone(),
+            };
+            if self.last_sent.get(seq) != Some(&msg) {
+                actor.do_send(msg.clone());
+                self.last_sent.insert(*seq, msg);
+            }
+        }
+    }
+
+    /// No call waits any more: the scheduled look is not needed.
+    fn idle_unless_waiting(&mut self, ctx: &mut Context<Self>) {
+        if !self.tracker.any_waiting() {
+            if let Some(h) = self.next.take() {
+                ctx.cancel_future(h);
+            }
+        }
+    }
+}
+
+/// `GET path` on the upstream, with the timeout and the body cap.
+async fn fetch(
+    client: &Client<HttpConnector, Empty<Bytes>>,
+    upstream: &Upstream,
+    path: &str,
+) -> Answer {
+    let Ok(uri) = upstream.join(path).parse::<hyper::Uri>() else {
+        return Answer::Failed;
+    };
+    let req = match hyper::Request::get(uri)
+        .header(hyper::header::HOST, upstream.authority())
+        .header(hyper::header::USER_AGENT, "speedtap-telemetry")
+        .body(Empty::<Bytes>::new())
+    {
+        Ok(r) => r,
+        Err(_) => return Answer::Failed,
+    };
+    let work = async {
+        let resp = client.request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        if matches!(status, 404 | 405 | 501) {
+            return Some(Answer::Absent);
+        }
+        if !(200..300).contains(&status) {
+            return Some(Answer::Failed);
+        }
+        let body = Limited::new(resp.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        Some(Answer::Body(body))
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, work).await {
+        Ok(Some(answer)) => answer,
+        _ => Answer::Failed,
+    }
+}
+
+impl Actor for TelemetryPoller {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // Once at start: which endpoints exist, what is loaded.
+        self.look(ctx);
+    }
+}
+
+impl Handler<Track> for TelemetryPoller {
+    type Result = ();
+    fn handle(&mut self, msg: Track, ctx: &mut Self::Context) {
+        self.tracker.track(msg.seq, msg.model, msg.dispatched_at);
+        self.actors.insert(msg.seq, msg.actor);
+        // Look now: whether the model is loaded is decided on the first
+        // look after dispatch.
+        self.look(ctx);
+    }
+}
+
+impl Handler<CallUpdate> for TelemetryPoller {
+    type Result = ();
+    fn handle(&mut self, msg: CallUpdate, ctx: &mut Self::Context) {
+        let named = msg.model.is_some() && self.tracker.model_unknown(msg.seq);
+        self.tracker.update(msg.seq, msg.model, msg.prompt_tokens);
+        // The model is known only now: look again (unless a look is under
+        // way, which will see it), so loaded-or-not is decided at once.
+        if named {
+            self.look(ctx);
+        }
+    }
+}
+
+impl Handler<FirstTokenSeen> for TelemetryPoller {
+    type Result = ();
+    fn handle(&mut self, msg: FirstTokenSeen, ctx: &mut Self::Context) {
+        self.tracker.first_token(msg.seq);
+        self.idle_unless_waiting(ctx);
+    }
+}
+
+impl Handler<Untrack> for TelemetryPoller {
+    type Result = ();
+    fn handle(&mut self, msg: Untrack, ctx: &mut Self::Context) {
+        self.tracker.untrack(msg.seq);
+        self.actors.remove(&msg.seq);
+        self.last_sent.remove(&msg.seq);
+        self.idle_unless_waiting(ctx);
+    }
+}

@@ -1,0 +1,481 @@
+//! Why a call waits, end to end: a real engine with telemetry on, in front
+//! of the simulator behaving like Ollama (models that load, then expire)
+//! and llama-server (one slot, `/slots` prefill progress, a context size
+//! that cuts or refuses). Each test reads the live snapshots the engine
+//! publishes (`EngineEvent::Speed`) and the settled call's details.
+//!
+//! Real time, since the engine runs its own actor system: every wait is on
+//! an engine event with a deadline, never a sleep, except where the test
+//! is about nothing happening for a while (idle polling).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::util::proxy as proxy_support;
+use proxy_support::*;
+use speedtap::model::{Call, EngineEvent, EngineQueries, Phase, StartKind, Wait, WaitReason};
+use speedtap::simulate::{Overflow, SimConfig, SimServer};
+
+/// A waiting snapshot: when it was published (ms since dispatch) and why.
+#[derive(Clone, Debug)]
+struct Seen {
+    elapsed_ms: u64,
+    wait: Wait,
+}
+
+async fn telemetry_engine(upstream: &str) -> speedtap::host::RunningEngine {
+    engine_with(upstream, |o| o.telemetry = true).await
+}
+
+/// Every explained wait of call `id` until it settles; returns them and
+/// the settled call.
+async fn waits_of(
+    rx: &mut tokio::sync::mpsc::Receiver<EngineEvent>,
+    id: &str,
+) -> (Vec<Seen>, Call) {
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let event = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{id} did not settle; saw {seen:?}"))
+            .expect("engine events");
+        match event {
+            EngineEvent::Speed { call, speed } if call.id == id => {
+                if let (Phase::AwaitingFirstToken, Some(wait)) = (speed.phase, speed.wait) {
+                    seen.push(Seen {
+                        elapsed_ms: speed.elapsed_ms,
+                        wait,
+                    });
+                }
+            }
+            EngineEvent::Settled(call) if call.identity.id == id => return (seen, call),
+            _ => {}
+        }
+    }
+}
+
+/// The known reasons in the order they came (`unknown` between polls or
+/// before the server shows the call is left out).
+fn reasons(seen: &[Seen]) -> Vec<WaitReason> {
+    let mut out: Vec<WaitReason> = Vec::new();
+    for s in seen {
+        if s.wait.reason != WaitReason::Unknown && out.last() != Some(&s.wait.reason) {
+            out.push(s.wait.reason);
+        }
+    }
+    out
+}
+
+/// Waits (deadline 5 s) until the simulator lists no loaded model: the
+/// previous call's `keep_alive: 0` unloads it as that call's handler ends,
+/// which may be a moment after the client read the last byte.
+async fn until_unloaded(sim: &SimServer) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = send(sim.local_addr(), "GET", "/api/ps", "").await;
+        if String::from_utf8_lossy(&got.body()).contains(r#""models":[]"#) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the model never unloaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn ollama_chat(model: &str, text: &str) -> String {
+    serde_json::json!({
+        "model": model, "stream": true, "keep_alive": 0,
+        "messages": [{"role": "user", "content": text}]
+    })
+    .to_string()
+}
+
+fn openai_chat(text: &str) -> String {
+    serde_json::json!({
+        "model": "sim", "stream": true,
+        "messages": [{"role": "user", "content": text}]
+    })
+    .to_string()
+}
+
+/// How far each ETA was from the first token that followed it: |(when it
+/// was said + eta) - ttft|, in ms.
+fn eta_errors(seen: &[Seen], ttft_ms: u64) -> Vec<i64> {
+    seen.iter()
+        .filter_map(|s| {
+            let eta = s.wait.eta_ms?;
+            Some((s.elapsed_ms + eta) as i64 - ttft_ms as i64)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_for_an_unloaded_model_says_loading_then_a_later_load_has_an_eta() {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            load_time: Duration::from_millis(1_500),
+            server_timings: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = telemetry_engine(&sim.base_url()).await;
+    let addr = engine.routes[0].listen;
+    let mut rx = engine.handle.subscribe().await;
+    let mut last = None;
+    // keep_alive 0: the model unloads when each call ends, so every call
+    // loads it again.
+    for n in 1..=4u64 {
+        until_unloaded(&sim).await;
+        let id = format!("c-{n:06}");
+        let got = send(addr, "POST", "/api/chat", &ollama_chat("m", "hello there")).await;
+        assert_eq!(got.status, 200);
+        let (seen, call) = waits_of(&mut rx, &id).await;
+        assert_eq!(
+            reasons(&seen)[0],
+            WaitReason::LoadingModel,
+            "{id}: {seen:?}"
+        );
+        assert_eq!(call.details.start, Some(StartKind::Cold), "{id}");
+        // The details keep the last known reason: loading, or (once the
+        // route knows its prefill rate) the estimated prefill after it.
+        assert!(call.details.wait.is_some(), "{id}");
+        let ttft = call.speed.unwrap().time_to_first_token_ms.unwrap();
+        assert!(ttft >= 1_500, "{ttft}");
+        last = Some((seen, ttft));
+    }
+    // By the fourth load the route knows this model's load time: the wait
+    // says it and predicts the first token.
+    let (seen, ttft) = last.unwrap();
+    let loading: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.wait.reason == WaitReason::LoadingModel)
+        .collect();
+    let usual = loading[0].wait.usual_ms.expect("usual load time");
+    assert!((1_400..=1_700).contains(&usual), "{usual}");
+    let errors = eta_errors(&seen, ttft);
+    assert!(!errors.is_empty(), "{seen:?}");
+    println!("loading: ttft {ttft} ms, eta errors (ms) {errors:?}");
+    assert!(errors.iter().all(|e| e.abs() <= 500), "{errors:?}");
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_rising_progress() {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            slots: Some(1),
+            prefill_tokens_per_second: Some(2_000.0),
+            tokens: 8,
+            // Prompt counts in the receipts: the route learns its prefill
+            // rate from the server's numbers, as from a real server.
+            usage: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = telemetry_engine(&sim.base_url()).await;
+    let addr = engine.routes[0].listen;
+    // A first call loads the model, so the two measured ones find it
+    // loaded (the simulator lists it in /api/ps while it is kept).
+    let warm = send(addr, "POST", "/v1/chat/completions", &openai_chat("hi")).await;
+    assert_eq!(warm.status, 200);
+    let _ = settled_calls(&engine, 1).await;
+    let mut rx = engine.handle.subscribe().await;
+    // 4,000 prompt tokens at 2,000/s: a 2 s prefill each.
+    const HEADERS: &[(&str, &str)] = &[("x-sim-prompt-tokens", "4000")];
+    let body = Bytes::from(openai_chat("a long document"));
+    let first = tokio::spawn(send_with(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        body.clone(),
+        HEADERS,
+    ));
+    // The second is dispatched once the first is (its snapshot exists).
+    let _ = events_until(
+        &mut rx,
+        |e| matches!(e, EngineEvent::Speed { call, .. } if call.id == "c-000002"),
+    )
+    .await;
+    let second = tokio::spawn(send_with(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        body,
+        HEADERS,
+    ));
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    let mut settled = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while settled.len() < 2 {
+        let event = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .expect("both calls settle")
+            .unwrap();
+        match event {
+            EngineEvent::Speed { call, speed } if speed.phase == Phase::AwaitingFirstToken => {
+                if let Some(wait) = speed.wait {
+                    let s = Seen {
+                        elapsed_ms: speed.elapsed_ms,
+                        wait,
+                    };
+                    if call.id == "c-000002" {
+                        a.push(s)
+                    } else {
+                        b.push(s)
+                    }
+                }
+            }
+            EngineEvent::Settled(call) => settled.push(call),
+            _ => {}
+        }
+    }
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+    assert_eq!(reasons(&a), [WaitReason::Prefilling], "{a:?}");
+    assert_eq!(
+        reasons(&b),
+        [WaitReason::Queued, WaitReason::Prefilling],
+        "{b:?}"
+    );
+    assert!(b
+        .iter()
+        .filter(|s| s.wait.reason == WaitReason::Queued)
+        .all(|s| s.wait.position == Some(1)));
+    // Progress rises, from the server's own prompt count.
+    for seen in [&a, &b] {
+        let progress: Vec<f64> = seen.iter().filter_map(|s| s.wait.progress).collect();
+        assert!(progress.len() >= 2, "{seen:?}");
+        assert!(progress.windows(2).all(|w| w[0] <= w[1]), "{progress:?}");
+        assert!(progress.first() < progress.last(), "{progress:?}");
+        // The server's own prompt count, from its slot.
+        assert!(
+            seen.iter().any(|s| s.wait.prompt_tokens == Some(4_000)),
+            "{seen:?}"
+        );
+    }
+    let b_call = settled
+        .iter()
+        .find(|c| c.identity.id == "c-000003")
+        .unwrap();
+    let ttft = b_call
+        .speed
+        .as_ref()
+        .unwrap()
+        .time_to_first_token_ms
+        .unwrap();
+    let errors = eta_errors(
+        &b.iter()
+            .filter(|s| s.wait.reason == WaitReason::Prefilling)
+            .cloned()
+            .collect::<Vec<_>>(),
+        ttft,
+    );
+    println!("prefill: ttft {ttft} ms, eta errors (ms) {errors:?}");
+    assert!(!errors.is_empty());
+    assert!(errors.iter().all(|e| e.abs() <= 700), "{errors:?}");
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_cut_to_the_context_is_flagged_and_alarmed_once_per_route_and_model() {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            n_ctx: 512,
+            overflow: Overflow::Truncate,
+            server_timings: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = telemetry_engine(&sim.base_url()).await;
+    let addr = engine.routes[0].listen;
+    let mut rx = engine.handle.subscribe().await;
+    let long = "word ".repeat(2_000);
+    let kept = |text: &str| {
+        serde_json::json!({"model": "m", "stream": true,
+                           "messages": [{"role": "user", "content": text}]})
+        .to_string()
+    };
+    // A first short call loads the model; it stays listed in /api/ps
+    // (keep-alive 5 min), where the poller reads its context length.
+    let warm = send(addr, "POST", "/api/chat", &kept("hi")).await;
+    assert_eq!(warm.status, 200);
+    let _ = settled_calls(&engine, 1).await;
+    let mut alarms = Vec::new();
+    for n in 2..=3u64 {
+        let got = send(addr, "POST", "/api/chat", &kept(&long)).await;
+        assert_eq!(got.status, 200);
+        let id = format!("c-{n:06}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let call = loop {
+            match tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .unwrap()
+                .unwrap()
+            {
+                EngineEvent::PromptTruncated(cut) => alarms.push(cut),
+                EngineEvent::Settled(call) if call.identity.id == id => break call,
+                _ => {}
+            }
+        };
+        let cut = call.details.prompt_truncated.expect("flagged");
+        assert_eq!(cut.server_tokens, 512, "{cut:?}");
+        assert_eq!(cut.context_size, Some(512));
+        assert!(cut.request_tokens > 2_000, "{cut:?}");
+        assert_eq!(call.details.context.unwrap().size, Some(512));
+    }
+    assert_eq!(alarms.len(), 1, "{alarms:?}");
+    assert!(
+        alarms[0].message().starts_with("m on t cut the prompt: "),
+        "{}",
+        alarms[0].message()
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_over_the_context_refused_by_the_server_gives_a_clear_cause() {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            n_ctx: 512,
+            overflow: Overflow::Refuse,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = telemetry_engine(&sim.base_url()).await;
+    let addr = engine.routes[0].listen;
+    let got = send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &openai_chat(&"word ".repeat(2_000)),
+    )
+    .await;
+    assert_eq!(got.status, 400);
+    let calls = settled_calls(&engine, 1).await;
+    let error = calls[0].details.error.clone().expect("a cause");
+    assert!(
+        error.contains("is over the server's context size (512 tokens)"),
+        "{error}"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_is_polled_only_while_a_call_waits_and_never_when_idle() {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            ttft: Duration::from_millis(2_000),
+            tokens: 4,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = telemetry_engine(&sim.base_url()).await;
+    let addr = engine.routes[0].listen;
+    // The look at start: the four endpoints once.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sim.telemetry_requests() < 4 {
+        assert!(Instant::now() < deadline, "no start look");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let at_start = sim.telemetry_requests();
+    // Idle: no call, so nothing is asked (this test is about absence over
+    // a span, hence the sleep: 4 poll intervals).
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(sim.telemetry_requests(), at_start, "polled while idle");
+
+    // One call waiting 2 s for its first token.
+    let t0 = std::time::Instant::now();
+    let got = send(addr, "POST", "/v1/chat/completions", &openai_chat("hi")).await;
+    assert_eq!(got.status, 200);
+    let active = t0.elapsed();
+    let _ = settled_calls(&engine, 1).await;
+    let during = sim.telemetry_requests() - at_start;
+    let per_minute = during as f64 / active.as_secs_f64() * 60.0;
+    println!(
+        "polling cost: {during} requests over {:.1} s active ({per_minute:.0}/min), 0 while idle",
+        active.as_secs_f64()
+    );
+    // A look every 500 ms while the call waits, plus one at dispatch and
+    // one when the request names its model; each asks /api/ps, /slots and
+    // /metrics (/props at most once a minute).
+    let looks = active.as_millis() as u64 / 500 + 3;
+    assert!(during >= 3, "{during}");
+    assert!(
+        during <= 3 * looks,
+        "{during} requests for at most {looks} looks"
+    );
+    let after = sim.telemetry_requests();
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(
+        sim.telemetry_requests(),
+        after,
+        "polled after the call ended"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_answered_404_is_never_asked_again() {
+    // A server with the model routes only: every telemetry GET is a 404.
+    let upstream = ScriptedUpstream::start(std::collections::HashMap::from([(
+        "/v1/chat/completions".to_owned(),
+        openai_chat_script(
+            3,
+            Duration::from_millis(300),
+            Duration::from_millis(20),
+            None,
+        ),
+    )]))
+    .await;
+    let engine = telemetry_engine(&upstream.url()).await;
+    let addr = engine.routes[0].listen;
+    for _ in 0..3 {
+        let got = send(addr, "POST", "/v1/chat/completions", &openai_chat("hi")).await;
+        assert_eq!(got.status, 200);
+    }
+    let _ = settled_calls(&engine, 3).await;
+    let paths: Vec<String> = upstream
+        .seen
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .map(|(_, path, _)| path.clone())
+        .collect();
+    let telemetry: Vec<&str> = paths
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !p.starts_with("/v1/"))
+        .collect();
+    let mut sorted = telemetry.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        ["/api/ps", "/metrics", "/props", "/slots"],
+        "each endpoint once: {telemetry:?}"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+}
