@@ -26,7 +26,7 @@ pub use call::{
     SpeedEvent, TtftBreakdown,
 };
 pub use control::{
-    BoundRoute, DemoDoc, DiscoveredDoc, HistoryDoc, HistoryPoint, RouteDoc, RouteInfo, RoutesDoc,
+    BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, DemoDoc, DiscoveredDoc, HistoryDoc, HistoryPoint, RouteDoc, RouteInfo, RoutesDoc,
     SaveOutcome, ServerDoc, SettingsDoc,
 };
 pub use engine::{CallsQuery, EngineQueries, QueryError};
