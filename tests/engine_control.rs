@@ -104,7 +104,10 @@ async fn the_capture_switch_is_saved_to_the_file_and_waits_for_a_restart() {
     // Not running: the capture document says off (and whether it could run).
     let capture = h.capture().await;
     assert_eq!(capture.state, speedtap::model::CaptureState::Off);
-    assert!(capture.permitted.is_some(), "the helper's permission was checked");
+    assert!(
+        capture.permitted.is_some(),
+        "the helper's permission was checked"
+    );
     engine.shutdown(Duration::from_secs(1)).await;
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }

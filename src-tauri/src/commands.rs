@@ -17,7 +17,9 @@ use speedtap::model::Stats;
 use speedtap::model::MAX_LIMIT;
 use speedtap::model::{time_bound, ExportFormat, HistoryFilter, ModelSummary, QueryError};
 use speedtap::model::{Call, CallsQuery, EngineQueries};
-use speedtap::model::{CaptureDoc, DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
+use speedtap::model::{
+    CaptureDoc, DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc,
+};
 use tauri::State;
 
 /// What a command answers: its document, or the engine interface's error

@@ -107,7 +107,8 @@ pub fn run() {
         eprintln!("speedtap-desktop: {message}");
         std::process::exit(1);
     }
-    let settings = resolve_settings_capture_by_permission(&args.run).unwrap_or_else(|e| exit_with(e));
+    let settings =
+        resolve_settings_capture_by_permission(&args.run).unwrap_or_else(|e| exit_with(e));
     let notifications = Notifications::new(DesktopSink);
     let engine =
         tauri::async_runtime::block_on(start_engine(&args.run, settings.clone(), &notifications))

@@ -38,9 +38,9 @@ use crate::engine::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
 use crate::meter::calibration::CalibrationTable;
 use crate::model::{
     engine::NO_STORE, BoundRoute, Call, CallsQuery, CaptureDoc, CaptureRouteDoc, CaptureState,
-    DemoDoc, DiscoveredDoc, EngineEvent,
-    EngineQueries, ExportFormat, HistoryDoc, HistoryFilter, ModelSummary, QueryError, RouteDoc,
-    RouteInfo, RouteSpec, RoutesDoc, SaveOutcome, ServerDoc, SettingsDoc, Stats,
+    DemoDoc, DiscoveredDoc, EngineEvent, EngineQueries, ExportFormat, HistoryDoc, HistoryFilter,
+    ModelSummary, QueryError, RouteDoc, RouteInfo, RouteSpec, RoutesDoc, SaveOutcome, ServerDoc,
+    SettingsDoc, Stats,
 };
 use crate::simulate::{SimConfig, SimServer};
 use crate::store::{Store, StoreWriter};
@@ -734,8 +734,7 @@ impl Engine {
             None => CaptureStatus::Off,
             Some(capture) => {
                 let interface = capture.interface.clone();
-                let (status, doc) =
-                    start_capture(&shared, &options.routes, &routes, capture).await;
+                let (status, doc) = start_capture(&shared, &options.routes, &routes, capture).await;
                 *write(&shared.capture) = CaptureDoc {
                     interface: Some(interface),
                     ..doc

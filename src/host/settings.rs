@@ -174,7 +174,11 @@ pub async fn discover_routes_if_any(settings: &mut Settings, who: &str) {
 /// Routes for the servers `found`: capture-only ones when `capture` (the
 /// capture is on and may run), else proxy routes on the next port. Returns
 /// one line per server for the start-up message.
-pub fn add_discovered(settings: &mut Settings, found: Vec<Discovered>, capture: bool) -> Vec<String> {
+pub fn add_discovered(
+    settings: &mut Settings,
+    found: Vec<Discovered>,
+    capture: bool,
+) -> Vec<String> {
     let mut lines = Vec::new();
     for d in found {
         if capture {
@@ -280,7 +284,10 @@ mod tests {
         assert_eq!(route.name, "ollama");
         assert_eq!(route.upstream.port, 11434);
         assert_eq!(route.upstream.host, "127.0.0.1");
-        assert!(lines[0].contains("captured (no client changes)"), "{lines:?}");
+        assert!(
+            lines[0].contains("captured (no client changes)"),
+            "{lines:?}"
+        );
     }
 
     #[test]

@@ -8,7 +8,9 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::call::{Call, EngineEvent};
-use super::control::{CaptureDoc, DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
+use super::control::{
+    CaptureDoc, DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc,
+};
 use super::history::{ExportFormat, HistoryFilter, ModelSummary};
 use super::stats::Stats;
 

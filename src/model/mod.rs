@@ -26,8 +26,8 @@ pub use call::{
     SpeedEvent, TtftBreakdown,
 };
 pub use control::{
-    BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, DemoDoc, DiscoveredDoc, HistoryDoc, HistoryPoint, RouteDoc, RouteInfo, RoutesDoc,
-    SaveOutcome, ServerDoc, SettingsDoc,
+    BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, DemoDoc, DiscoveredDoc, HistoryDoc,
+    HistoryPoint, RouteDoc, RouteInfo, RoutesDoc, SaveOutcome, ServerDoc, SettingsDoc,
 };
 pub use engine::{CallsQuery, EngineQueries, QueryError};
 pub use history::{time_bound, ExportFormat, HistoryFilter, ModelSummary, MAX_LIMIT};
