@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use speedtap::host::{Engine, EngineOptions};
+use speedtap::host::settings::resolve_settings;
 use speedtap::model::RouteSpec;
 use speedtap::simulate::{SimConfig, SimServer};
 use tauri::ipc::{CallbackFn, InvokeBody};
