@@ -21,6 +21,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::TcpStream;
 
+use crate::model::route::CaptureOnlyRoute;
 use crate::model::{RouteDoc, RouteSpec, ServerDoc, Upstream};
 
 /// The usual ports, in the order `docs/protocols.md` lists them: Ollama, llama.cpp (also LocalAI
@@ -116,6 +117,34 @@ impl Discovered {
             self.upstream,
             self.suggested_route.name,
             self.suggested_route.listen
+        )
+    }
+}
+
+impl Discovered {
+    /// The route that measures this server by capture alone (no proxy
+    /// port): named like [`Discovered::suggested_route`], upstream the
+    /// server itself.
+    pub fn capture_route(&self) -> CaptureOnlyRoute {
+        CaptureOnlyRoute {
+            name: self.suggested_route.name.clone(),
+            upstream: self.suggested_route.upstream.clone(),
+        }
+    }
+
+    /// One line for the start-up message when the server is captured, e.g.
+    /// `Ollama (version 0.12.3) at http://127.0.0.1:11434 -> route "ollama", captured (no client changes)`.
+    pub fn capture_summary(&self) -> String {
+        let detail = self
+            .detail
+            .as_deref()
+            .map(|d| format!(" ({d})"))
+            .unwrap_or_default();
+        format!(
+            "{}{detail} at {} -> route {:?}, captured (no client changes)",
+            self.kind.label(),
+            self.upstream,
+            self.suggested_route.name
         )
     }
 }

@@ -13,7 +13,10 @@ use std::time::Duration;
 use proxy_support::*;
 use speedtap::config::CaptureOnlyRoute;
 use speedtap::host::{CaptureOptions, CaptureStatus, Engine, EngineOptions, RunningEngine};
-use speedtap::model::{ApiKind, Call, CallStatus, RouteSpec, SeenBy, Upstream};
+use speedtap::model::{
+    ApiKind, Call, CallStatus, CaptureRouteDoc, CaptureState, EngineQueries, RouteSpec, SeenBy,
+    Upstream,
+};
 use speedtap::simulate::{SimConfig, SimServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -209,6 +212,33 @@ async fn calls_through_a_proxy_route_with_capture_on_are_recorded_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_capture_tells_the_ui_which_ports_it_measures() {
+    let sim = simulator().await;
+    let Some(engine) = capture_engine(&sim.base_url(), false).await else {
+        sim.shutdown().await;
+        return;
+    };
+    let doc = engine.handle.capture().await;
+    assert_eq!(doc.state, CaptureState::On);
+    assert_eq!(doc.interface.as_deref(), Some("lo"));
+    assert_eq!(
+        doc.routes,
+        vec![CaptureRouteDoc {
+            name: "t".into(),
+            port: sim.local_addr().port()
+        }]
+    );
+    assert_eq!(doc.grant_command, None);
+    // Settings read the switch as it runs.
+    assert_eq!(
+        engine.handle.get_settings().await.unwrap().capture,
+        Some(true)
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_hangs_up_mid_stream_is_abandoned() {
     let sim = SimServer::start(
         "127.0.0.1:0",
@@ -285,7 +315,7 @@ fn without_the_permission_speedtap_run_warns_once_with_the_grant_command_and_kee
     );
     cmd.env("SPEEDTAP_CAPTURE_BIN", &helper);
     let mut p = Proc::spawn(cmd);
-    let (proxy, _api) = read_announcement(&p, "sim");
+    let (proxy, api) = read_announcement(&p, "sim");
     let warning = p.stderr.wait_for("the capture warning", STARTUP, |l| {
         l.contains("capture is off")
     });
@@ -293,6 +323,13 @@ fn without_the_permission_speedtap_run_warns_once_with_the_grant_command_and_kee
     assert!(warning.contains(&grant), "{warning}");
 
     let rt = tokio::runtime::Runtime::new().unwrap();
+    // The UI's document says the same: what Settings and Get started show.
+    let doc = rt.block_on(send(api, "GET", "/api/v1/capture", ""));
+    assert_eq!(doc.status, 200);
+    let doc: speedtap::model::CaptureDoc = serde_json::from_slice(&doc.body()).unwrap();
+    assert_eq!(doc.state, speedtap::model::CaptureState::Unavailable);
+    assert_eq!(doc.grant_command.as_deref(), Some(grant.as_str()));
+
     let got = rt.block_on(send(
         proxy,
         "POST",

@@ -75,6 +75,44 @@ async fn settings_are_validated_saved_and_applied() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capture_switch_is_saved_to_the_file_and_waits_for_a_restart() {
+    let path = temp_config("capture-switch");
+    let route = RouteSpec::new("ollama", "127.0.0.1:0", "http://127.0.0.1:9").unwrap();
+    let mut options = EngineOptions::new(vec![route]);
+    options.config_path = Some(path.clone());
+    let engine = Engine::start(options).await.unwrap();
+    let h = &engine.handle;
+
+    let mut doc = h.get_settings().await.unwrap();
+    assert_eq!(doc.capture, Some(false), "started without capture");
+    // A document without the key (an older page) keeps what the file says.
+    doc.capture = None;
+    let saved = h.save_settings(doc.clone()).await.unwrap();
+    assert!(!saved.restart_required);
+    assert_eq!(load_config(&path).unwrap().capture, None);
+
+    doc.capture = Some(true);
+    let saved = h.save_settings(doc.clone()).await.unwrap();
+    assert!(saved.restart_required, "the capture starts with the engine");
+    assert_eq!(load_config(&path).unwrap().capture, Some(true));
+    assert_eq!(h.get_settings().await.unwrap().capture, Some(true));
+
+    doc.capture = Some(false);
+    h.save_settings(doc).await.unwrap();
+    assert_eq!(load_config(&path).unwrap().capture, Some(false));
+
+    // Not running: the capture document says off (and whether it could run).
+    let capture = h.capture().await;
+    assert_eq!(capture.state, speedtap::model::CaptureState::Off);
+    assert!(
+        capture.permitted.is_some(),
+        "the helper's permission was checked"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_traffic_flows_through_a_demo_route_and_is_metered() {
     let engine = Engine::start(EngineOptions::new(Vec::new())).await.unwrap();
     let h = &engine.handle;

@@ -10,6 +10,14 @@
 //!   every settled call, and stdout (not a terminal, so one JSON line per
 //!   snapshot) goes to /dev/null, as it would under a service manager
 //!   that discards it.
+//! - `capture`: the same binary with `--capture` and a capture-only route
+//!   (`--route bench=UPSTREAM`, no proxy port) to a second port of the
+//!   same upstream; the client streams straight to that port and speedtap
+//!   meters what the packet capture helper (`speedtap-capture`, a child of
+//!   speedtap, so in its process tree) reads off the loopback interface.
+//!   It has its own port so that it sees none of the other arms' streams.
+//!   Skipped, with the engine's reason, where capture can't run (the
+//!   helper unbuilt, no permission).
 //! - `nginx`: a plain streaming reverse proxy, the reference's config
 //!   (`proxy_buffering off`, one worker; `worker_connections` raised for
 //!   the 2,000-stream level), in the foreground.
@@ -44,14 +52,16 @@ pub const ROUTE: &str = "bench";
 pub enum ArmKind {
     Direct,
     Speedtap,
+    Capture,
     Nginx,
     Litellm,
 }
 
 impl ArmKind {
-    pub const ALL: [ArmKind; 4] = [
+    pub const ALL: [ArmKind; 5] = [
         ArmKind::Direct,
         ArmKind::Speedtap,
+        ArmKind::Capture,
         ArmKind::Nginx,
         ArmKind::Litellm,
     ];
@@ -60,9 +70,15 @@ impl ArmKind {
         match self {
             ArmKind::Direct => "direct",
             ArmKind::Speedtap => "speedtap",
+            ArmKind::Capture => "capture",
             ArmKind::Nginx => "nginx",
             ArmKind::Litellm => "litellm",
         }
+    }
+
+    /// speedtap meters this arm's streams (its history is checked).
+    pub fn meters(self) -> bool {
+        matches!(self, ArmKind::Speedtap | ArmKind::Capture)
     }
 }
 
@@ -238,14 +254,38 @@ where
 
 /// Starts `speedtap run` with a temp config and store.
 pub fn start_speedtap(upstream: SocketAddr, dir: &Path) -> Result<Arm, String> {
-    let config = dir.join("speedtap.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "api = \"127.0.0.1:0\"\n\n[[route]]\nname = \"{ROUTE}\"\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n"
-        ),
+    let config = format!(
+        "api = \"127.0.0.1:0\"\n\n[[route]]\nname = \"{ROUTE}\"\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n"
+    );
+    spawn_speedtap(ArmKind::Speedtap, upstream, dir, &config, &[])
+}
+
+/// Starts `speedtap run --capture` with a capture-only route to
+/// `upstream`: clients stream straight to it.
+pub fn start_capture(upstream: SocketAddr, dir: &Path) -> Result<Arm, String> {
+    let route = format!("{ROUTE}=http://{upstream}");
+    spawn_speedtap(
+        ArmKind::Capture,
+        upstream,
+        dir,
+        "api = \"127.0.0.1:0\"\n",
+        &["--capture", "--route", &route],
     )
-    .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+}
+
+/// Runs the speedtap binary as `kind`'s arm and waits for its start lines:
+/// the control API, and the route (the proxy arm) or the capture (the
+/// capture arm, whose clients connect to `upstream` itself).
+fn spawn_speedtap(
+    kind: ArmKind,
+    upstream: SocketAddr,
+    dir: &Path,
+    config_text: &str,
+    extra: &[&str],
+) -> Result<Arm, String> {
+    let config = dir.join("speedtap.toml");
+    std::fs::write(&config, config_text)
+        .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
     let wrap: Vec<String> = std::env::var("SPEEDTAP_BENCH_WRAP")
         .unwrap_or_default()
         .split_whitespace()
@@ -264,6 +304,7 @@ pub fn start_speedtap(upstream: SocketAddr, dir: &Path) -> Result<Arm, String> {
         .arg(&config)
         .arg("--db")
         .arg(dir.join("speedtap.sqlite3"))
+        .args(extra)
         .env("XDG_CONFIG_HOME", dir.join("config"))
         .env("XDG_DATA_HOME", dir.join("data"))
         .env("HOME", dir)
@@ -289,32 +330,44 @@ pub fn start_speedtap(upstream: SocketAddr, dir: &Path) -> Result<Arm, String> {
             let _ = tx.send(line);
         }
     });
+    let build = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
     let mut arm = Arm {
-        kind: ArmKind::Speedtap,
+        kind,
         addr: upstream,
-        version: format!(
-            "speedtap {} (this tree, {} build)",
-            env!("CARGO_PKG_VERSION"),
-            if cfg!(debug_assertions) {
-                "debug"
-            } else {
-                "release"
-            }
-        ),
+        version: match kind {
+            ArmKind::Capture => format!(
+                "speedtap {} --capture, capture-only route (this tree, {build} build; client streams straight to the upstream)",
+                env!("CARGO_PKG_VERSION")
+            ),
+            _ => format!(
+                "speedtap {} (this tree, {build} build)",
+                env!("CARGO_PKG_VERSION")
+            ),
+        },
         api: None,
         proc: Some(proc),
     };
-    // "speedtap: route bench: http://ADDR -> ..." and
+    // "speedtap: route bench: http://ADDR -> ..." (or, capturing,
+    // "speedtap: capturing calls to port N ...") and
     // "speedtap: dashboard and control API on http://ADDR/".
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut route = None;
-    while route.is_none() || arm.api.is_none() {
+    let mut route: Option<SocketAddr> = (kind == ArmKind::Capture).then_some(upstream);
+    let mut capturing = kind != ArmKind::Capture;
+    while route.is_none() || arm.api.is_none() || !capturing {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
                 if let Some(rest) = line.strip_prefix(&format!("speedtap: route {ROUTE}: http://"))
                 {
                     route = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+                } else if line.starts_with("speedtap: capturing calls to port") {
+                    capturing = true;
+                } else if let Some(why) = line.strip_prefix("speedtap: warning: capture is off: ") {
+                    return Err(format!("capture can't run here: {why}"));
                 } else if let Some(rest) =
                     line.strip_prefix("speedtap: dashboard and control API on http://")
                 {

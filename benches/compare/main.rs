@@ -5,9 +5,12 @@
 //! times both ends), and the same streaming workload goes through each
 //! arm, interleaved in rounds with the order rotating: `direct` (the
 //! floor), `speedtap` (the real `speedtap run` binary, metering on),
+//! `capture` (the same binary with `--capture`: the client streams straight
+//! to a second port of the upstream, speedtap meters the packets),
 //! `nginx` (plain streaming reverse proxy) and `litellm` (LiteLLM's proxy).
 //! Then a concurrency sweep (1 to 2,000 streams at 20 tok/s) for direct,
-//! nginx and speedtap, checking that speedtap metered every stream right.
+//! nginx, speedtap and capture, checking that speedtap metered every stream
+//! right and counting the capture's lost packets.
 //!
 //! Out: a Markdown report printed and written to
 //! `target/bench-report/compare.md`, and PNG plots beside it. Arms that
@@ -23,10 +26,14 @@
 //!   non-zero unless the report is complete: every non-skipped arm has all
 //!   its numbers, no stream failed, and speedtap metered every stream
 //!   within 2%. `SPEEDTAP_BENCH_REQUIRE=nginx,litellm,speedtap` also fails
-//!   the run when one of those arms was skipped.
+//!   the run when one of those arms was skipped (`capture` too, when
+//!   named: it needs `cargo build -p speedtap-capture` first, and root or
+//!   the helper's `cap_net_raw`).
 //!
 //! For exploring and profiling, `SPEEDTAP_BENCH_ROUNDS=N` sets the rounds,
-//! `SPEEDTAP_BENCH_LEVELS=100,2000` the sweep's levels, and
+//! `SPEEDTAP_BENCH_LEVELS=100,2000` the sweep's levels,
+//! `SPEEDTAP_BENCH_ARMS=direct,speedtap,capture` only those arms (the
+//! others are reported as skipped), and
 //! `SPEEDTAP_BENCH_WRAP="perf record -g -o FILE --"` runs speedtap under a
 //! wrapper command (its CPU figures then include the wrapper's).
 
@@ -104,11 +111,13 @@ fn required_arms() -> Vec<String> {
 async fn start_arm(
     kind: ArmKind,
     upstream: std::net::SocketAddr,
+    capture_upstream: std::net::SocketAddr,
     install_allowed: bool,
 ) -> Result<Arm, String> {
     match kind {
         ArmKind::Direct => Ok(Arm::direct(upstream)),
         ArmKind::Speedtap => arms::start_speedtap(upstream, &arms::scratch("speedtap")),
+        ArmKind::Capture => arms::start_capture(capture_upstream, &arms::scratch("capture")),
         ArmKind::Nginx => {
             let bin = tokio::task::spawn_blocking(move || install::ensure_nginx(install_allowed))
                 .await
@@ -175,11 +184,24 @@ async fn run(full: bool) -> i32 {
         }
     );
     let (upstream, sent) = upstream::start().await;
+    let capture_upstream = upstream::start_with(&sent).await;
 
     let mut running: Vec<Arm> = Vec::new();
     let mut statuses: Vec<(ArmKind, Result<String, String>)> = Vec::new();
+    let only: Vec<String> = std::env::var("SPEEDTAP_BENCH_ARMS")
+        .unwrap_or_default()
+        .split(',')
+        .map(|s| s.trim().to_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect();
     for kind in ArmKind::ALL {
-        match start_arm(kind, upstream, install_allowed).await {
+        if !only.is_empty() && !only.iter().any(|a| a == kind.name()) {
+            let reason = "not in SPEEDTAP_BENCH_ARMS".to_owned();
+            println!("compare: {}: skipped ({reason})", kind.name());
+            statuses.push((kind, Err(reason)));
+            continue;
+        }
+        match start_arm(kind, upstream, capture_upstream, install_allowed).await {
             Ok(arm) => {
                 println!("compare: {}: {} on {}", kind.name(), arm.version, arm.addr);
                 statuses.push((kind, Ok(arm.version.clone())));
@@ -217,7 +239,12 @@ async fn run(full: bool) -> i32 {
     }
     let mut swept: Vec<&mut Arm> = running
         .iter_mut()
-        .filter(|a| matches!(a.kind, ArmKind::Direct | ArmKind::Nginx | ArmKind::Speedtap))
+        .filter(|a| {
+            matches!(
+                a.kind,
+                ArmKind::Direct | ArmKind::Nginx | ArmKind::Speedtap | ArmKind::Capture
+            )
+        })
         .collect();
     let sweep_arms: Vec<ArmKind> = swept.iter().map(|a| a.kind).collect();
     let levels = sweep::run(&sweep_plan, &mut swept, &sent).await;

@@ -69,6 +69,7 @@ fn color(kind: ArmKind) -> RGBColor {
     match kind {
         ArmKind::Direct => RGBColor(110, 110, 110),
         ArmKind::Speedtap => RGBColor(214, 39, 40),
+        ArmKind::Capture => RGBColor(255, 127, 14),
         ArmKind::Nginx => RGBColor(31, 119, 180),
         ArmKind::Litellm => RGBColor(44, 160, 44),
     }

@@ -11,7 +11,7 @@ use std::fmt::Write;
 use crate::arms::ArmKind;
 use crate::rounds::{ArmResult, Plan};
 use crate::stats::Summary;
-use crate::sweep::{Level, SweepPlan, RATE};
+use crate::sweep::{Cell, Level, SweepPlan, RATE};
 use crate::verify::{MeterCheck, TOLERANCE};
 
 /// The machine, as the report names it.
@@ -295,7 +295,22 @@ impl Report {
                 );
             }
         }
+        if let Some((r, _)) = self.row(ArmKind::Capture) {
+            if let Some(m) = &r.meter {
+                let _ = writeln!(
+                    s,
+                    "\ncapture metering over these workloads (the client streaming straight to \
+                     the upstream; CPU above is speedtap's process plus its capture helper's): \
+                     {}; {} of {} stored calls seen by capture, {} flagged capture_gap.",
+                    meter_text(m),
+                    m.captured,
+                    m.stored,
+                    m.gaps
+                );
+            }
+        }
         self.render_sweep(&mut s);
+        self.render_capture_sweep(&mut s);
         self.render_targets(&mut s);
         match &self.plots {
             Ok(files) if !files.is_empty() => {
@@ -379,6 +394,76 @@ impl Report {
                 bad(ArmKind::Speedtap)
             );
         }
+    }
+
+    /// The capture arm in the sweep: its CPU beside the proxy's, and what
+    /// it lost.
+    fn render_capture_sweep(&self, s: &mut String) {
+        let Some(col) = self.sweep_col(ArmKind::Capture) else {
+            return;
+        };
+        if self.sweep.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\n#### Capture arm in the sweep\n\nThe client streams straight to the upstream; \
+             speedtap (`--capture`, a capture-only route) meters what its helper reads off the \
+             loopback interface. CPU is speedtap's process tree (the helper included) per \
+             million streamed tokens, beside the proxy arm's at the same level. Lost packets: \
+             the kernel's, the interface's and the helper-to-engine queue's \
+             (`capture_dropped_packets`), over the level's rounds.\n"
+        );
+        let _ = writeln!(
+            s,
+            "| streams | capture added p50 / p99 | capture CPU s/M | speedtap (proxy) CPU s/M | lost packets | calls with capture_gap | capture metered |\n|---|---|---|---|---|---|---|"
+        );
+        let cpu = |c: &Cell| {
+            let n = c.samples.chunk_ns.len();
+            if n == 0 || c.cpu_secs < 0.1 {
+                "(too short)".into()
+            } else {
+                num(c.cpu_secs / n as f64 * 1e6, 1)
+            }
+        };
+        for level in &self.sweep {
+            let Some(cell) = level.cells.get(col) else {
+                continue;
+            };
+            let proxy = self
+                .sweep_col(ArmKind::Speedtap)
+                .and_then(|i| level.cells.get(i))
+                .map_or("n/a".into(), cpu);
+            let added = self
+                .sweep_added(level, ArmKind::Capture)
+                .map_or("n/a".into(), |(a, b)| {
+                    format!("{} / {}", dur(a, true), dur(b, true))
+                });
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                level.streams,
+                added,
+                cpu(cell),
+                proxy,
+                cell.drops.map_or("n/a".into(), |d| d.to_string()),
+                cell.meter
+                    .as_ref()
+                    .map_or("n/a".into(), |m| m.gaps.to_string()),
+                cell.meter.as_ref().map_or("n/a".into(), meter_text),
+            );
+        }
+    }
+
+    /// The capture arm's lost packets at the sweep level of `streams`.
+    fn capture_drops_at(&self, streams: usize) -> Option<u64> {
+        let col = self.sweep_col(ArmKind::Capture)?;
+        self.sweep
+            .iter()
+            .find(|l| l.streams == streams)?
+            .cells
+            .get(col)?
+            .drops
     }
 
     /// The targets with their measured figure and a verdict.
@@ -475,6 +560,32 @@ impl Report {
             v,
             ok,
         ));
+        if self.row(ArmKind::Capture).is_some() {
+            let cc = self.cpu_per_m(ArmKind::Capture);
+            let ratio = if cs > 0.0 { cc / cs } else { f64::NAN };
+            out.push((
+                "capture: CPU per million streamed tokens no more than the proxy's".into(),
+                format!(
+                    "capture {} vs speedtap proxy {} s/M = {}×",
+                    num(cc, 1),
+                    num(cs, 1),
+                    num(ratio, 2)
+                ),
+                (!ratio.is_nan()).then_some(ratio <= 1.0),
+            ));
+            for n in [500, 2000] {
+                let d = self.capture_drops_at(n);
+                out.push((
+                    if n == 500 {
+                        "capture: no lost packets at 500 concurrent streams".into()
+                    } else {
+                        format!("capture: lost packets at {n} concurrent streams (reported)")
+                    },
+                    d.map_or("n/a (level not run)".into(), |d| d.to_string()),
+                    if n == 500 { d.map(|d| d == 0) } else { None },
+                ));
+            }
+        }
         out
     }
 
@@ -533,9 +644,9 @@ impl Report {
                     out.push(format!("{name}: peak RSS missing"));
                 }
             }
-            if a.kind == ArmKind::Speedtap && !r.meter.as_ref().is_some_and(MeterCheck::all_good) {
+            if a.kind.meters() && !r.meter.as_ref().is_some_and(MeterCheck::all_good) {
                 out.push(format!(
-                    "speedtap: metering wrong: {}",
+                    "{name}: metering wrong: {}",
                     r.meter.as_ref().map_or("not checked".into(), meter_text)
                 ));
             }
@@ -559,12 +670,11 @@ impl Report {
                         cell.samples.failure_text()
                     ));
                 }
-                if *kind == ArmKind::Speedtap
-                    && !cell.meter.as_ref().is_some_and(MeterCheck::all_good)
-                {
+                if kind.meters() && !cell.meter.as_ref().is_some_and(MeterCheck::all_good) {
                     out.push(format!(
-                        "sweep {} streams, speedtap: metering wrong: {}",
+                        "sweep {} streams, {}: metering wrong: {}",
                         level.streams,
+                        kind.name(),
                         cell.meter.as_ref().map_or("not checked".into(), meter_text)
                     ));
                 }

@@ -154,7 +154,7 @@ pub async fn run(plan: &Plan, arms: &mut [Arm], sent: &Sent) -> Vec<ArmResult> {
     for (arm, r) in arms.iter_mut().zip(results.iter_mut()) {
         r.peak_rss = arm.peak_rss();
         let shapes = plan.shapes(arm.kind);
-        if let (ArmKind::Speedtap, Some(api)) = (arm.kind, arm.api) {
+        if let (true, Some(api)) = (arm.kind.meters(), arm.api) {
             let mut all = MeterCheck::default();
             for (shape, samples) in shapes.iter().zip([&r.ttft, &r.single, &r.multi]) {
                 let contents = sent.take(&shape.model());

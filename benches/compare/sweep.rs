@@ -1,7 +1,9 @@
 //! The concurrency sweep: N streams at 20 tokens/s each, N from 1 to 2000,
-//! through direct, nginx and speedtap (LiteLLM is stopped by then: it
-//! can't keep up with 32 streams, see the reference), with every speedtap
-//! stream's metering checked.
+//! through direct, nginx, speedtap and capture (LiteLLM is stopped by then:
+//! it can't keep up with 32 streams, see the reference), with every
+//! speedtap stream's metering checked, and the capture's lost packets
+//! (kernel, interface and queue drops: the stats' `capture_dropped_packets`)
+//! counted per level.
 //!
 //! Starts are spread over one second so the streams' ticks interleave
 //! evenly over each 50 ms period instead of landing together; a stream
@@ -55,6 +57,8 @@ pub struct Cell {
     pub cpu_secs: f64,
     /// speedtap only.
     pub meter: Option<MeterCheck>,
+    /// The capture arm only: packets the capture lost at this level.
+    pub drops: Option<u64>,
     /// Peak RSS of the process tree after this level (cumulative peak).
     pub peak_rss: Option<u64>,
 }
@@ -63,6 +67,22 @@ pub struct Cell {
 pub struct Level {
     pub streams: usize,
     pub cells: Vec<Cell>,
+}
+
+/// The capture arm's lost-packet counter now (`None` for other arms, or
+/// when the stats can't be read).
+async fn capture_drops(arm: &Arm) -> Option<u64> {
+    if arm.kind != ArmKind::Capture {
+        return None;
+    }
+    let (status, body) = client::get(arm.api?, "/api/v1/stats").await?;
+    if status != 200 {
+        return None;
+    }
+    serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()?
+        .get("capture_dropped_packets")?
+        .as_u64()
 }
 
 pub async fn run(plan: &SweepPlan, arms: &mut [&mut Arm], sent: &Sent) -> Vec<Level> {
@@ -84,6 +104,7 @@ pub async fn run(plan: &SweepPlan, arms: &mut [&mut Arm], sent: &Sent) -> Vec<Le
                     tag: format!("sweep{n}-{}-r{round}", arm.kind.name()),
                 };
                 let cell = &mut cells[i];
+                let drops0 = capture_drops(arm).await;
                 let cpu0 = arm.cpu_secs();
                 let mut samples = Samples::default();
                 client::run_batch(arm.addr, n, &shape, plan.stagger, &mut samples).await;
@@ -93,7 +114,7 @@ pub async fn run(plan: &SweepPlan, arms: &mut [&mut Arm], sent: &Sent) -> Vec<Le
                 let why = samples.failure_text();
                 cell.samples.extend(samples);
                 let contents = sent.take(&shape.model());
-                if let (ArmKind::Speedtap, Some(api)) = (arm.kind, arm.api) {
+                if let (true, Some(api)) = (arm.kind.meters(), arm.api) {
                     let c = verify::check(
                         api,
                         &shape.model(),
@@ -103,6 +124,11 @@ pub async fn run(plan: &SweepPlan, arms: &mut [&mut Arm], sent: &Sent) -> Vec<Le
                     )
                     .await;
                     cell.meter.get_or_insert_with(Default::default).merge(&c);
+                }
+                // Read after the check: the calls are settled, so every
+                // packet of them has been through the capture.
+                if let (Some(a), Some(b)) = (drops0, capture_drops(arm).await) {
+                    *cell.drops.get_or_insert(0) += b.saturating_sub(a);
                 }
                 println!(
                     "compare: sweep {n} streams, {}, round {}: {} incomplete{}",

@@ -218,11 +218,18 @@ async fn respond(req: Request<Incoming>, sent: Sent) -> Response<ChunkBody> {
 /// Starts the upstream on a free loopback port; it serves until the
 /// process exits.
 pub async fn start() -> (SocketAddr, Sent) {
+    let sent = Sent::default();
+    (start_with(&sent).await, sent)
+}
+
+/// Starts one more listener of the same upstream on another free port,
+/// recording into `sent`: the capture arm's server, so that the capture
+/// (which watches a port) sees only its own arm's streams.
+pub async fn start_with(sent: &Sent) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind upstream");
     let addr = listener.local_addr().expect("upstream addr");
-    let sent = Sent::default();
     let record = sent.clone();
     tokio::spawn(async move {
         loop {
@@ -242,5 +249,5 @@ pub async fn start() -> (SocketAddr, Sent) {
             });
         }
     });
-    (addr, sent)
+    addr
 }

@@ -32,6 +32,10 @@ pub struct MeterCheck {
     pub within: usize,
     /// The largest relative count error seen, percent.
     pub worst_err_pct: f64,
+    /// Stored calls the passive capture saw (`seen_by: capture`).
+    pub captured: usize,
+    /// Stored calls flagged `capture_gap` (packets lost).
+    pub gaps: usize,
 }
 
 impl MeterCheck {
@@ -50,6 +54,8 @@ impl MeterCheck {
         self.ok += o.ok;
         self.within += o.within;
         self.worst_err_pct = self.worst_err_pct.max(o.worst_err_pct);
+        self.captured += o.captured;
+        self.gaps += o.gaps;
     }
 }
 
@@ -113,5 +119,7 @@ pub async fn check(
         ok: calls.iter().filter(|c| c["status"] == "ok").count(),
         within,
         worst_err_pct: worst,
+        captured: calls.iter().filter(|c| c["seen_by"] == "capture").count(),
+        gaps: calls.iter().filter(|c| c["capture_gap"] == true).count(),
     }
 }

@@ -17,7 +17,9 @@ use speedtap::model::Stats;
 use speedtap::model::MAX_LIMIT;
 use speedtap::model::{time_bound, ExportFormat, HistoryFilter, ModelSummary, QueryError};
 use speedtap::model::{Call, CallsQuery, EngineQueries};
-use speedtap::model::{DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
+use speedtap::model::{
+    CaptureDoc, DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc,
+};
 use tauri::State;
 
 /// What a command answers: its document, or the engine interface's error
@@ -69,6 +71,14 @@ pub async fn routes(engine: State<'_, Engine>) -> Result<RoutesDoc> {
 #[tauri::command]
 pub async fn discover(engine: State<'_, Engine>) -> Result<DiscoveredDoc> {
     Ok(engine.0.discover().await)
+}
+
+/// How calls made straight to a model server are measured, like
+/// `GET /api/v1/capture` (runs the capture helper once to check its
+/// permission when the capture is off).
+#[tauri::command]
+pub async fn capture(engine: State<'_, Engine>) -> Result<CaptureDoc> {
+    Ok(engine.0.capture().await)
 }
 
 #[tauri::command]

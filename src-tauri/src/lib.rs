@@ -6,7 +6,9 @@
 //! # Data flow
 //! - [`run`] parses the flags (`speedtap run`'s, via
 //!   [`speedtap::host::args::RunArgs`], plus [`DesktopArgs::hidden`]),
-//!   resolves the settings exactly as `speedtap run` does, starts the
+//!   resolves the settings as `speedtap run` does (except that `capture`,
+//!   when nothing says, follows whether the capture helper has its
+//!   permission: off until it exists, then on), starts the
 //!   engine on Tauri's tokio runtime, then hands it to [`build_app`].
 //! - One task subscribes to the engine's events and fans each one out: to
 //!   the window as a Tauri event ([`events`]), to the tray (`tray`, via
@@ -36,7 +38,8 @@ use clap::Parser;
 use speedtap::config::Settings;
 use speedtap::host::args::RunArgs;
 use speedtap::host::settings::{
-    discover_routes_if_any, engine_options, resolve_settings, RunError, SHUTDOWN_GRACE,
+    discover_routes_if_any, engine_options, resolve_settings_capture_by_permission, RunError,
+    SHUTDOWN_GRACE,
 };
 use speedtap::host::{Engine, EngineHandle, RunningEngine};
 use speedtap::model::{EngineEvent, EngineQueries};
@@ -104,7 +107,8 @@ pub fn run() {
         eprintln!("speedtap-desktop: {message}");
         std::process::exit(1);
     }
-    let settings = resolve_settings(&args.run).unwrap_or_else(|e| exit_with(e));
+    let settings =
+        resolve_settings_capture_by_permission(&args.run).unwrap_or_else(|e| exit_with(e));
     let notifications = Notifications::new(DesktopSink);
     let engine =
         tauri::async_runtime::block_on(start_engine(&args.run, settings.clone(), &notifications))
@@ -222,8 +226,18 @@ fn announce(engine: &RunningEngine) {
     if let Some(url) = engine.otlp_url() {
         eprintln!("speedtap-desktop: pushing metrics to {url}");
     }
-    if let speedtap::host::CaptureStatus::Unavailable(why) = &engine.capture {
-        eprintln!("speedtap-desktop: warning: capture is off: {why}");
+    match &engine.capture {
+        speedtap::host::CaptureStatus::Off => {}
+        speedtap::host::CaptureStatus::On { ports } => {
+            let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+            eprintln!(
+                "speedtap-desktop: capturing calls to port {} (no client changes needed)",
+                ports.join(", ")
+            );
+        }
+        speedtap::host::CaptureStatus::Unavailable(why) => {
+            eprintln!("speedtap-desktop: warning: capture is off: {why}");
+        }
     }
 }
 
@@ -255,6 +269,7 @@ pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<A
             commands::stats_history,
             commands::routes,
             commands::discover,
+            commands::capture,
             commands::get_settings,
             commands::save_settings,
             commands::start_demo,

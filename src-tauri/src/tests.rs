@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use speedtap::host::settings::resolve_settings;
 use speedtap::host::{Engine, EngineOptions};
 use speedtap::model::RouteSpec;
 use speedtap::simulate::{SimConfig, SimServer};

@@ -76,6 +76,7 @@ enum Endpoint<'a> {
     Models,
     Export,
     Discover,
+    Capture,
     Settings,
     Demo,
     Asset(&'static dashboard::Asset),
@@ -115,6 +116,7 @@ fn endpoint(path: &str) -> Option<Endpoint<'_>> {
         "/api/v1/models" => Some(Endpoint::Models),
         "/api/v1/export" => Some(Endpoint::Export),
         "/api/v1/discover" => Some(Endpoint::Discover),
+        "/api/v1/capture" => Some(Endpoint::Capture),
         "/api/v1/settings" => Some(Endpoint::Settings),
         "/api/v1/demo" => Some(Endpoint::Demo),
         _ => {
@@ -309,6 +311,7 @@ async fn dispatch<E: EngineQueries>(
             Err(message) => error(StatusCode::BAD_REQUEST, &message),
         },
         Endpoint::Discover => json(StatusCode::OK, &engine.discover().await),
+        Endpoint::Capture => json(StatusCode::OK, &engine.capture().await),
         Endpoint::Settings if *req.method() == Method::PUT => {
             let doc = match serde_json::from_slice::<SettingsDoc>(body.as_deref().unwrap_or(b"")) {
                 Ok(doc) => doc,

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::capture::packet::LinkType;
-use crate::capture::source::{CaptureConfig, CaptureSource};
+use crate::capture::source::{self as capture_source, CaptureConfig, CaptureError, CaptureSource};
 use crate::config::CaptureOnlyRoute;
 use crate::config::{self, ConfigFile, Settings};
 use crate::engine::capture::{CaptureRoute, CaptureTask};
@@ -37,9 +37,10 @@ use crate::engine::proxy::{listen, EngineLink, RouteProxy};
 use crate::engine::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
 use crate::meter::calibration::CalibrationTable;
 use crate::model::{
-    engine::NO_STORE, BoundRoute, Call, CallsQuery, DemoDoc, DiscoveredDoc, EngineEvent,
-    EngineQueries, ExportFormat, HistoryDoc, HistoryFilter, ModelSummary, QueryError, RouteDoc,
-    RouteInfo, RouteSpec, RoutesDoc, SaveOutcome, ServerDoc, SettingsDoc, Stats,
+    engine::NO_STORE, BoundRoute, Call, CallsQuery, CaptureDoc, CaptureRouteDoc, CaptureState,
+    DemoDoc, DiscoveredDoc, EngineEvent, EngineQueries, ExportFormat, HistoryDoc, HistoryFilter,
+    ModelSummary, QueryError, RouteDoc, RouteInfo, RouteSpec, RoutesDoc, SaveOutcome, ServerDoc,
+    SettingsDoc, Stats,
 };
 use crate::simulate::{SimConfig, SimServer};
 use crate::store::{Store, StoreWriter};
@@ -210,6 +211,8 @@ struct LiveSettings {
     routes: Vec<RouteSpec>,
     notifications: bool,
     notify_settled: bool,
+    /// Capture as configured (what a restart would do).
+    capture: bool,
 }
 
 /// The demo: the simulator, its route, and whether traffic is running.
@@ -232,6 +235,8 @@ struct Shared {
     /// A second connection to the store for queries (WAL lets it read
     /// while the writer writes).
     reader: Option<Arc<std::sync::Mutex<Store>>>,
+    /// How the capture started (set once, after the start).
+    capture: RwLock<CaptureDoc>,
 }
 
 /// Access to the running engine, for front ends. Cheap to clone.
@@ -292,6 +297,7 @@ impl EngineHandle {
             slow_ttft_ms: self.shared.link.slow_ttft_ms.load(Ordering::Relaxed),
             notifications: live.notifications,
             notify_settled: live.notify_settled,
+            capture: Some(live.capture),
             config_path: Some(self.shared.config_path.display().to_string()),
         }
     }
@@ -373,6 +379,29 @@ impl EngineQueries for EngineHandle {
         }
     }
 
+    /// The capture's state; when it is off, whether it could run if turned
+    /// on (the helper is run once to check its permission).
+    async fn capture(&self) -> CaptureDoc {
+        let mut doc = read(&self.shared.capture).clone();
+        if doc.state == CaptureState::Off {
+            let interface = doc
+                .interface
+                .clone()
+                .unwrap_or_else(|| config::DEFAULT_CAPTURE_INTERFACE.to_owned());
+            let checked = tokio::task::spawn_blocking(move || capture_permitted(&interface)).await;
+            match checked {
+                Ok(Ok(())) => doc.permitted = Some(true),
+                Ok(Err(e)) => {
+                    doc.permitted = Some(false);
+                    doc.grant_command = e.grant_command().map(str::to_owned);
+                    doc.reason = Some(e.to_string());
+                }
+                Err(_) => {}
+            }
+        }
+        doc
+    }
+
     async fn get_settings(&self) -> Result<SettingsDoc, QueryError> {
         Ok(self.settings_snapshot())
     }
@@ -413,6 +442,9 @@ impl EngineQueries for EngineHandle {
         file.slow_ttft_ms = Some(doc.slow_ttft_ms);
         file.notifications = Some(doc.notifications);
         file.notify_settled = Some(doc.notify_settled);
+        if let Some(capture) = doc.capture {
+            file.capture = Some(capture);
+        }
         config::save_config(&path, &file)
             .map_err(|e| QueryError::Io(format!("cannot write {}: {e}", path.display())))?;
 
@@ -422,7 +454,13 @@ impl EngineQueries for EngineHandle {
             .store(doc.slow_ttft_ms, Ordering::Relaxed);
         let restart_required = {
             let mut live = write(&self.shared.settings);
-            let changed = live.routes != routes;
+            let mut changed = live.routes != routes;
+            if let Some(capture) = doc.capture {
+                // The capture starts with the engine: a change waits for
+                // the next start, like the routes.
+                changed |= live.capture != capture;
+                live.capture = capture;
+            }
             live.routes = routes;
             live.notifications = doc.notifications;
             live.notify_settled = doc.notify_settled;
@@ -639,6 +677,7 @@ impl Engine {
                 routes: options.routes.clone(),
                 notifications: options.notifications,
                 notify_settled: options.notify_settled,
+                capture: options.capture.is_some(),
             }),
             config_path: options
                 .config_path
@@ -647,6 +686,7 @@ impl Engine {
             servers: tokio::sync::Mutex::new(JoinSet::new()),
             demo: tokio::sync::Mutex::new(None),
             reader,
+            capture: RwLock::new(CaptureDoc::default()),
         });
         if let Some(store) = store.take() {
             let supervisor = actors.supervisor.clone();
@@ -710,7 +750,15 @@ impl Engine {
 
         let capture = match options.capture {
             None => CaptureStatus::Off,
-            Some(capture) => start_capture(&shared, &options.routes, &routes, capture).await,
+            Some(capture) => {
+                let interface = capture.interface.clone();
+                let (status, doc) = start_capture(&shared, &options.routes, &routes, capture).await;
+                *write(&shared.capture) = CaptureDoc {
+                    interface: Some(interface),
+                    ..doc
+                };
+                status
+            }
         };
         // Not logged here: each front end shows `capture` in its own words
         // (one line in the terminal), and a log line would say it twice.
@@ -791,15 +839,33 @@ fn is_loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Whether the capture helper is there and may open the packet socket on
+/// `interface` (it is run once to check). The error names the command that
+/// grants the permission when that is what is missing.
+pub fn capture_permitted(interface: &str) -> Result<(), CaptureError> {
+    let helper = capture_source::find_helper()?;
+    capture_source::check(&helper, interface)
+}
+
 /// Starts the capture task for every route whose upstream is on this
 /// machine, plus the capture-only routes. Never fails the engine: what
-/// went wrong is returned for the front end to show.
+/// went wrong is returned for the front end to show, also as the
+/// document the UI reads.
 async fn start_capture(
     shared: &Arc<Shared>,
     specs: &[RouteSpec],
     bound: &[BoundRoute],
     options: CaptureOptions,
-) -> CaptureStatus {
+) -> (CaptureStatus, CaptureDoc) {
+    let unavailable = |why: String, grant: Option<String>| {
+        let doc = CaptureDoc {
+            state: CaptureState::Unavailable,
+            reason: Some(why.clone()),
+            grant_command: grant,
+            ..CaptureDoc::default()
+        };
+        (CaptureStatus::Unavailable(why), doc)
+    };
     let mut routes: Vec<CaptureRoute> = Vec::new();
     let upstreams = specs
         .iter()
@@ -814,7 +880,7 @@ async fn start_capture(
         }
     }
     if routes.is_empty() {
-        return CaptureStatus::Unavailable("no route has an upstream on this machine".into());
+        return unavailable("no route has an upstream on this machine".into(), None);
     }
     let ports: Vec<u16> = routes.iter().map(|r| r.port).collect();
     let config = CaptureConfig {
@@ -827,19 +893,29 @@ async fn start_capture(
     let opened = tokio::task::spawn_blocking(move || CaptureSource::open(&config, tx)).await;
     let source = match opened {
         Ok(Ok(source)) => source,
-        Ok(Err(e)) => return CaptureStatus::Unavailable(e.to_string()),
-        Err(e) => return CaptureStatus::Unavailable(e.to_string()),
+        Ok(Err(e)) => {
+            let grant = e.grant_command().map(str::to_owned);
+            return unavailable(e.to_string(), grant);
+        }
+        Err(e) => return unavailable(e.to_string(), None),
     };
     let Some(link) = LinkType::from_linktype(source.link_type().0) else {
-        return CaptureStatus::Unavailable(format!(
-            "unsupported link type {}",
-            source.link_type().0
-        ));
+        return unavailable(
+            format!("unsupported link type {}", source.link_type().0),
+            None,
+        );
     };
     let (own_tx, own) = mpsc::unbounded_channel();
     if shared.link.own_connections.set(own_tx).is_err() {
-        return CaptureStatus::Unavailable("capture already running".into());
+        return unavailable("capture already running".into(), None);
     }
+    let docs = routes
+        .iter()
+        .map(|r| CaptureRouteDoc {
+            name: r.name.clone(),
+            port: r.port,
+        })
+        .collect();
     let own_ports: Vec<u16> = bound.iter().map(|r| r.listen.port()).collect();
     let task = CaptureTask::new(shared.link.clone(), &routes, own_ports, link);
     shared.servers.lock().await.spawn(task.run(
@@ -849,7 +925,13 @@ async fn start_capture(
         Some(source),
         shared.metrics.clone(),
     ));
-    CaptureStatus::On { ports }
+    let doc = CaptureDoc {
+        state: CaptureState::On,
+        routes: docs,
+        permitted: Some(true),
+        ..CaptureDoc::default()
+    };
+    (CaptureStatus::On { ports }, doc)
 }
 
 /// Packets queued between the capture's reader and its task; beyond this

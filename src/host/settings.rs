@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::args::RunArgs;
 use super::EngineOptions;
 use crate::config::{self, CliOverrides, ConfigError, Settings};
+use crate::discover::Discovered;
 use crate::store::Store;
 
 /// In-flight calls get this long to finish on SIGINT/SIGTERM (contract).
@@ -48,7 +49,34 @@ impl From<ConfigError> for RunError {
 /// Reads the config file (the one named, else the platform default if it
 /// exists) and merges the flags over it.
 pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
-    let file = match &args.config {
+    resolve_with(args, load_file(args)?)
+}
+
+/// Like [`resolve_settings`], with the tray app's default for `capture`:
+/// when neither a flag nor the config file says, the capture is on exactly
+/// when its helper already has the permission (off until the permission
+/// exists, then on). `SPEEDTAP_CAPTURE=0` in the environment keeps it off.
+pub fn resolve_settings_capture_by_permission(args: &RunArgs) -> Result<Settings, RunError> {
+    let file = load_file(args)?;
+    let said = args.capture || file.as_ref().is_some_and(|f| f.capture.is_some());
+    let mut settings = resolve_with(args, file)?;
+    if !said {
+        settings.capture = capture_default(&settings.capture_interface);
+    }
+    Ok(settings)
+}
+
+/// The capture's default where nothing says: on when the helper may open
+/// the packet socket, unless `SPEEDTAP_CAPTURE=0`.
+fn capture_default(interface: &str) -> bool {
+    if std::env::var("SPEEDTAP_CAPTURE").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    super::capture_permitted(interface).is_ok()
+}
+
+fn load_file(args: &RunArgs) -> Result<Option<config::ConfigFile>, RunError> {
+    Ok(match &args.config {
         Some(path) => Some(config::load_config(path)?),
         None => {
             let default = config::default_config_path();
@@ -58,7 +86,10 @@ pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
                 None
             }
         }
-    };
+    })
+}
+
+fn resolve_with(args: &RunArgs, file: Option<config::ConfigFile>) -> Result<Settings, RunError> {
     let mut routes = Vec::new();
     let mut capture_routes = Vec::new();
     for spec in &args.routes {
@@ -95,7 +126,9 @@ pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
 }
 
 /// Fills in routes from auto-discovery when none were configured, as
-/// `speedtap run` does: finding none is an error.
+/// `speedtap run` does: finding none is an error. With capture on (and its
+/// permission there) each server found gets a capture-only route, so its
+/// clients need no change; otherwise a proxy route on the next port.
 pub async fn discover_routes(settings: &mut Settings) -> Result<(), RunError> {
     if !settings.routes.is_empty() || !settings.capture_routes.is_empty() {
         return Ok(());
@@ -110,9 +143,9 @@ pub async fn discover_routes(settings: &mut Settings) -> Result<(), RunError> {
                 .into(),
         ));
     }
-    for d in found {
-        eprintln!("speedtap: {}", d.summary());
-        settings.routes.push(d.suggested_route);
+    let capture = capture_can_run(settings).await;
+    for line in add_discovered(settings, found, capture) {
+        eprintln!("speedtap: {line}");
     }
     Ok(())
 }
@@ -121,20 +154,57 @@ pub async fn discover_routes(settings: &mut Settings) -> Result<(), RunError> {
 /// tray app does: finding none is not an error (its window lists servers as
 /// they appear and can start demo traffic). Messages start with `who`.
 pub async fn discover_routes_if_any(settings: &mut Settings, who: &str) {
-    if !settings.routes.is_empty() {
+    if !settings.routes.is_empty() || !settings.capture_routes.is_empty() {
         return;
     }
     eprintln!("{who}: no routes configured; looking for local model servers...");
-    for found in crate::discover::discover().await {
-        eprintln!("{who}: {}", found.summary());
-        settings.routes.push(found.suggested_route);
+    let found = crate::discover::discover().await;
+    let capture = !found.is_empty() && capture_can_run(settings).await;
+    for line in add_discovered(settings, found, capture) {
+        eprintln!("{who}: {line}");
     }
-    if settings.routes.is_empty() {
+    if settings.routes.is_empty() && settings.capture_routes.is_empty() {
         eprintln!(
             "{who}: none found; open the window to see what to run, \
              or start demo traffic there"
         );
     }
+}
+
+/// Routes for the servers `found`: capture-only ones when `capture` (the
+/// capture is on and may run), else proxy routes on the next port. Returns
+/// one line per server for the start-up message.
+pub fn add_discovered(
+    settings: &mut Settings,
+    found: Vec<Discovered>,
+    capture: bool,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    for d in found {
+        if capture {
+            lines.push(d.capture_summary());
+            settings.capture_routes.push(d.capture_route());
+        } else {
+            lines.push(d.summary());
+            settings.routes.push(d.suggested_route);
+        }
+    }
+    lines
+}
+
+/// Whether discovered servers can be measured by capture alone: capture is
+/// on and its helper may open the packet socket. When it may not, the
+/// servers get proxy routes instead (a capture-only route would measure
+/// nothing), and the engine's start says which command grants the
+/// permission.
+async fn capture_can_run(settings: &Settings) -> bool {
+    if !settings.capture {
+        return false;
+    }
+    let interface = settings.capture_interface.clone();
+    tokio::task::spawn_blocking(move || super::capture_permitted(&interface).is_ok())
+        .await
+        .unwrap_or(false)
 }
 
 /// How often metrics are pushed with `--otlp-endpoint`.
@@ -186,4 +256,48 @@ fn store_unavailable_warning(path: &std::path::Path, error: &dyn std::fmt::Displ
          metered in memory (fix the path or permissions, or pass --no-db to silence this)",
         path.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::ServerKind;
+    use crate::model::RouteSpec;
+
+    fn ollama() -> Discovered {
+        Discovered {
+            kind: ServerKind::Ollama,
+            port: 11434,
+            upstream: "http://127.0.0.1:11434".into(),
+            suggested_route: RouteSpec::new("ollama", "127.0.0.1:11435", "http://127.0.0.1:11434")
+                .unwrap(),
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn discovery_with_capture_makes_capture_only_routes() {
+        let mut settings = Settings::default();
+        let lines = add_discovered(&mut settings, vec![ollama()], true);
+        assert!(settings.routes.is_empty(), "no proxy port is opened");
+        assert_eq!(settings.capture_routes.len(), 1);
+        let route = &settings.capture_routes[0];
+        assert_eq!(route.name, "ollama");
+        assert_eq!(route.upstream.port, 11434);
+        assert_eq!(route.upstream.host, "127.0.0.1");
+        assert!(
+            lines[0].contains("captured (no client changes)"),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn discovery_without_capture_puts_a_proxy_on_the_next_port() {
+        let mut settings = Settings::default();
+        let lines = add_discovered(&mut settings, vec![ollama()], false);
+        assert!(settings.capture_routes.is_empty());
+        assert_eq!(settings.routes.len(), 1);
+        assert_eq!(settings.routes[0].listen.port(), 11435);
+        assert!(lines[0].contains("127.0.0.1:11435"), "{lines:?}");
+    }
 }

@@ -135,6 +135,12 @@ pub struct SettingsDoc {
     pub notifications: bool,
     /// A follow-up notification when a slow call settles.
     pub notify_settled: bool,
+    /// Passive capture of the loopback traffic to the model servers' own
+    /// ports (the config's `capture`). Read: the setting in effect. Saved
+    /// as `capture = true/false`; absent keeps what the file says. It
+    /// takes effect at the next start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<bool>,
     /// Where the settings are saved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_path: Option<String>,
@@ -158,4 +164,52 @@ pub struct DemoDoc {
     pub running: bool,
     /// The demo route.
     pub route: RouteInfo,
+}
+
+/// Whether the passive capture runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureState {
+    /// Not asked for (`capture = false`, no `--capture`).
+    #[default]
+    Off,
+    /// Capturing the ports in `routes`.
+    On,
+    /// Asked for but not running (`reason` says why); the proxy runs.
+    Unavailable,
+}
+
+/// One port the capture measures.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureRouteDoc {
+    /// The route whose calls these are.
+    pub name: String,
+    /// The model server's own port, captured on the loopback interface.
+    pub port: u16,
+}
+
+/// `GET /api/v1/capture`: how calls made straight to a model server are
+/// measured, for the Get started and Settings views.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureDoc {
+    /// Whether the capture runs.
+    pub state: CaptureState,
+    /// The interface captured (`lo`, `any`...), when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    /// The ports measured (state `on`).
+    #[serde(default)]
+    pub routes: Vec<CaptureRouteDoc>,
+    /// Why the capture is not running (state `unavailable`), or why it
+    /// could not run if it were turned on (state `off`), in one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The one command that grants the permission the capture helper
+    /// lacks, when that is what is missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_command: Option<String>,
+    /// Whether the helper may open the packet socket now (checked by
+    /// running it); `None` when not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permitted: Option<bool>,
 }

@@ -8,7 +8,9 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::call::{Call, EngineEvent};
-use super::control::{DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc};
+use super::control::{
+    CaptureDoc, DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc,
+};
 use super::history::{DepthDoc, DepthQuery, ExportFormat, HistoryFilter, ModelSummary};
 use super::stats::Stats;
 
@@ -119,6 +121,12 @@ pub trait EngineQueries: Clone + Send + Sync + 'static {
     /// Local model servers found now.
     fn discover(&self) -> impl Future<Output = DiscoveredDoc> + Send {
         async { DiscoveredDoc::default() }
+    }
+    /// How calls made straight to a model server are measured (the
+    /// passive capture's state, and the command that grants its
+    /// permission when missing).
+    fn capture(&self) -> impl Future<Output = CaptureDoc> + Send {
+        async { CaptureDoc::default() }
     }
     /// The editable settings.
     fn get_settings(&self) -> impl Future<Output = Result<SettingsDoc, QueryError>> + Send {

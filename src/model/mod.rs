@@ -27,8 +27,8 @@ pub use call::{
     SlowFirstToken, SpeedEvent, TtftBreakdown,
 };
 pub use control::{
-    BoundRoute, DemoDoc, DiscoveredDoc, HistoryDoc, HistoryPoint, RouteDoc, RouteInfo, RoutesDoc,
-    SaveOutcome, ServerDoc, SettingsDoc,
+    BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, DemoDoc, DiscoveredDoc, HistoryDoc,
+    HistoryPoint, RouteDoc, RouteInfo, RoutesDoc, SaveOutcome, ServerDoc, SettingsDoc,
 };
 pub use engine::{CallsQuery, EngineQueries, QueryError};
 pub use history::{

@@ -184,6 +184,7 @@ function row(key) {
       source: tr.querySelector(".src").dataset.source,
       sourceText: tr.querySelector(".src").textContent,
       sourceTitle: tr.querySelector(".src").title,
+      seen: tr.querySelector(".badge.seen")?.dataset.seen ?? null,
       status: tr.dataset.status,
       statusText: text("status"),
       spark: tr.querySelector(".spark polyline").getAttribute("points") ?? "",
@@ -286,6 +287,12 @@ test("with no calls yet, the page opens on Get started and stays connected", asy
   if (probes.routes === 404) {
     assert.match(await page.textContent("#routes"), /can't list its routes/);
   }
+  // The engine runs without --capture: Get started says capture is off,
+  // with the command that enables it (or grants its permission) when it
+  // could run, or why it couldn't.
+  await page.waitForFunction(() => document.querySelector("#capture-status").dataset.kind !== "unknown", null, { timeout: SOON });
+  assert.equal(await page.getAttribute("#capture-status", "data-kind"), "off");
+  assert.match(await page.textContent("#capture-status"), /Capture is off/);
 });
 
 test("first-run view lists the bound route with its proxy URL and client settings", async (t) => {
@@ -396,6 +403,8 @@ test("live table: rows appear, phases move to complete, numbers match /api/v1/ca
     assert.equal(shown.source, s.token_source, `${label}: source`);
     assert.equal(shown.sourceText, { estimated: "est.", provider: "exact", server: "server" }[s.token_source], label);
     assert.ok(shown.sourceTitle.length > 20, `${label}: source tooltip`);
+    // How it was seen: the API's seen_by (these calls go through a route).
+    assert.equal(shown.seen, call.seen_by ?? "proxy", `${label}: seen by`);
   }
 
   // The checks above cover each kind of number only if the engine produced

@@ -14,6 +14,7 @@
 //   statsHistory() ->                  {points: [{t, tps}]}
 //   routes() ->                        {routes: [...]}
 //   discover() ->                      {servers: [...]}
+//   capture() ->                       {state, routes, reason?, grant_command?, permitted?}
 //   getSettings() ->                   Settings
 //   saveSettings(settings) ->          {saved, restart_required, config_path}
 //   startDemo() ->                     {running, route}
@@ -100,6 +101,7 @@ export function browserSource({ fetch, EventSource }, base = "") {
     statsHistory: () => request("GET", "/api/v1/stats/history"),
     routes: () => request("GET", "/api/v1/routes"),
     discover: () => request("GET", "/api/v1/discover"),
+    capture: () => request("GET", "/api/v1/capture"),
     getSettings: () => request("GET", "/api/v1/settings"),
     saveSettings: (settings) => request("PUT", "/api/v1/settings", settings),
     startDemo: () => request("POST", "/api/v1/demo", {}),
@@ -167,6 +169,7 @@ export function tauriSource(tauri) {
     statsHistory: () => invoke("stats_history"),
     routes: () => invoke("routes"),
     discover: () => invoke("discover"),
+    capture: () => invoke("capture"),
     getSettings: () => invoke("get_settings"),
     saveSettings: (settings) => invoke("save_settings", { settings }),
     startDemo: () => invoke("start_demo"),

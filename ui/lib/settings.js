@@ -5,7 +5,7 @@
 
 /**
  * `form` = {routes: [{name, listen, upstream}], slow_ttft_ms: string|number,
- * notifications: bool, notify_settled: bool}. Returns
+ * notifications: bool, notify_settled: bool, capture?: bool}. Returns
  * `{settings, errors}`: `errors` is a list of `{field, message}` (empty when
  * the payload can be sent). Route rows left entirely blank are dropped, so
  * an "add route" click that was not filled in does not block saving.
@@ -39,23 +39,29 @@ export function settingsPayload(form) {
     if (slow < 1) errors.push({ field: "slow_ttft_ms", message: "Slow first token: at least 1 ms." });
     else if (!Number.isSafeInteger(slow)) errors.push({ field: "slow_ttft_ms", message: "Slow first token: too large." });
   }
-  return {
-    settings: {
-      routes,
-      slow_ttft_ms: slow,
-      notifications: form.notifications === true,
-      notify_settled: form.notify_settled === true,
-    },
-    errors,
+  const settings = {
+    routes,
+    slow_ttft_ms: slow,
+    notifications: form.notifications === true,
+    notify_settled: form.notify_settled === true,
   };
+  // Only sent when the form has the switch (an engine without capture
+  // never gets the key).
+  if (typeof form.capture === "boolean") settings.capture = form.capture;
+  return { settings, errors };
 }
 
-/** The line shown after a successful save. */
-export function savedMessage(result) {
+/**
+ * The line shown after a successful save. `captureTurned` is "on" or "off"
+ * when the save changed the capture switch (it applies at the next start,
+ * like route changes).
+ */
+export function savedMessage(result, { captureTurned = null } = {}) {
   const where = result?.config_path ? ` to ${result.config_path}` : "";
-  return result?.restart_required
-    ? `Saved${where} — restart to apply route changes.`
-    : `Saved${where}.`;
+  if (!result?.restart_required) return `Saved${where}.`;
+  return captureTurned
+    ? `Saved${where} — restart to turn capture ${captureTurned} (and apply any route changes).`
+    : `Saved${where} — restart to apply route changes.`;
 }
 
 /**
@@ -69,6 +75,6 @@ export function errorField(message) {
   const text = String(message ?? "");
   const route = /^routes\[(\d+)\][^:]*:.*?\b(name|listen|upstream)\b/.exec(text);
   if (route) return `routes.${route[1]}.${route[2]}`;
-  const top = /^(slow_ttft_ms|notifications|notify_settled)\b/.exec(text);
+  const top = /^(slow_ttft_ms|notifications|notify_settled|capture)\b/.exec(text);
   return top ? top[1] : "";
 }

@@ -2,6 +2,7 @@
 // a row that streams four snapshots a second doesn't flicker or lose its
 // tooltip; order changes move the existing rows.
 
+import { seenBy } from "../lib/capture.js";
 import { callRow } from "../lib/present.js";
 import { orderedCalls } from "../lib/reducer.js";
 import { sparklinePoints } from "../lib/sparkline.js";
@@ -30,6 +31,7 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
       spark: cell("spark", "spark-col"),
       tokens: cell("tokens", "num"),
       source: cell("source"),
+      seen: cell("seen"),
       status: cell("status"),
     };
     const badge = h("span", { class: "badge phase" });
@@ -53,10 +55,13 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
     cells.spark.append(svg);
     const src = h("span", { class: "badge src" });
     cells.source.append(src);
+    const seen = h("span", { class: "badge seen" });
+    const gap = h("span", { class: "badge gap", hidden: true }, "gap");
+    cells.seen.append(seen, gap);
     const status = h("span", { class: "status" });
     cells.status.append(status);
     const tr = h("tr", { dataset: { id }, tabindex: "0", title: "Show this call's details" }, Object.values(cells));
-    return { tr, cells, badge, slow, cut, waitLine, waitBar, waitFill, waitEta, area, line, src, status };
+    return { tr, cells, badge, slow, cut, waitLine, waitBar, waitFill, waitEta, area, line, src, seen, gap, status };
   }
 
   function update(row, call, state) {
@@ -102,6 +107,12 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
       row.src.title = "No token source: this call was not metered.";
       row.src.dataset.source = "none";
     }
+    const how = seenBy(call);
+    setText(row.seen, how.text);
+    row.seen.title = how.title;
+    row.seen.dataset.seen = how.kind;
+    row.gap.hidden = !how.gap;
+    row.gap.title = how.gap ? how.gapTitle : "";
     setText(row.status, v.status.text);
     row.status.dataset.status = v.status.kind;
   }

@@ -1,8 +1,12 @@
-// The settings form: routes, slow-first-token threshold, notifications.
-// Loads with `get_settings`, saves with `save_settings`; the engine's answer
-// (saved, restart required, or the bad field) is shown next to the form.
+// The settings form: routes, slow-first-token threshold, notifications,
+// capture. Loads with `get_settings`, saves with `save_settings`; the
+// engine's answer (saved, restart required, or the bad field) is shown next
+// to the form. Beside the capture switch: the capture's status, with the
+// command that grants its permission when that is missing (`capture`).
 
+import { captureStatus } from "../lib/capture.js";
 import { errorField, savedMessage, settingsPayload } from "../lib/settings.js";
+import { renderCaptureStatus } from "./capture.js";
 import { h } from "./dom.js";
 
 export function mountSettings(source, doc = document) {
@@ -15,7 +19,11 @@ export function mountSettings(source, doc = document) {
   const slowError = el("slow-ttft-error");
   const path = el("settings-path");
   const save = el("settings-save");
+  const capture = el("capture");
+  const captureBox = el("settings-capture-status");
   let loaded = false;
+  /** The capture switch as loaded (null: this engine has none). */
+  let loadedCapture = null;
 
   function routeRow(route = { name: "", listen: "", upstream: "" }) {
     const input = (field, placeholder, value) =>
@@ -44,6 +52,9 @@ export function mountSettings(source, doc = document) {
     el("slow-ttft").value = settings.slow_ttft_ms ?? "";
     el("notifications").checked = settings.notifications === true;
     el("notify-settled").checked = settings.notify_settled === true;
+    loadedCapture = typeof settings.capture === "boolean" ? settings.capture : null;
+    capture.checked = loadedCapture === true;
+    capture.closest("fieldset").hidden = loadedCapture === null;
     path.textContent = settings.config_path ? `saved to ${settings.config_path}` : "";
   }
 
@@ -57,7 +68,17 @@ export function mountSettings(source, doc = document) {
       slow_ttft_ms: el("slow-ttft").value,
       notifications: el("notifications").checked,
       notify_settled: el("notify-settled").checked,
+      ...(loadedCapture === null ? {} : { capture: capture.checked }),
     };
+  }
+
+  async function loadCapture() {
+    try {
+      renderCaptureStatus(captureBox, captureStatus(await source.capture()));
+    } catch {
+      // An engine without the capture document: the switch alone.
+      captureBox.replaceChildren();
+    }
   }
 
   function showErrors(list) {
@@ -104,7 +125,9 @@ export function mountSettings(source, doc = document) {
     save.disabled = true;
     try {
       const answer = await source.saveSettings(settings);
-      setResult(savedMessage(answer), answer.restart_required ? "warn" : "ok");
+      const turned =
+        loadedCapture !== null && settings.capture !== loadedCapture ? (settings.capture ? "on" : "off") : null;
+      setResult(savedMessage(answer, { captureTurned: turned }), answer.restart_required ? "warn" : "ok");
       if (answer.config_path) path.textContent = `saved to ${answer.config_path}`;
     } catch (err) {
       // The engine names the bad field in its message; show it as is.
@@ -123,6 +146,7 @@ export function mountSettings(source, doc = document) {
         fill(await source.getSettings());
         form.hidden = false;
         unavailable.hidden = true;
+        if (loadedCapture !== null) loadCapture();
       } catch (err) {
         form.hidden = true;
         unavailable.hidden = false;

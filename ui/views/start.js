@@ -1,8 +1,12 @@
-// The first-run view: the proxy URLs to point clients at, the local servers
-// discovery finds (with the exact setting per client), and a button that
-// starts demo traffic so a new user sees speedtap work at once.
+// The first-run view: whether the passive capture measures every call with
+// no client changes (or the one command that enables it), the proxy URLs to
+// point clients at, the local servers discovery finds (with the exact
+// setting per client), and a button that starts demo traffic so a new user
+// sees speedtap work at once.
 
+import { captureStatus } from "../lib/capture.js";
 import { clientHints, isOllama, routeLooksLikeOllama } from "../lib/clients.js";
+import { renderCaptureStatus } from "./capture.js";
 import { copyable, h } from "./dom.js";
 
 export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document) {
@@ -12,7 +16,10 @@ export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document
   const demo = el("demo-start");
   const demoStatus = el("demo-status");
   const rescan = el("rescan");
+  const captureBox = el("capture-status");
   let boundUrls = new Set();
+  /** Ports the capture measures now. */
+  let capturedPorts = new Set();
   let scanning = null;
 
   /** The proxy URL and the exact setting per client, one aligned list. */
@@ -26,6 +33,17 @@ export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document
 
   function message(box, text, cls = "muted") {
     box.replaceChildren(h("p", { class: cls }, text));
+  }
+
+  async function loadCapture() {
+    try {
+      const doc = await source.capture();
+      capturedPorts = new Set(doc.state === "on" ? (doc.routes ?? []).map((r) => r.port) : []);
+      renderCaptureStatus(captureBox, captureStatus(doc));
+    } catch {
+      // An older engine without capture: the proxy URLs say it all.
+      renderCaptureStatus(captureBox, captureStatus(null));
+    }
   }
 
   async function loadRoutes() {
@@ -92,8 +110,23 @@ export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document
   }
 
   function serverItem(s) {
+    const captured = capturedPorts.has(s.port);
     const routed = boundUrls.has(s.proxy_url);
     const ollama = isOllama(s.kind) || isOllama(s.label);
+    if (captured) {
+      return h(
+        "div",
+        { class: "item", "data-server": s.upstream },
+        h(
+          "div",
+          { class: "item-head" },
+          h("span", { class: "item-title" }, s.label || s.kind),
+          s.detail ? h("span", { class: "muted small" }, s.detail) : null,
+          h("span", { class: "muted small" }, `at ${s.upstream}`),
+          h("span", { class: "chip chip-ok", title: "Calls to this port are captured: clients need no change" }, "captured"),
+        ),
+      );
+    }
     return h(
       "div",
       { class: "item", "data-server": s.upstream },
@@ -146,6 +179,7 @@ export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document
     async load() {
       if (loaded) return;
       loaded = true;
+      await loadCapture();
       await loadRoutes();
       await loadServers();
     },

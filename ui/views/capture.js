@@ -1,0 +1,18 @@
+// The capture's status line (lib/capture.js's `captureStatus`) as DOM: the
+// sentence, and the one command to run as a copyable line. Shared by the
+// Get started and Settings views.
+
+import { copyable, h } from "./dom.js";
+
+/** Fills `box` with `status`; an unknown status empties it. */
+export function renderCaptureStatus(box, status) {
+  box.dataset.kind = status.kind;
+  if (!status.text) {
+    box.replaceChildren();
+    return;
+  }
+  box.replaceChildren(
+    h("p", { class: status.kind === "on" ? "" : "small" }, status.text),
+    status.command ? h("p", { class: "command" }, copyable(status.command)) : null,
+  );
+}
