@@ -20,6 +20,7 @@ use speedtap::model::{Call, CallsQuery, EngineQueries};
 use speedtap::model::{
     CaptureDoc, DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc,
 };
+use speedtap::model::{DepthDoc, DepthQuery};
 use tauri::State;
 
 /// What a command answers: its document, or the engine interface's error
@@ -178,6 +179,27 @@ pub async fn history(engine: State<'_, Engine>, filter: Option<FilterArg>) -> Re
     filter.limit = Some(limit);
     let calls = engine.0.history(filter).await?;
     Ok(CallsDoc { calls })
+}
+
+/// Decode speed against context depth for one model, with its fitted
+/// line, like `GET /api/v1/history/depth` (`model` required; `since` and
+/// `until` as in the history filter).
+#[tauri::command]
+pub async fn history_depth(
+    engine: State<'_, Engine>,
+    model: String,
+    route: Option<String>,
+    since: Option<TimeArg>,
+    until: Option<TimeArg>,
+) -> Result<DepthDoc> {
+    let query = DepthQuery {
+        model,
+        route,
+        since_ms: time_arg("since", since).map_err(QueryError::BadInput)?,
+        until_ms: time_arg("until", until).map_err(QueryError::BadInput)?,
+    };
+    query.check().map_err(QueryError::BadInput)?;
+    Ok(engine.0.history_depth(query).await?)
 }
 
 /// Per (model, route) figures over the selected calls (`limit` ignored).

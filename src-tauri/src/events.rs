@@ -16,6 +16,8 @@ pub const STATS: &str = "stats";
 pub const SETTLED: &str = "settled";
 /// `{"call": CallIdentity, "waited_ms": n, "threshold_ms": n}`.
 pub const SLOW_FIRST_TOKEN: &str = "slow_first_token";
+/// `{"call": CallIdentity, "request_tokens": n, "server_tokens": n, "context_size"?: n}`.
+pub const PROMPT_TRUNCATED: &str = "prompt_truncated";
 
 /// The Tauri event name of an engine event.
 pub fn name(event: &EngineEvent) -> &'static str {
@@ -24,6 +26,7 @@ pub fn name(event: &EngineEvent) -> &'static str {
         EngineEvent::Stats(_) => STATS,
         EngineEvent::Settled(_) => SETTLED,
         EngineEvent::SlowFirstToken(_) => SLOW_FIRST_TOKEN,
+        EngineEvent::PromptTruncated(_) => PROMPT_TRUNCATED,
     }
 }
 
@@ -40,6 +43,7 @@ pub fn payload(event: &EngineEvent) -> serde_json::Value {
         EngineEvent::Stats(stats) => value(stats),
         EngineEvent::Settled(call) => value(call),
         EngineEvent::SlowFirstToken(slow) => value(slow),
+        EngineEvent::PromptTruncated(cut) => value(cut),
     }
 }
 
@@ -82,6 +86,7 @@ mod tests {
                 output_tokens: 20,
                 output_tokens_per_second: Some(41.7),
                 token_source: TokenSource::Estimated,
+                wait: None,
             },
         };
         assert_eq!(name(&ev), "speed");
@@ -107,6 +112,8 @@ mod tests {
             call: ident(),
             waited_ms: 5001,
             threshold_ms: 5000,
+            reason: None,
+            usual_ms: None,
         });
         assert_eq!(name(&slow), "slow_first_token");
         assert_eq!(payload(&slow)["waited_ms"], 5001);

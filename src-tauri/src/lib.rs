@@ -274,6 +274,7 @@ pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<A
             commands::save_settings,
             commands::start_demo,
             commands::history,
+            commands::history_depth,
             commands::models,
             commands::export,
         ])
@@ -362,6 +363,11 @@ async fn follow_events<R: Runtime>(
             events::emit(&app, &event);
             match &event {
                 EngineEvent::Settled(call) => notifications.on_settled(call),
+                EngineEvent::PromptTruncated(cut) => notifications.on_prompt_truncated(
+                    &cut.call.route,
+                    cut.call.model.as_deref(),
+                    cut.message(),
+                ),
                 EngineEvent::Speed { call, speed } if json => {
                     println!("{}", speedtap::model::json_line(call, speed));
                 }

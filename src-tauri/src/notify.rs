@@ -326,6 +326,8 @@ mod tests {
             call: ident(id),
             waited_ms: 5000,
             threshold_ms: 5000,
+            reason: None,
+            usual_ms: None,
         }
     }
 
@@ -342,6 +344,7 @@ mod tests {
                 output_tokens: 100,
                 output_tokens_per_second: tps,
                 token_source: TokenSource::Server,
+                wait: None,
             }),
             input_tokens: None,
             details: Default::default(),

@@ -285,7 +285,8 @@ impl TrayModel {
                     self.alarmed.insert(slow.call.id.clone());
                 }
                 true
-            }
+            } // Notified on its own; nothing on the tray changes.
+            EngineEvent::PromptTruncated(_) => false,
         }
     }
 
@@ -524,6 +525,7 @@ mod tests {
             output_tokens: 10,
             output_tokens_per_second: tps,
             token_source: TokenSource::Estimated,
+            wait: None,
         }
     }
 
@@ -592,6 +594,8 @@ mod tests {
             call: ident("c-1", "qwen3:8b"),
             waited_ms: 5000,
             threshold_ms: 5000,
+            reason: None,
+            usual_ms: None,
         });
         assert!(m.apply(&alarm, t0));
     }
@@ -846,6 +850,8 @@ mod tests {
                 call: ident("c-1", "qwen3:8b"),
                 waited_ms: 900,
                 threshold_ms: 800,
+                reason: None,
+                usual_ms: None,
             }),
             t0,
         );
