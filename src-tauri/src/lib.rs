@@ -23,10 +23,14 @@
 //! (in-flight calls get up to 5 s, like `speedtap run`).
 
 mod assets;
+pub mod autostart;
 pub mod commands;
 pub mod events;
+pub mod instance;
 pub mod notify;
+pub mod ports;
 mod tray;
+pub mod tray_extras;
 pub mod tray_model;
 
 use std::sync::{Arc, Mutex};

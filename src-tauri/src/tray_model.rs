@@ -442,6 +442,7 @@ mod tests {
             active: 1,
             aggregate_tps: tps,
             dropped_subscribers: 0,
+            capture_dropped_packets: 0,
         })
     }
 
