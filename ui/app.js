@@ -61,6 +61,47 @@ const start = mountStart(source, {
   },
 });
 
+// Ports the tray app could not have at start: named, with who holds them
+// and the next free port offered (only the tray app reports any).
+async function showPortConflicts() {
+  const box = $("port-conflicts");
+  if (!source.portConflicts) return;
+  let list = [];
+  try {
+    list = (await source.portConflicts()).conflicts ?? [];
+  } catch {
+    return;
+  }
+  box.hidden = list.length === 0;
+  box.replaceChildren(
+    ...list.map((c) => {
+      const line = document.createElement("p");
+      line.dataset.port = String(c.port);
+      const who = c.holder ? ` It is held by ${c.holder.name} (pid ${c.holder.pid}: ${c.holder.command}).` : "";
+      line.textContent = `Port ${c.port} is taken: ${c.what} did not start on ${c.listen} (${c.error}).${who}`;
+      if (c.route && c.next_free) {
+        const use = document.createElement("button");
+        use.type = "button";
+        use.className = "small";
+        use.textContent = `Use ${c.next_free} for ${c.route}`;
+        use.addEventListener("click", async () => {
+          use.disabled = true;
+          try {
+            const listen = await source.useFreePort(c.route);
+            line.textContent = `Route ${c.route} now listens on ${listen} (until a restart: save it in Settings to keep it).`;
+          } catch (err) {
+            use.disabled = false;
+            line.append(` Not started: ${err.message}`);
+          }
+        });
+        line.append(" ", use);
+      }
+      return line;
+    }),
+  );
+}
+showPortConflicts();
+
 const hideUnmetered = $("hide-unmetered");
 hideUnmetered.checked = localStorage.getItem(HIDE_UNMETERED_KEY) === "1";
 hideUnmetered.addEventListener("change", () => {

@@ -9,6 +9,7 @@ colour *and* shape differ, so it reads without colour vision too.
 - tray-waiting.png    amber disc, three dots: waiting for a first token
 - tray-streaming.png  green gauge, needle up high: tokens are flowing
 - tray-slow.png       red disc, "!": a first token is later than the threshold
+- tray-problem.png    grey gauge struck through in red: a port could not be had
 - icon.png            the app icon (window, bundle): the streaming gauge, large
 
 Shapes are signed-distance tests sampled 4x4 per pixel, so edges are
@@ -139,11 +140,16 @@ def slow():
     ]
 
 
+def problem():
+    return gauge(GREY, 200) + [(RED, [capsule(0.16, 0.16, 0.84, 0.84, 0.075)])]
+
+
 ICONS = {
     "tray-idle.png": (32, gauge(GREY, 200)),
     "tray-waiting.png": (32, waiting()),
     "tray-streaming.png": (32, gauge(GREEN, 45)),
     "tray-slow.png": (32, slow()),
+    "tray-problem.png": (32, problem()),
     "icon.png": (128, gauge(GREEN, 45)),
 }
 

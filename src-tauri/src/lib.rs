@@ -20,32 +20,47 @@
 //! No metering happens here: every number comes from the engine.
 //!
 //! # Lifecycle
-//! Closing the window hides it; the app lives on in the tray until "Quit"
-//! (or SIGINT/SIGTERM), which exits 0 after the engine's clean shutdown
-//! (in-flight calls get up to 5 s, like `speedtap run`).
+//! The window exists only while it is open ([`window`]): it is created
+//! when opened and destroyed when closed, so the tray app idles without
+//! WebKit. The app lives on in the tray until "Quit" (or SIGINT/SIGTERM),
+//! which exits 0 after the engine's clean shutdown (in-flight calls get up
+//! to 5 s, like `speedtap run`).
+//!
+//! One app runs per user and config file ([`instance`]): a second launch
+//! shows the first one's window and exits 0. A port the app cannot have
+//! does not stop it ([`ports`]): the tray and the window say which one
+//! and who holds it, and the rest runs. Start at login is [`autostart`].
 
+pub mod app_commands;
 mod assets;
+pub mod autostart;
 pub mod commands;
 pub mod events;
+pub mod instance;
 pub mod notify;
+pub mod ports;
 mod tray;
+pub mod tray_extras;
 pub mod tray_model;
+pub mod window;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use speedtap::config::Settings;
+use speedtap::config::{self, Settings};
 use speedtap::host::args::RunArgs;
 use speedtap::host::settings::{
     discover_routes_if_any, engine_options, resolve_settings_capture_by_permission, RunError,
     SHUTDOWN_GRACE,
 };
-use speedtap::host::{Engine, EngineHandle, RunningEngine};
+use speedtap::host::{Engine, EngineError, EngineHandle, RunningEngine};
 use speedtap::model::{EngineEvent, EngineQueries};
 use tauri::{App, AppHandle, Builder, Manager, RunEvent, Runtime, WindowEvent};
 
+use autostart::LoginItem;
 use notify::{DesktopSink, Notifications};
+use ports::{Conflicts, PortConflict};
 
 /// The window's label (`tauri.conf.json`).
 pub const MAIN_WINDOW: &str = "main";
@@ -109,25 +124,112 @@ pub fn run() {
     }
     let settings =
         resolve_settings_capture_by_permission(&args.run).unwrap_or_else(|e| exit_with(e));
+    // Before the engine binds anything: a second launch only knocks.
+    let first = claim_instance(&args);
     let notifications = Notifications::new(DesktopSink);
-    let engine =
+    let (engine, conflicts) =
         tauri::async_runtime::block_on(start_engine(&args.run, settings.clone(), &notifications))
             .unwrap_or_else(|e| exit_with(e));
     announce(&engine);
-    // Build the tokenizer tables now, off the proxy's threads, so the first
-    // call doesn't pay for them (as `speedtap run` does).
-    std::thread::spawn(speedtap::tokens::O200kEstimator::warm_up);
+    for conflict in &conflicts {
+        eprintln!("speedtap-desktop: warning: {}", conflict.sentence());
+    }
+    notify_conflicts(&conflicts);
+    // No tokenizer warm-up here: its tables are tens of megabytes, and a
+    // tray app mostly idles; the engine builds them when a call needs them.
     let host = Host {
         engine,
         notifications,
         show_window: !args.hidden,
         json: settings.json,
     };
-    let app = build_app(Builder::default(), host).unwrap_or_else(|e| {
+    let extra = args
+        .run
+        .config
+        .as_ref()
+        .map(|c| std::fs::canonicalize(c).unwrap_or_else(|_| c.clone()))
+        .map(|c| vec!["--config".to_owned(), c.to_string_lossy().into_owned()])
+        .unwrap_or_default();
+    let mut builder = Builder::default().manage(Conflicts::new(conflicts));
+    if let Some(item) = LoginItem::from_env(&extra) {
+        builder = builder.manage(item);
+    }
+    if let Some(listener) = first {
+        builder = builder.manage(InstanceListener(Mutex::new(Some(listener))));
+    }
+    let app = build_app(builder, host).unwrap_or_else(|e| {
         eprintln!("speedtap-desktop: cannot start the window: {e}");
         std::process::exit(1)
     });
     app.run(on_run_event);
+}
+
+/// The single-instance socket, served once the app runs (managed).
+struct InstanceListener(Mutex<Option<std::os::unix::net::UnixListener>>);
+
+impl InstanceListener {
+    fn take(&self) -> Option<std::os::unix::net::UnixListener> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// Becomes the one instance for this user and config file, or hands the
+/// request to the running one and exits 0. Should the socket fail (no
+/// abstract namespace...), runs anyway: better two copies than none.
+fn claim_instance(args: &DesktopArgs) -> Option<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::MetadataExt;
+    let config = args
+        .run
+        .config
+        .clone()
+        .unwrap_or_else(config::default_config_path);
+    let config = std::fs::canonicalize(&config).unwrap_or(config);
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0);
+    let request = if args.hidden {
+        instance::Request::Nothing
+    } else {
+        instance::Request::Show
+    };
+    match instance::claim(&instance::name(uid, &config), request) {
+        Ok(instance::Claim::First(listener)) => Some(listener),
+        Ok(instance::Claim::Forwarded) => {
+            eprintln!(
+                "speedtap-desktop: already running (for {}); showed its window",
+                config.display()
+            );
+            std::process::exit(0)
+        }
+        Err(e) => {
+            eprintln!("speedtap-desktop: warning: cannot check for a running copy: {e}");
+            None
+        }
+    }
+}
+
+/// One desktop notification naming the ports the app could not have: it
+/// may have been started at login, where nobody sees its terminal.
+fn notify_conflicts(conflicts: &[PortConflict]) {
+    if conflicts.is_empty() {
+        return;
+    }
+    let body = conflicts
+        .iter()
+        .map(PortConflict::sentence)
+        .collect::<Vec<_>>()
+        .join("\n");
+    // Off the start-up path: a missing notification daemon must not hold it up.
+    std::thread::spawn(move || {
+        let shown = notify_rust::Notification::new()
+            .appname("speedtap")
+            .summary("speedtap: a port is taken")
+            .body(&body)
+            .show();
+        if let Err(e) = shown {
+            tracing::warn!("notification not shown: {e}");
+        }
+    });
 }
 
 fn exit_with(e: RunError) -> ! {
@@ -191,24 +293,51 @@ fn check_display() -> Result<(), String> {
     Ok(())
 }
 
+/// How many listeners may fail before the app gives up on starting.
+const MAX_CONFLICTS: usize = 64;
+
 /// Starts the engine as `speedtap run` does, with the tray's notification
 /// hook. Unlike `speedtap run`, finding no local server is not an error:
 /// the window's first-run view lists servers as they appear and can start
-/// demo traffic.
+/// demo traffic. Nor is a port that cannot be bound: the engine starts
+/// without that listener (a route, or the control API), and the conflict
+/// is returned for the tray and the window to show ([`ports`]).
 pub async fn start_engine(
     args: &RunArgs,
     mut settings: Settings,
     notifications: &Arc<Notifications>,
-) -> Result<RunningEngine, RunError> {
+) -> Result<(RunningEngine, Vec<PortConflict>), RunError> {
     discover_routes_if_any(&mut settings, "speedtap-desktop").await;
-    // The same options `speedtap run` builds, store included.
-    let mut options = engine_options(args, &settings)?;
-    options.slow_first_token_hooks.push(notifications.hook());
-    let engine = Engine::start(options)
-        .await
-        .map_err(|e| RunError::Runtime(e.to_string()))?;
-    notifications.attach(engine.handle.clone());
-    Ok(engine)
+    let mut conflicts: Vec<PortConflict> = Vec::new();
+    loop {
+        // The same options `speedtap run` builds, store included (built
+        // again after a failed bind: starting consumes them).
+        let mut options = engine_options(args, &settings)?;
+        options.routes.retain(|r| {
+            !conflicts
+                .iter()
+                .any(|c| c.route.as_deref() == Some(r.name.as_str()))
+        });
+        if conflicts.iter().any(|c| c.route.is_none()) {
+            options.api = None;
+        }
+        options.slow_first_token_hooks.push(notifications.hook());
+        match Engine::start(options).await {
+            Ok(engine) => {
+                notifications.attach(engine.handle.clone());
+                return Ok((engine, conflicts));
+            }
+            Err(EngineError::Bind { what, addr, source }) if conflicts.len() < MAX_CONFLICTS => {
+                let spec = settings
+                    .routes
+                    .iter()
+                    .find(|r| r.listen == addr && what == format!("route {}", r.name))
+                    .cloned();
+                conflicts.push(PortConflict::find(&what, addr, &source, spec));
+            }
+            Err(e) => return Err(RunError::Runtime(e.to_string())),
+        }
+    }
 }
 
 fn announce(engine: &RunningEngine) {
@@ -277,15 +406,34 @@ pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<A
             commands::history_depth,
             commands::models,
             commands::export,
+            app_commands::port_conflicts,
+            app_commands::use_free_port,
+            app_commands::get_autostart,
+            app_commands::set_autostart,
         ])
-        .on_window_event(|window, event| {
-            // Closing the window keeps the app in the tray.
-            if let WindowEvent::CloseRequested { api, .. } = event {
-                api.prevent_close();
-                let _ = window.hide();
+        .on_window_event(|_window, event| {
+            // Closing the window destroys it (and its web process);
+            // the app stays in the tray (`on_run_event`).
+            if let WindowEvent::Destroyed = event {
+                // Once WebKit has let go of its last buffers: one trim, not
+                // a timer.
+                tauri::async_runtime::spawn(async {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    window::give_back_memory();
+                });
             }
         })
         .setup(move |app| {
+            let listener = app.try_state::<InstanceListener>().and_then(|l| l.take());
+            if let Some(listener) = listener {
+                let later = app.handle().clone();
+                instance::serve(listener, move |request| {
+                    if request == instance::Request::Show {
+                        let app = later.clone();
+                        let _ = later.run_on_main_thread(move || window::open(&app));
+                    }
+                });
+            }
             #[cfg(all(desktop, not(test)))]
             tray::create(app.handle(), &handle)?;
             start_following_events(app.handle(), handle, notifications, json);
@@ -307,13 +455,10 @@ pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<A
         .build(context())
 }
 
-/// Shows, un-minimises and focuses the window.
+/// Shows, un-minimises and focuses the window, creating it if it is not
+/// open ([`window::open`]).
 pub fn show_window<R: Runtime>(app: &AppHandle<R>) {
-    if let Some(window) = app.get_webview_window(MAIN_WINDOW) {
-        let _ = window.unminimize();
-        let _ = window.show();
-        let _ = window.set_focus();
-    }
+    window::open(app);
 }
 
 /// The app's event-loop callback.

@@ -276,3 +276,71 @@ fn flags_are_speedtap_runs_plus_hidden() {
         "a named config file that is missing is an error, as for speedtap run"
     );
 }
+
+#[test]
+fn the_window_is_created_only_when_opened_and_once() {
+    let config = temp_dir("lazy-window").join("config.toml");
+    let engine = tauri::async_runtime::block_on(async {
+        let mut options = EngineOptions::new(Vec::new());
+        options.config_path = Some(config);
+        Engine::start(options).await.unwrap()
+    });
+    let app = build_app(
+        mock_builder(),
+        Host {
+            engine,
+            notifications: Notifications::with_settings(Discard, true, false),
+            show_window: false,
+            json: false,
+        },
+    )
+    .unwrap();
+    assert!(
+        app.get_webview_window(MAIN_WINDOW).is_none(),
+        "no window (and no webview) before it is opened"
+    );
+    crate::window::open(app.handle());
+    assert!(app.get_webview_window(MAIN_WINDOW).is_some());
+    // Opening again shows the same window rather than a second one.
+    crate::window::open(app.handle());
+    assert_eq!(app.webview_windows().len(), 1);
+}
+
+#[test]
+fn a_taken_port_leaves_the_app_running_without_that_route() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap();
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let config = temp_dir("taken-port").join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let args = DesktopArgs::try_parse_from([
+        "speedtap-desktop".to_owned(),
+        "--config".to_owned(),
+        config.display().to_string(),
+        "--no-db".to_owned(),
+        "--api".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--route".to_owned(),
+        format!("busy={busy}=http://127.0.0.1:9"),
+        "--route".to_owned(),
+        format!("fine={free}=http://127.0.0.1:9"),
+    ])
+    .unwrap();
+    let settings = resolve_settings(&args.run).unwrap();
+    let notifications = Notifications::with_settings(Discard, true, false);
+    let (engine, conflicts) =
+        tauri::async_runtime::block_on(start_engine(&args.run, settings, &notifications)).unwrap();
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert_eq!(conflicts[0].route.as_deref(), Some("busy"));
+    assert_eq!(conflicts[0].port, busy.port());
+    assert_eq!(
+        conflicts[0].holder.as_ref().map(|h| h.pid),
+        Some(std::process::id())
+    );
+    let routes: Vec<String> = engine.routes.iter().map(|r| r.name.clone()).collect();
+    assert_eq!(routes, ["fine"]);
+    drop(taken);
+}

@@ -29,8 +29,11 @@ use tauri::tray::{MouseButton, MouseButtonState, TrayIcon, TrayIconBuilder, Tray
 use tauri::{AppHandle, Manager, Runtime};
 use tokio::time::Instant;
 
+use crate::autostart::LoginItem;
 use crate::commands::Engine;
 use crate::notify::Notifications;
+use crate::ports::Conflicts;
+use crate::tray_extras::{decorate, ID_AUTOSTART};
 use crate::tray_model::{
     EntryKind, MenuEntry, TrayModel, TrayState, TrayView, ViewInputs, ID_COPY_PREFIX, ID_OPEN,
     ID_PAUSE, ID_QUIT,
@@ -41,8 +44,12 @@ use crate::tray_model::{
 pub const TRAY_ID: &str = "speedtap";
 
 /// The icon for each state. Colour and shape both differ (see
-/// `icons/gen_icons.py`), for trays that draw no label.
-fn icon(state: TrayState) -> Image<'static> {
+/// `icons/gen_icons.py`), for trays that draw no label. A port the app
+/// could not have shows while nothing more urgent (a slow call) does.
+fn icon(state: TrayState, problem: bool) -> Image<'static> {
+    if problem && state != TrayState::Slow {
+        return tauri::include_image!("icons/tray-problem.png");
+    }
     match state {
         TrayState::Idle => tauri::include_image!("icons/tray-idle.png"),
         TrayState::Waiting => tauri::include_image!("icons/tray-waiting.png"),
@@ -54,6 +61,8 @@ fn icon(state: TrayState) -> Image<'static> {
 /// What is on screen now, with the menu items to update in place.
 struct Drawn<R: Runtime> {
     view: TrayView,
+    /// A port conflict is shown (the problem icon).
+    problem: bool,
     items: Vec<MenuItemKind<R>>,
 }
 
@@ -81,7 +90,7 @@ pub fn create<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) -> tauri::R
         .iter()
         .map(speedtap::model::RouteInfo::from)
         .collect();
-    let view = model.view(
+    let mut view = model.view(
         Instant::now(),
         &ViewInputs {
             paused: notifications.is_paused(),
@@ -89,9 +98,10 @@ pub fn create<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) -> tauri::R
             slow_ttft_ms: engine.settings_snapshot().slow_ttft_ms,
         },
     );
+    let problem = add_app_entries(app, &mut view);
     let (menu, items) = build_menu(app, &view.menu)?;
     let icon = TrayIconBuilder::with_id(TRAY_ID)
-        .icon(icon(view.state))
+        .icon(icon(view.state, problem))
         .title(&view.title)
         .tooltip("speedtap")
         .menu(&menu)
@@ -113,7 +123,11 @@ pub fn create<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) -> tauri::R
     app.manage(Tray {
         icon,
         model: Mutex::new(model),
-        drawn: tokio::sync::Mutex::new(Drawn { view, items }),
+        drawn: tokio::sync::Mutex::new(Drawn {
+            view,
+            problem,
+            items,
+        }),
         clipboard: Mutex::new(None),
     });
     Ok(())
@@ -190,7 +204,7 @@ pub async fn refresh<R: Runtime>(app: &AppHandle<R>) {
     let paused = app.state::<Arc<Notifications>>().is_paused();
     let routes = engine.0.routes().await.routes;
     let slow_ttft_ms = engine.0.settings_snapshot().slow_ttft_ms;
-    let view = lock(&tray.model).view(
+    let mut view = lock(&tray.model).view(
         Instant::now(),
         &ViewInputs {
             paused,
@@ -198,10 +212,23 @@ pub async fn refresh<R: Runtime>(app: &AppHandle<R>) {
             slow_ttft_ms,
         },
     );
+    let problem = add_app_entries(app, &mut view);
     let mut drawn = tray.drawn.lock().await;
-    if let Err(e) = draw(app, &tray.icon, &mut drawn, view) {
+    if let Err(e) = draw(app, &tray.icon, &mut drawn, view, problem) {
         tracing::warn!("tray not updated: {e}");
     }
+}
+
+/// The app's own entries (port conflicts, start at login); true when a
+/// conflict is shown.
+fn add_app_entries<R: Runtime>(app: &AppHandle<R>, view: &mut TrayView) -> bool {
+    let conflicts = app
+        .try_state::<Conflicts>()
+        .map(|c| c.list())
+        .unwrap_or_default();
+    let autostart = app.try_state::<LoginItem>().map(|l| l.is_enabled());
+    decorate(view, &conflicts, autostart);
+    !conflicts.is_empty()
 }
 
 fn draw<R: Runtime>(
@@ -209,12 +236,14 @@ fn draw<R: Runtime>(
     icon_handle: &TrayIcon<R>,
     drawn: &mut Drawn<R>,
     view: TrayView,
+    problem: bool,
 ) -> tauri::Result<()> {
     if view.title != drawn.view.title {
         icon_handle.set_title(Some(&view.title))?;
     }
-    if view.state != drawn.view.state {
-        icon_handle.set_icon(Some(icon(view.state)))?;
+    if view.state != drawn.view.state || problem != drawn.problem {
+        icon_handle.set_icon(Some(icon(view.state, problem)))?;
+        drawn.problem = problem;
     }
     if view.menu != drawn.view.menu {
         if view.same_menu_shape(&drawn.view) {
@@ -248,6 +277,15 @@ fn on_menu_event<R: Runtime>(app: &AppHandle<R>, event: MenuEvent) {
         ID_PAUSE => {
             let notifications = app.state::<Arc<Notifications>>();
             notifications.set_paused(!notifications.is_paused());
+            let app = app.clone();
+            tauri::async_runtime::spawn(async move { refresh(&app).await });
+        }
+        ID_AUTOSTART => {
+            if let Some(item) = app.try_state::<LoginItem>() {
+                if let Err(e) = item.set_enabled(!item.is_enabled()) {
+                    tracing::warn!("start at login not changed: {e}");
+                }
+            }
             let app = app.clone();
             tauri::async_runtime::spawn(async move { refresh(&app).await });
         }

@@ -79,6 +79,11 @@ class Workdir:
             d = os.path.join(self.path, var.lower())
             os.makedirs(d, exist_ok=True)
             env[var] = d
+        # The system's autostart folders too: an installed package's
+        # /etc/xdg/autostart entry must not change what the tests see.
+        d = os.path.join(self.path, "xdg_config_dirs")
+        os.makedirs(d, exist_ok=True)
+        env["XDG_CONFIG_DIRS"] = d
         env.setdefault("NO_AT_BRIDGE", "1")
         return env
 
@@ -286,6 +291,47 @@ def click(item, label_prefix):
             if "does not refer to a menu item" not in str(e) or attempt == 4:
                 raise
             time.sleep(0.1)
+
+
+# ---- processes: the app and WebKit's helpers --------------------------------
+
+def descendants(pid):
+    """The pids of every process below `pid` (children, theirs...)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name is in parentheses and may hold spaces.
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def process_name(pid):
+    """The executable's base name (WebKit's helpers' `comm` is cut at 15 chars)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0")[0].decode("utf-8", "replace")
+        return os.path.basename(argv0)
+    except OSError:
+        return ""
+
+
+def webkit_children(pid, kind="WebKit"):
+    """WebKit's processes under `pid` whose name starts with `kind`:
+    `WebKit` for all, `WebKitWebProcess` for the webviews' own (the page),
+    `WebKitNetworkProcess` for the one shared network process."""
+    return [p for p in descendants(pid) if process_name(p).startswith(kind)]
 
 
 # ---- X11: the app's window --------------------------------------------------

@@ -1,16 +1,19 @@
 """The tray over D-Bus (StatusNotifierItem + dbusmenu), with real traffic:
 the label shows a rate while tokens flow, the menu has its entries (a line
-per call in flight, the hour's high/low, Open, Pause, one Copy per route,
-Quit), Copy puts the proxy URL on the clipboard, and Quit exits 0."""
+per call in flight, the hour's high/low, Open, Pause, Start at login, one
+Copy per route, Quit), Copy puts the proxy URL on the clipboard, and Quit
+exits 0. A port taken at start does not stop the app: the tray names it."""
 
+import os
 import shutil
+import socket
 import subprocess
 import time
 import unittest
 
-from desktop import (RATE_LABEL, Workdir, app_window, click, close_window, find_tray_item, menu_entries, menu_labels,
-                     start_app, start_simulator, stream_in_background, tray_label, tray_property,
-                     wait_until, window_viewable)
+from desktop import (DESKTOP, RATE_LABEL, Workdir, app_window, click, close_window, find_tray_item, free_port,
+                     menu_entries, menu_labels, start_app, start_simulator, stream_chat, stream_in_background,
+                     tray_label, tray_property, wait_until, window_viewable)
 
 
 class TrayTest(unittest.TestCase):
@@ -33,6 +36,7 @@ class TrayTest(unittest.TestCase):
             "Last hour: no readings yet",
             "Open speedtap",
             "Pause notifications",
+            "Start at login",
             "Copy proxy URL (sim)",
             "Copy proxy URL (other)",
             "Quit",
@@ -80,21 +84,50 @@ class TrayTest(unittest.TestCase):
                 ["xclip", "-o", "-selection", "clipboard"], capture_output=True, text=True, timeout=5).stdout)
             self.assertEqual(got, proxies["other"])
 
-        # Closing the window keeps the app in the tray; "Open speedtap"
-        # brings the window back.
+        # Closing the window keeps the app in the tray (the window itself
+        # is destroyed); "Open speedtap" brings a new one.
         window = wait_until("the app's window", app_window)
         wait_until("the window shown", lambda: window_viewable(window))
         close_window(window)
-        wait_until("the window hidden", lambda: not window_viewable(window))
+        wait_until("the window closed", lambda: app_window() is None)
         time.sleep(0.5)
         self.assertIsNone(app.poll(), "closing the window must not quit the app")
         self.assertTrue(tray_label(item))
         click(item, "Open speedtap")
+        window = wait_until("the app's window again", app_window)
         wait_until("the window shown again", lambda: window_viewable(window))
 
         # Quit exits 0.
         click(item, "Quit")
         self.assertEqual(app.wait(15), 0, self.work.log("app"))
+
+    def test_a_port_taken_at_start_keeps_the_app_up_and_its_menu_names_the_conflict(self):
+        # Something else listens where the route wants to.
+        holder = socket.socket()
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        self.addCleanup(holder.close)
+        port = holder.getsockname()[1]
+        config = self.work.file("taken-config.toml", "")
+        api = f"127.0.0.1:{free_port()}"
+        ok_listen = f"127.0.0.1:{free_port()}"
+        app = self.work.spawn("taken", [DESKTOP, "--hidden", "--config", config, "--api", api,
+                                        "--route", f"busy=127.0.0.1:{port}={self.sim}",
+                                        "--route", f"fine={ok_listen}={self.sim}"])
+        item = find_tray_item(app.pid, timeout=30)
+        self.assertIsNone(app.poll(), "the app stays up")
+
+        labels = menu_labels(item)
+        self.assertRegex(labels[0], rf"^Port {port} taken \(route busy\) by python3?[\w.]*, pid {os.getpid()}$")
+        self.assertEqual(tray_label(item), f"port {port} taken")
+        self.assertNotIn("Copy proxy URL (busy)", labels)
+        self.assertIn("Copy proxy URL (fine)", labels)
+        log = self.work.log("taken")
+        self.assertIn(f"route busy did not start: cannot listen on 127.0.0.1:{port}", log)
+
+        # The other route works as usual.
+        self.assertIn("data:", stream_chat(f"http://{ok_listen}"))
 
 
 if __name__ == "__main__":

@@ -173,6 +173,12 @@ export function tauriSource(tauri) {
     getSettings: () => invoke("get_settings"),
     saveSettings: (settings) => invoke("save_settings", { settings }),
     startDemo: () => invoke("start_demo"),
+    // The tray app's own, with no control API counterpart (a browser
+    // source has none, and the page shows neither).
+    portConflicts: () => invoke("port_conflicts"),
+    useFreePort: (route) => invoke("use_free_port", { route }),
+    getAutostart: () => invoke("get_autostart"),
+    setAutostart: (enabled) => invoke("set_autostart", { enabled }),
     history: (filter = {}) => invoke("history", { filter: { ...filter } }),
     models(filter = {}) {
       const { limit: _ignored, ...rest } = filter;

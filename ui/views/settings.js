@@ -47,6 +47,30 @@ export function mountSettings(source, doc = document) {
     return row;
   }
 
+  // Start at login: the tray app's, applied at once (it is a login entry,
+  // not part of the config file); hidden where the source has none.
+  const autostart = el("start-at-login");
+  async function loadAutostart() {
+    if (!source.getAutostart) return;
+    try {
+      const state = await source.getAutostart();
+      autostart.checked = state.enabled === true;
+      el("autostart-set").hidden = state.available !== true;
+    } catch {
+      el("autostart-set").hidden = true;
+    }
+  }
+  autostart.addEventListener("change", async () => {
+    try {
+      const state = await source.setAutostart(autostart.checked);
+      autostart.checked = state.enabled === true;
+      el("autostart-result").textContent = state.enabled ? "speedtap starts at login." : "speedtap does not start at login.";
+    } catch (err) {
+      autostart.checked = !autostart.checked;
+      el("autostart-result").textContent = `Not changed: ${err.message}`;
+    }
+  });
+
   function fill(settings) {
     rows.replaceChildren(...(settings.routes ?? []).map((r) => routeRow(r)));
     el("slow-ttft").value = settings.slow_ttft_ms ?? "";
@@ -144,6 +168,7 @@ export function mountSettings(source, doc = document) {
       loaded = true;
       try {
         fill(await source.getSettings());
+        await loadAutostart();
         form.hidden = false;
         unavailable.hidden = true;
         if (loadedCapture !== null) loadCapture();
