@@ -199,7 +199,7 @@ pub async fn history_depth(
         until_ms: time_arg("until", until).map_err(QueryError::BadInput)?,
     };
     query.check().map_err(QueryError::BadInput)?;
-    Ok(engine.0.history_depth(query).await?)
+    engine.0.history_depth(query).await
 }
 
 /// Per (model, route) figures over the selected calls (`limit` ignored).

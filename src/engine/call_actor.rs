@@ -127,7 +127,9 @@ impl CallActor {
     /// (or a body not metered) was seen, the tap stops waking this actor
     /// per frame and the snapshot tick drains the queue.
     fn drain_frames(&mut self) {
-        let Some(queue) = self.frames.clone() else { return };
+        let Some(queue) = self.frames.clone() else {
+            return;
+        };
         queue.take(&mut self.batch);
         let mut batch = std::mem::take(&mut self.batch);
         for frame in batch.drain(..) {
