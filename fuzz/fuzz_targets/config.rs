@@ -10,9 +10,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use speedtap_fuzz::config::{
-    parse_config, parse_listen, parse_route_flag, resolve, CliOverrides, Upstream,
-};
+use speedtap_fuzz::config::{parse_config, parse_listen, parse_route_flag, resolve, CliOverrides};
+use speedtap_fuzz::model::Upstream;
 use speedtap_fuzz::Input;
 
 fuzz_target!(|data: &[u8]| {

@@ -15,7 +15,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use speedtap_fuzz::decode::detect::{detect_framing, detect_request};
-use speedtap_fuzz::decode::ApiKind;
+use speedtap_fuzz::model::ApiKind;
 use speedtap_fuzz::Input;
 
 const METHODS: [&str; 8] = [

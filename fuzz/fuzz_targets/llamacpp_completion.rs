@@ -5,6 +5,6 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use speedtap_fuzz::decode::ApiKind;
+use speedtap_fuzz::model::ApiKind;
 
 fuzz_target!(|data: &[u8]| speedtap_fuzz::protocol_target(ApiKind::LlamacppCompletion, data));

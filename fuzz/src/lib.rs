@@ -23,13 +23,17 @@
 //!
 //! # What is compiled
 //!
-//! The code under test is speedtap's own `src/decode/` and `src/config.rs`,
+//! The code under test is speedtap's own `src/decode/` and `src/config.rs`
+//! (with `src/model/`, the contract types both name),
 //! mounted here by `#[path]` rather than through a dependency on the
 //! speedtap crate (see Cargo.toml for why: build time). Both modules are
 //! self-contained (they name only `crate::decode` and a few crates), so they
 //! compile here unchanged; the targets still use only their public API,
 //! exactly as the proxy does. If either module starts to use another part
 //! of speedtap, this build fails loudly and the module list below grows.
+
+#[path = "../../src/model/mod.rs"]
+pub mod model;
 
 #[path = "../../src/decode/mod.rs"]
 pub mod decode;
@@ -38,7 +42,8 @@ pub mod decode;
 pub mod config;
 
 use crate::decode::detect::BodyFraming;
-use crate::decode::{ApiKind, StreamDecoder, StreamEvent};
+use crate::decode::{StreamDecoder, StreamEvent};
+use crate::model::ApiKind;
 
 /// Maximum characters of an `Error` event's message (the decoders' own
 /// documented promise, `protocols::json::MAX_ERROR_CHARS`).
