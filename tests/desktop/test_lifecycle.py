@@ -70,7 +70,7 @@ class LifecycleTest(unittest.TestCase):
         self.assertIn("already running", second.stderr)
         window = wait_until("the first app's window", app_window)
         wait_until("the window shown", lambda: window_viewable(window))
-        self.assertTrue(webkit_children(app.pid), "the window belongs to the first app")
+        wait_until("the first app's web process (the window belongs to it)", lambda: webkit_children(app.pid))
         self.assertIsNone(app.poll())
 
     def test_start_at_login_in_the_tray_creates_and_removes_the_login_entry(self):

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use actix::{
     Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Recipient, SpawnHandle,
+    WeakRecipient,
     WrapFuture,
 };
 use bytes::Bytes;
@@ -157,7 +158,10 @@ pub struct TelemetryPoller {
     view: ServerView,
     props_read_at: Option<Instant>,
     tracker: Tracker,
-    actors: HashMap<u64, Recipient<WaitExplained>>,
+    /// Weak on purpose: a call actor whose proxy side is gone must see
+    /// itself orphaned (no strong address left) and settle as abandoned;
+    /// a strong one here would keep it waiting forever.
+    actors: HashMap<u64, WeakRecipient<WaitExplained>>,
     last_sent: HashMap<u64, WaitExplained>,
     normals: Arc<RwLock<Normals>>,
     /// A look (requests) is under way.
@@ -299,8 +303,13 @@ impl TelemetryPoller {
             Err(_) => return,
         };
         let mut waits: HashMap<u64, Wait> = waits.into_iter().collect();
+        let mut gone = Vec::new();
         for (seq, actor) in &self.actors {
             let Some(facts) = self.tracker.facts(*seq) else {
+                continue;
+            };
+            let Some(actor) = actor.upgrade() else {
+                gone.push(*seq);
                 continue;
             };
             let msg = WaitExplained {
@@ -311,6 +320,11 @@ impl TelemetryPoller {
                 actor.do_send(msg.clone());
                 self.last_sent.insert(*seq, msg);
             }
+        }
+        for seq in gone {
+            self.tracker.untrack(seq);
+            self.actors.remove(&seq);
+            self.last_sent.remove(&seq);
         }
     }
 
@@ -376,7 +390,7 @@ impl Handler<Track> for TelemetryPoller {
     type Result = ();
     fn handle(&mut self, msg: Track, ctx: &mut Self::Context) {
         self.tracker.track(msg.seq, msg.model, msg.dispatched_at);
-        self.actors.insert(msg.seq, msg.actor);
+        self.actors.insert(msg.seq, msg.actor.downgrade());
         // Look now: whether the model is loaded is decided on the first
         // look after dispatch.
         self.look(ctx);
