@@ -31,8 +31,7 @@ use std::time::Duration;
 
 use actix::{
     Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, Recipient, SpawnHandle,
-    WeakRecipient,
-    WrapFuture,
+    WeakRecipient, WrapFuture,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
