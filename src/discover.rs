@@ -106,22 +106,24 @@ impl Discovered {
     /// One line for the start-up message, e.g.
     /// `Ollama (version 0.12.3) at http://127.0.0.1:11434 -> route "ollama" on 127.0.0.1:11435`.
     pub fn summary(&self) -> String {
+        format!("{} on {}", self.found(), self.suggested_route.listen)
+    }
+
+    /// What both summaries start with: the server, where it is, its route.
+    fn found(&self) -> String {
         let detail = self
             .detail
             .as_deref()
             .map(|d| format!(" ({d})"))
             .unwrap_or_default();
         format!(
-            "{}{detail} at {} -> route {:?} on {}",
+            "{}{detail} at {} -> route {:?}",
             self.kind.label(),
             self.upstream,
-            self.suggested_route.name,
-            self.suggested_route.listen
+            self.suggested_route.name
         )
     }
-}
 
-impl Discovered {
     /// The route that measures this server by capture alone (no proxy
     /// port): named like [`Discovered::suggested_route`], upstream the
     /// server itself.
@@ -135,17 +137,7 @@ impl Discovered {
     /// One line for the start-up message when the server is captured, e.g.
     /// `Ollama (version 0.12.3) at http://127.0.0.1:11434 -> route "ollama", captured (no client changes)`.
     pub fn capture_summary(&self) -> String {
-        let detail = self
-            .detail
-            .as_deref()
-            .map(|d| format!(" ({d})"))
-            .unwrap_or_default();
-        format!(
-            "{}{detail} at {} -> route {:?}, captured (no client changes)",
-            self.kind.label(),
-            self.upstream,
-            self.suggested_route.name
-        )
+        format!("{}, captured (no client changes)", self.found())
     }
 }
 
