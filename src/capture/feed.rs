@@ -7,9 +7,9 @@
 //! - a packet: kind `0u8`, timestamp (`u64`, nanoseconds since the Unix
 //!   epoch, CLOCK_REALTIME as the kernel stamped it), captured length (`u32`),
 //!   original length (`u32`), then the captured bytes;
-//! - statistics, about every second: kind `1u8`, then `u64` received, `u64`
-//!   dropped by the kernel and `u64` dropped by the interface, each counted
-//!   from the helper's start.
+//! - statistics, at the start and about every second while packets come:
+//!   kind `1u8`, then `u64` received, `u64` dropped by the kernel and `u64`
+//!   dropped by the interface, each counted from the helper's start.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 

@@ -149,6 +149,14 @@ impl Flows {
         self.stats
     }
 
+    /// Whether any direction of any connection holds data back behind a
+    /// hole (so [`Flows::give_up_holes`] has work to do soon).
+    pub fn has_holes(&self) -> bool {
+        self.conns
+            .values()
+            .any(|c| c.to_server.hole_since().is_some() || c.to_client.hole_since().is_some())
+    }
+
     /// Ignores every segment to or from `addr` (exact address and port):
     /// the engine registers its own proxy's upstream sockets, before they
     /// connect, so proxied calls are recorded once. A connection already

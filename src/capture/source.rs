@@ -227,7 +227,7 @@ pub struct SourcePacket {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SourceStats {
     /// The helper's (the kernel's) counters, as of its last report (about
-    /// every second).
+    /// every second while packets come; the counters can't move without).
     pub kernel: CaptureStats,
     /// Packets handed to the sink.
     pub delivered: u64,

@@ -91,7 +91,8 @@ pub struct CallActor {
     alarm_fired: bool,
     /// The start of a non-2xx body, read for a recognised cause.
     error_body: Vec<u8>,
-    /// The proxy tap's frame queue, known from its first `FramesQueued`.
+    /// The interceptor's frame queue (the proxy tap's or the capture's),
+    /// known from its first `FramesQueued`.
     frames: Option<Arc<FrameQueue>>,
     /// The drained batch, its capacity kept for the next one.
     batch: Vec<Frame>,
@@ -141,8 +142,7 @@ impl CallActor {
         }
     }
 
-    /// One body frame, in arrival order, whichever way it came (a `Frame`
-    /// message from the capture, or the proxy tap's queue).
+    /// One body frame, in arrival order, whichever interceptor queued it.
     fn on_frame(&mut self, bytes: &[u8], at: Instant) {
         if !(200..300).contains(&self.http_status.unwrap_or(200))
             && self.error_body.len() < details::MAX_ERROR_BODY
@@ -564,6 +564,9 @@ impl Handler<ResponseStarted> for CallActor {
     }
 }
 
+/// One frame on its own: only the unit tests feed frames so; both
+/// interceptors queue theirs ([`FramesQueued`]).
+#[cfg(test)]
 impl Handler<Frame> for CallActor {
     type Result = ();
     fn handle(&mut self, msg: Frame, _: &mut Self::Context) {

@@ -11,8 +11,8 @@ export function renderCaptureStatus(box, status) {
     box.replaceChildren();
     return;
   }
-  box.replaceChildren(
-    h("p", { class: status.kind === "on" ? "" : "small" }, status.text),
-    status.command ? h("p", { class: "command" }, copyable(status.command)) : null,
-  );
+  // replaceChildren, unlike h(), would show a null child as the text "null".
+  const parts = [h("p", { class: status.kind === "on" ? "" : "small" }, status.text)];
+  if (status.command) parts.push(h("p", { class: "command" }, copyable(status.command)));
+  box.replaceChildren(...parts);
 }

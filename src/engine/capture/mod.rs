@@ -18,7 +18,8 @@
 //!   by the proxy's own rule ([`headers::tap_content_type`]: encoded bodies
 //!   are unmetered);
 //! - each response body piece becomes a `Frame` stamped with its packet's
-//!   monotonic instant;
+//!   monotonic instant, queued for the actor as the proxy's tap queues
+//!   them (one wake-up for a burst, [`FrameQueue`]);
 //! - the end: a complete body is `Complete`; one cut after the client
 //!   closed or reset its side is `ClientGone` (the proxy's hung-up client);
 //!   any other cut is `UpstreamCut`. Lost bytes send `CaptureGap` first.
@@ -46,7 +47,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::call_actor::{CallActor, CallSetup};
-use super::messages::{BodyEnded, CaptureGap, Discard, Frame, RequestFieldsSeen, ResponseStarted};
+use super::messages::{
+    BodyEnded, CaptureGap, Discard, Frame, FrameQueue, FramesQueued, RequestFieldsSeen,
+    ResponseStarted,
+};
 use super::proxy::{call_id, headers, EngineLink, OwnConnection};
 use crate::capture::flows::{CaptureEvent, ConnId, Flows, ServerPort};
 use crate::capture::http1::{Event, Headers};
@@ -58,14 +62,34 @@ use crate::decode::request_fields::RequestScanner;
 use crate::metering::StreamEnd;
 use crate::model::{ApiKind, CallIdentity, SeenBy};
 
-/// How often holes are given up, idle connections swept and the source's
-/// loss counters read.
+/// How often holes are given up and the source's loss counters read while
+/// there is something to do: a call in flight or a hole holding data back.
 pub const TICK: Duration = Duration::from_millis(100);
+/// How long after the last packet the loss counters are read once more:
+/// the helper sends its counters once a second while packets flow, so the
+/// last ones come up to a second after the last packet.
+pub const SETTLE: Duration = Duration::from_secs(2);
+/// How often idle connections are swept while some are open but quiet (a
+/// client's keep-alive connection): rare, as [`IDLE`] is long.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// How long a hole may hold back the data behind it before it is reported
 /// as lost: a loopback retransmission comes within a few hundred ms.
 pub const HOLE_WAIT: Duration = Duration::from_millis(500);
 /// A connection silent this long is ended (its exchanges incomplete).
 pub const IDLE: Duration = Duration::from_secs(600);
+
+/// The delay to (re)arm the tick with, if it must be: when it is not armed
+/// and one is wanted, or when a shorter one is wanted than it was armed
+/// with (a call starting while only the 30 s sweep was armed must not wait
+/// for it to give up a hole). Otherwise the armed deadline stands, so a
+/// stream of packets doesn't push it back.
+fn rearm(armed: Option<Duration>, wanted: Option<Duration>) -> Option<Duration> {
+    match (armed, wanted) {
+        (None, Some(w)) => Some(w),
+        (Some(a), Some(w)) if w < a => Some(w),
+        _ => None,
+    }
+}
 
 /// A route as the capture sees it: its name and its upstream's port.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +102,10 @@ pub struct CaptureRoute {
 struct Exchange {
     actor: Addr<CallActor>,
     scanner: RequestScanner,
+    /// Its response frames on their way to the actor: queued like the
+    /// proxy tap's, so a burst of packets wakes the actor once, not once
+    /// per packet (see [`FrameQueue`]).
+    frames: Arc<FrameQueue>,
 }
 
 /// The task's state: the connection table and the calls it feeds.
@@ -99,6 +127,8 @@ pub struct CaptureTask {
     clock: Option<(Nanos, Instant)>,
     /// Packets lost so far, as last added to the metrics.
     lost_reported: u64,
+    /// Whether a packet came since the last tick.
+    fresh_packets: bool,
 }
 
 impl CaptureTask {
@@ -121,6 +151,7 @@ impl CaptureTask {
             own_connections: HashMap::new(),
             clock: None,
             lost_reported: 0,
+            fresh_packets: false,
         }
     }
 
@@ -135,8 +166,17 @@ impl CaptureTask {
         source: Option<CaptureSource>,
         metrics: Arc<crate::engine::metrics::Metrics>,
     ) {
-        let mut every = tokio::time::interval(TICK);
+        // The tick is armed only when there is something for it to do
+        // ([`CaptureTask::next_tick`]): an idle tray app with capture on
+        // wakes for nothing. `armed` is the delay it was armed with.
+        let timer = tokio::time::sleep(TICK);
+        tokio::pin!(timer);
+        let mut armed: Option<Duration> = None;
         loop {
+            if let Some(after) = rearm(armed, self.next_tick()) {
+                timer.as_mut().reset(Instant::now() + after);
+                armed = Some(after);
+            }
             // Biased: an own connection is registered before any packet
             // still queued behind it is looked at.
             tokio::select! {
@@ -147,7 +187,8 @@ impl CaptureTask {
                     Some(p) => self.packet(p),
                     None => break,
                 },
-                _ = every.tick() => {
+                () = &mut timer, if armed.is_some() => {
+                    armed = None;
                     self.tick(Instant::now());
                     if let Some(source) = &source {
                         let lost = source.stats().lost();
@@ -185,6 +226,7 @@ impl CaptureTask {
 
     /// One captured packet.
     pub fn packet(&mut self, p: SourcePacket) {
+        self.fresh_packets = true;
         let Some(seg) = packet::parse(self.link, &p.packet.data) else {
             return;
         };
@@ -217,8 +259,26 @@ impl CaptureTask {
         self.handle(events);
     }
 
+    /// How long until the next tick is needed, if one is: every [`TICK`]
+    /// while a call is in flight or a hole holds data back; [`SETTLE`]
+    /// after the last packets, to read the loss counters that follow them;
+    /// every [`SWEEP_EVERY`] while quiet connections stay open; never when
+    /// no connection is open.
+    pub fn next_tick(&self) -> Option<Duration> {
+        if !self.exchanges.is_empty() || self.flows.has_holes() {
+            Some(TICK)
+        } else if self.fresh_packets {
+            Some(SETTLE)
+        } else if !self.flows.is_empty() {
+            Some(SWEEP_EVERY)
+        } else {
+            None
+        }
+    }
+
     /// Gives up old holes and sweeps idle connections, at `now`.
     pub fn tick(&mut self, now: Instant) {
+        self.fresh_packets = false;
         let Some((ts, at)) = self.clock else {
             return;
         };
@@ -281,7 +341,9 @@ impl CaptureTask {
             }
             Event::ResponseBody { exchange, bytes } => {
                 if let Some(ex) = self.exchanges.get(&(conn, exchange)) {
-                    ex.actor.do_send(Frame { bytes, at });
+                    if ex.frames.push(Frame { bytes, at }) {
+                        ex.actor.do_send(FramesQueued(ex.frames.clone()));
+                    }
                 }
             }
             Event::ResponseEnd {
@@ -369,6 +431,7 @@ impl CaptureTask {
             Exchange {
                 actor,
                 scanner: RequestScanner::default(),
+                frames: Arc::default(),
             },
         );
     }
@@ -624,5 +687,66 @@ mod tests {
         let seg = talk.client(&request());
         rig.feed(seg, 1);
         assert_eq!(rig.task.open_calls(), 0);
+    }
+
+    #[test]
+    fn the_tick_is_rearmed_only_when_unarmed_or_when_sooner_is_wanted() {
+        assert_eq!(rearm(None, None), None);
+        assert_eq!(rearm(None, Some(SETTLE)), Some(SETTLE));
+        // A call starts while only the sweep is armed: the sweep gives way.
+        assert_eq!(rearm(Some(SWEEP_EVERY), Some(TICK)), Some(TICK));
+        // Packets keep coming at TICK: the armed deadline stands.
+        assert_eq!(rearm(Some(TICK), Some(TICK)), None);
+        assert_eq!(rearm(Some(TICK), Some(SWEEP_EVERY)), None);
+        assert_eq!(rearm(Some(SETTLE), None), None);
+    }
+
+    #[actix::test]
+    async fn the_tick_is_armed_only_while_there_is_work_for_it() {
+        let mut rig = Rig::new().await;
+        assert_eq!(rig.task.next_tick(), None, "nothing captured yet");
+
+        // A call in flight: every TICK.
+        let mut talk = Talk::new("127.0.0.1:50005", SERVER, 1, 2);
+        for seg in talk.handshake() {
+            rig.feed(seg, 0);
+        }
+        let seg = talk.client(&request());
+        rig.feed(seg, 1);
+        assert_eq!(rig.task.next_tick(), Some(TICK), "a call in flight");
+
+        // It completes on a keep-alive connection: once more after SETTLE
+        // for the loss counters, then only the rare sweep.
+        let lines = lines();
+        let len = lines.iter().map(String::len).sum();
+        let seg = talk.server(&head(len));
+        rig.feed(seg, 10);
+        for line in &lines {
+            let seg = talk.server(line.as_bytes());
+            rig.feed(seg, 1);
+        }
+        rig.settled().await;
+        assert_eq!(rig.task.next_tick(), Some(SETTLE), "packets just came");
+        let now = rig.base + Duration::from_nanos(rig.ts);
+        rig.task.tick(now + SETTLE);
+        assert_eq!(
+            rig.task.next_tick(),
+            Some(SWEEP_EVERY),
+            "a quiet open connection"
+        );
+
+        // The connection closes: nothing left to tick for.
+        let seg = talk.fin(false);
+        rig.feed(seg, 1);
+        let seg = talk.fin(true);
+        rig.feed(seg, 1);
+        let now = rig.base + Duration::from_nanos(rig.ts);
+        rig.task.tick(now + SETTLE);
+        assert_eq!(rig.task.next_tick(), None, "no connection open");
+
+        // A lost segment holds the data behind it: every TICK until given up.
+        play(&mut rig, "127.0.0.1:50006", Some(4)).await;
+        assert!(rig.task.flows.has_holes());
+        assert_eq!(rig.task.next_tick(), Some(TICK), "a hole to give up");
     }
 }
