@@ -276,9 +276,16 @@ impl TrayModel {
                 self.forget(&call.identity.id);
                 false
             }
+            // Each reading redraws while calls are shown (their waits and
+            // rates age with `now`); an idle engine repeats the same
+            // reading every 10 s, which redraws nothing (a redraw asks the
+            // engine for its routes and wakes the main thread).
             EngineEvent::Stats(stats) => {
-                self.stats = stats.clone();
-                true
+                let changed = self.stats != *stats;
+                if changed {
+                    self.stats = stats.clone();
+                }
+                changed || !self.active.is_empty()
             }
             EngineEvent::SlowFirstToken(slow) => {
                 if self.active.contains_key(&slow.call.id) {
@@ -582,6 +589,21 @@ mod tests {
             "qwen3:8b on ollama · responding · 41.7 tok/s"
         );
         assert_eq!(v.menu[1].text, "Last hour: high 52.1 · low 31.4 tok/s");
+    }
+
+    #[test]
+    fn an_idle_engines_repeated_reading_redraws_nothing_but_a_waiting_calls_does() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        let idle = EngineEvent::Stats(Stats::default());
+        assert!(!m.apply(&idle, t0), "the same idle reading as at start");
+        assert!(m.apply(&stats(None, Some(52.1), Some(31.4)), t0));
+        assert!(!m.apply(&stats(None, Some(52.1), Some(31.4)), t0));
+        // A call waiting for its first token: the same reading each second
+        // still redraws, so "waiting 3.2 s" counts up.
+        m.apply(&speed("c-1", Phase::AwaitingFirstToken, 900, None), t0);
+        assert!(m.apply(&stats(None, Some(52.1), Some(31.4)), t0));
+        assert!(m.apply(&stats(None, Some(52.1), Some(31.4)), t0));
     }
 
     #[test]
