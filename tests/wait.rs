@@ -440,7 +440,24 @@ async fn a_route_is_polled_only_while_a_call_waits_and_never_when_idle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_answered_404_is_never_asked_again() {
     // A server with the model routes only: every telemetry GET is a 404.
-    let upstream = ScriptedUpstream::start(std::collections::HashMap::from([(
+    each_endpoint_is_asked_once(ScriptedUpstream::start(model_route_only()).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_answered_200_with_something_else_is_never_asked_again() {
+    // LM Studio's way: every unknown path is a 200 with an error object.
+    let mut scripts = model_route_only();
+    for path in ["/api/ps", "/slots", "/props", "/metrics"] {
+        let error = format!("{{\"error\":\"Unexpected endpoint or method. (GET {path})\"}}");
+        let script = Script::sse(vec![(Duration::ZERO, Bytes::from(error))])
+            .with_content_type("application/json");
+        scripts.insert(path.to_owned(), script);
+    }
+    each_endpoint_is_asked_once(ScriptedUpstream::start(scripts).await).await;
+}
+
+fn model_route_only() -> std::collections::HashMap<String, Script> {
+    std::collections::HashMap::from([(
         "/v1/chat/completions".to_owned(),
         openai_chat_script(
             3,
@@ -448,8 +465,12 @@ async fn an_endpoint_answered_404_is_never_asked_again() {
             Duration::from_millis(20),
             None,
         ),
-    )]))
-    .await;
+    )])
+}
+
+/// Three calls through a telemetry route to `upstream`: each telemetry
+/// endpoint was asked once, at the start look, and never again.
+async fn each_endpoint_is_asked_once(upstream: ScriptedUpstream) {
     let engine = telemetry_engine(&upstream.url()).await;
     let addr = engine.routes[0].listen;
     for _ in 0..3 {

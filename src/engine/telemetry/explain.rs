@@ -9,15 +9,28 @@
 //!    ETA: this model's usual load time left, plus its usual warm TTFT.
 //! 2. `queued`: the call has no slot and speedtap's own calls dispatched
 //!    before it, still in flight on this upstream, fill every slot the
-//!    server has (`/props` `total_slots`, or the `/slots` list), and the
-//!    server does not contradict it (a free slot, or `requests_deferred`
-//!    0). Position: those calls ahead of it.
+//!    server has (`/props` `total_slots`, or the `/slots` list), and no
+//!    reading taken after the call's dispatch contradicts it: a free slot
+//!    in `/slots`, or `/metrics` showing room (nothing deferred and fewer
+//!    requests processing than there are slots). Position: those calls
+//!    ahead of it.
+//!
+//!    Why only readings taken after the dispatch, and why "deferred 0"
+//!    alone is no contradiction: llama-server answers `/slots` and
+//!    `/metrics` between two prompt batches, so a reading can be seconds
+//!    old, and a call the server has not taken in yet (it is still busy
+//!    with the batch) is not counted as deferred although it waits.
 //! 3. `prefilling`: the server's slot for the call (`/slots`) shows its
-//!    prompt progress (`n_prompt_tokens_processed / n_prompt_tokens`); the
-//!    ETA is what is left at the rate observed between polls (or the
-//!    learned rate). Without `/slots`, the progress is the time since the
-//!    prefill started times this route and model's learned prefill rate,
-//!    against the call's (calibrated) prompt size.
+//!    prompt progress: `n_prompt_tokens_processed` against the prompt
+//!    size, the larger of the slot's `n_prompt_tokens` and the call's own
+//!    (calibrated) prompt size. Older llama-servers put the whole prompt
+//!    in `n_prompt_tokens`; newer ones only the tokens taken in so far
+//!    (processed plus the batch under way), which alone would make a
+//!    progress that is always one batch from done. The ETA is what is left
+//!    at the rate observed between polls (or the learned rate). Without
+//!    `/slots`, the progress is the time since the prefill started times
+//!    this route and model's learned prefill rate, against the call's
+//!    (calibrated) prompt size.
 //! 4. `unknown`.
 
 use std::collections::{BTreeMap, HashSet};
@@ -40,9 +53,13 @@ pub struct ServerView {
     pub props: Option<Props>,
     /// The queue gauges of `/metrics`.
     pub queue: Option<Queue>,
-    /// When the look that gave this state began: only a look begun after
-    /// a call's dispatch may decide whether its model was loaded.
-    pub at: Option<Instant>,
+    /// When the look that read `ps` began: only a look begun after a
+    /// call's dispatch may decide whether its model was loaded.
+    pub ps_at: Option<Instant>,
+    /// When the look that read `slots` began.
+    pub slots_at: Option<Instant>,
+    /// When the look that read `queue` began.
+    pub queue_at: Option<Instant>,
 }
 
 impl ServerView {
@@ -90,6 +107,10 @@ struct Tracked {
     slot: Option<(u64, u64)>,
     /// First progress sample `(at, processed)` of that slot.
     first_progress: Option<(Instant, u64)>,
+    /// The latest sample whose count changed: the server advances the
+    /// count a batch at a time, so the rate is measured between changes,
+    /// not against the clock of each look.
+    last_progress: Option<(Instant, u64)>,
     /// When the call stopped loading or queueing (its prefill began).
     prefill_since: Option<Instant>,
     facts: ServerFacts,
@@ -117,6 +138,7 @@ impl Tracker {
                 cold: None,
                 slot: None,
                 first_progress: None,
+                last_progress: None,
                 prefill_since: None,
                 facts: ServerFacts::default(),
             },
@@ -187,7 +209,7 @@ impl Tracker {
             let Some(c) = self.calls.get_mut(&seq) else {
                 continue;
             };
-            let fresh_look = view.at.is_some_and(|at| at >= c.dispatched_at);
+            let fresh_look = view.ps_at.is_some_and(|at| at >= c.dispatched_at);
             if c.cold.is_none() && view.ps.is_some() && fresh_look {
                 if let Some(model) = &c.model {
                     c.cold = Some(view.loaded(model).is_none());
@@ -203,6 +225,22 @@ impl Tracker {
                 c.facts.context_size = m.context_length.or(c.facts.context_size);
             }
             c.facts.cold = c.cold;
+            // A task matched to a waiting call that the slots no longer run
+            // was not that call's: the server took a later call's request
+            // in first (two requests racing through its HTTP threads), ran
+            // it and let it go while this call still waits. The match is
+            // undone, with its progress samples, so the call's own task is
+            // matched when it shows.
+            if let (true, Some((slot_id, task)), Some(slots)) = (c.waiting, c.slot, &view.slots) {
+                let running = slots
+                    .iter()
+                    .any(|s| s.id == slot_id && s.task == Some(task) && s.busy);
+                if !running {
+                    c.slot = None;
+                    c.first_progress = None;
+                    c.last_progress = None;
+                }
+            }
             if c.waiting && c.slot.is_none() {
                 let loading = c.cold == Some(true)
                     && c.model.as_deref().is_some_and(|m| view.loaded(m).is_none());
@@ -224,9 +262,12 @@ impl Tracker {
                     .find(|s| s.id == slot_id && s.task == Some(task))
                 {
                     c.facts.context_size = s.n_ctx.or(c.facts.context_size);
-                    if c.first_progress.is_none() {
-                        if let Some(p) = s.prompt_processed {
+                    if let Some(p) = s.prompt_processed {
+                        if c.first_progress.is_none() {
                             c.first_progress = Some((now, p));
+                        }
+                        if c.last_progress.is_none_or(|(_, last)| last != p) {
+                            c.last_progress = Some((now, p));
                         }
                     }
                 }
@@ -241,6 +282,16 @@ impl Tracker {
             if let Some(task) = s.task {
                 self.seen_tasks.insert((s.id, task));
             }
+        }
+        // A task gone from the slots never comes back (task ids only grow):
+        // only those still shown need remembering, so the set stays as
+        // small as the server's slot list however long the route runs.
+        if let Some(slots) = &view.slots {
+            self.seen_tasks.retain(|seen| {
+                slots
+                    .iter()
+                    .any(|s| (s.id, s.task) == (seen.0, Some(seen.1)))
+            });
         }
     }
 
@@ -264,7 +315,14 @@ impl Tracker {
             .as_ref()
             .map(|s| s.iter().any(|s| !s.busy))
             .unwrap_or(false);
-        let deferred = view.queue.as_ref().and_then(|q| q.deferred);
+        // The server's gauges show a slot free: nothing waits, and fewer
+        // requests run than it has slots.
+        let gauges_show_room = view.queue.as_ref().is_some_and(|q| {
+            q.deferred == Some(0)
+                && q.processing
+                    .zip(total_slots)
+                    .is_some_and(|(running, slots)| running < slots)
+        });
         let mut out = Vec::new();
         let seqs: Vec<u64> = self.calls.keys().copied().collect();
         for (ahead, seq) in seqs.into_iter().enumerate() {
@@ -293,10 +351,12 @@ impl Tracker {
                 continue;
             }
             // 2. Queued.
-            let queued = c.slot.is_none()
-                && total_slots.is_some_and(|n| ahead as u64 >= n)
-                && !free_slot
-                && deferred != Some(0);
+            let read_since_dispatch =
+                |at: Option<Instant>| at.is_some_and(|t| t >= c.dispatched_at);
+            let contradicted = (free_slot && read_since_dispatch(view.slots_at))
+                || (gauges_show_room && read_since_dispatch(view.queue_at));
+            let queued =
+                c.slot.is_none() && total_slots.is_some_and(|n| ahead as u64 >= n) && !contradicted;
             if queued {
                 out.push((
                     seq,
@@ -320,14 +380,25 @@ impl Tracker {
                     .find(|s| s.id == id && s.task == Some(task))
             });
             if let Some(s) = slot {
-                if let (Some(total), Some(done)) = (s.prompt_tokens, s.prompt_processed) {
+                if let (Some(taken_in), Some(done)) = (s.prompt_tokens, s.prompt_processed) {
+                    let total = taken_in.max(c.prompt_tokens.unwrap_or(0));
                     if total > 0 && done < total && s.decoded.unwrap_or(0) == 0 {
-                        let observed = c.first_progress.and_then(|(t0, p0)| {
-                            let dt = now.saturating_duration_since(t0).as_millis() as f64;
-                            (dt > 0.0 && done > p0).then(|| (done - p0) as f64 / dt)
+                        // Tokens per ms between the first and the latest
+                        // change of the count; the ETA counts from that
+                        // reading, less the time since.
+                        let observed = c.first_progress.zip(c.last_progress).and_then(
+                            |((t0, p0), (t1, p1))| {
+                                let dt = t1.saturating_duration_since(t0).as_millis() as f64;
+                                (dt > 0.0 && p1 > p0).then(|| (p1 - p0) as f64 / dt)
+                            },
+                        );
+                        let since_reading = c.last_progress.map_or(0.0, |(t, _)| {
+                            now.saturating_duration_since(t).as_millis() as f64
                         });
                         let rate = observed.or(learned_rate);
-                        let eta = rate.map(|r| ((total - done) as f64 / r).round() as u64);
+                        let eta = rate.map(|r| {
+                            ((total - done) as f64 / r - since_reading).max(0.0).round() as u64
+                        });
                         out.push((
                             seq,
                             Wait {
@@ -409,7 +480,7 @@ mod tests {
         t.track(1, Some("m".into()), t0);
         let mut view = ServerView {
             ps: Some(vec![]),
-            at: Some(t0),
+            ps_at: Some(t0),
             ..ServerView::default()
         };
         t.observe(&view, t0);
@@ -465,6 +536,43 @@ mod tests {
     }
 
     #[test]
+    fn a_task_that_ends_while_its_call_still_waits_was_another_calls_and_is_let_go() {
+        // Two requests race through the server's HTTP threads and the later,
+        // shorter one reaches the slot first: it is matched to the call
+        // dispatched first, runs, and ends while that call still waits.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.update(1, None, Some(1_888));
+        t.track(2, Some("m".into()), ms(t0, 10));
+        t.update(2, None, Some(27));
+        let mut view = ServerView {
+            slots: Some(vec![slot(0, true, Some(5), 27, 0)]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 100));
+        t.first_token(2);
+        t.untrack(2);
+        // Now the first call's own task runs in the slot.
+        view.slots = Some(vec![slot(0, true, Some(6), 512, 256)]);
+        t.observe(&view, ms(t0, 1_100));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_100));
+        assert_eq!(w[0].1.reason, WaitReason::Prefilling, "{w:?}");
+        assert_eq!(w[0].1.progress, Some(0.135), "{w:?}");
+        assert_eq!(w[0].1.prompt_tokens, Some(1_888));
+        // Its progress is measured from its own task's samples only.
+        view.slots = Some(vec![slot(0, true, Some(6), 768, 512)]);
+        t.observe(&view, ms(t0, 2_100));
+        let w = t.explain("r", &view, &normals, ms(t0, 2_100));
+        assert_eq!(w[0].1.progress, Some(0.271));
+        // 256 tokens a second: 1,376 left is 5.4 s.
+        assert_eq!(w[0].1.eta_ms, Some(5_375));
+        // Only the tasks the slots still show are remembered.
+        assert_eq!(t.seen_tasks.len(), 1);
+    }
+
+    #[test]
     fn without_slots_the_prefill_is_estimated_from_the_learned_rate() {
         let t0 = Instant::now();
         let mut normals = Normals::new();
@@ -490,5 +598,103 @@ mod tests {
         assert_eq!(w[0].1.progress, Some(0.25));
         assert_eq!(w[0].1.eta_ms, Some(3_000));
         assert_eq!(w[0].1.usual_ms, Some(4_000));
+    }
+
+    fn gauges(deferred: u64, processing: u64) -> Option<Queue> {
+        Some(Queue {
+            deferred: Some(deferred),
+            processing: Some(processing),
+        })
+    }
+
+    #[test]
+    fn gauges_read_before_the_dispatch_or_not_yet_counting_the_call_leave_it_queued() {
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 100));
+        // Read before the second call was sent: "nothing deferred" says
+        // nothing about it.
+        let mut view = ServerView {
+            slots: Some(vec![slot(0, true, Some(5), 1000, 0)]),
+            slots_at: Some(t0),
+            queue: gauges(0, 0),
+            queue_at: Some(t0),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 600));
+        let w = t.explain("r", &view, &normals, ms(t0, 600));
+        assert_eq!(w[1].1.reason, WaitReason::Queued);
+        assert_eq!(w[1].1.position, Some(1));
+        // Read after it, with its one slot busy: the server has not taken
+        // the call in yet (it is between batches), so it still waits.
+        view.queue = gauges(0, 1);
+        view.queue_at = Some(ms(t0, 500));
+        t.observe(&view, ms(t0, 1_100));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_100));
+        assert_eq!(w[1].1.reason, WaitReason::Queued);
+        // Deferred, as the server counts it once it has taken the call in.
+        view.queue = gauges(1, 1);
+        let w = t.explain("r", &view, &normals, ms(t0, 1_600));
+        assert_eq!(w[1].1.reason, WaitReason::Queued);
+        // A fresh reading with room: the server is not making it wait.
+        view.queue = gauges(0, 0);
+        view.queue_at = Some(ms(t0, 1_600));
+        let w = t.explain("r", &view, &normals, ms(t0, 2_100));
+        assert_ne!(w[1].1.reason, WaitReason::Queued, "{w:?}");
+        // Nor is it with a free slot seen after the dispatch (the server
+        // says it has one slot, so the free one is not a second).
+        view.queue = None;
+        view.props = Some(Props {
+            n_ctx: None,
+            total_slots: Some(1),
+        });
+        view.slots = Some(vec![
+            slot(0, true, Some(5), 1000, 0),
+            slot(1, false, None, 0, 0),
+        ]);
+        view.slots_at = Some(ms(t0, 1_600));
+        let w = t.explain("r", &view, &normals, ms(t0, 2_100));
+        assert_ne!(w[1].1.reason, WaitReason::Queued, "{w:?}");
+    }
+
+    #[test]
+    fn a_slot_counting_only_the_prompt_taken_in_so_far_is_measured_against_the_whole_prompt() {
+        // Newer llama-servers report n_prompt_tokens as processed plus the
+        // batch under way (256, 512, ...), not the whole prompt.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.update(1, None, Some(1_000));
+        let mut view = ServerView {
+            slots: Some(vec![slot(0, true, Some(7), 256, 0)]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 100));
+        let w = t.explain("r", &view, &normals, ms(t0, 100));
+        assert_eq!(w[0].1.reason, WaitReason::Prefilling);
+        assert_eq!(w[0].1.progress, Some(0.0));
+        assert_eq!(w[0].1.prompt_tokens, Some(1_000));
+        view.slots = Some(vec![slot(0, true, Some(7), 512, 256)]);
+        t.observe(&view, ms(t0, 1_100));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_100));
+        assert_eq!(w[0].1.progress, Some(0.256));
+        // 256 tokens in the 1 s between readings: 744 left is 2.9 s.
+        assert_eq!(w[0].1.eta_ms, Some(2_906));
+        // Half a second on, the server still shows the same count (it
+        // answers between batches): the ETA counts down from that reading
+        // instead of the rate sagging.
+        t.observe(&view, ms(t0, 1_600));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_600));
+        assert_eq!(w[0].1.progress, Some(0.256));
+        assert_eq!(w[0].1.eta_ms, Some(2_406));
+        // A server that counts the whole prompt still wins when larger.
+        view.slots = Some(vec![slot(0, true, Some(7), 2_000, 500)]);
+        t.observe(&view, ms(t0, 2_100));
+        let w = t.explain("r", &view, &normals, ms(t0, 2_100));
+        assert_eq!(w[0].1.progress, Some(0.25));
+        assert_eq!(w[0].1.prompt_tokens, Some(2_000));
     }
 }

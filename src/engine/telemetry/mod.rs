@@ -5,7 +5,8 @@
 //!   /slots`, `GET /props` and `GET /metrics` (vLLM's `/metrics` queue
 //!   gauges too), parsed by [`server`]. Which server the upstream is does
 //!   not matter: every endpoint is tried, and one answered 404 (or 405,
-//!   501: switched off) is never asked again, so a server that publishes
+//!   501: switched off), or answered 2xx with a body that is not what the
+//!   endpoint publishes, is never asked again, so a server that publishes
 //!   nothing costs one request per endpoint for the engine's life.
 //! - **When.** Once when the route starts (which is also when a
 //!   discovered server becomes a route), on each dispatched call, then
@@ -49,7 +50,15 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Each telemetry request gives up after this long: a server too busy to
 /// answer is not waited on (the wait explanation keeps its last state).
-pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(1_000);
+///
+/// Why seconds and not a few hundred milliseconds: llama-server answers
+/// `/slots` and `/metrics` from its main loop, between two prompt batches,
+/// so during a long prefill an answer comes when the batch under way ends
+/// (measured: 1-4 s per 256-token batch of a 135M model on a busy 2-core
+/// machine). A shorter timeout would drop every reading taken during the
+/// prefill, which is when they matter. Looks never overlap, and nothing on
+/// the proxy's path waits for them.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `/props` is re-read at most this often.
 pub const PROPS_MAX_AGE: Duration = Duration::from_secs(60);
@@ -156,6 +165,9 @@ pub struct TelemetryPoller {
     available: [bool; 4],
     view: ServerView,
     props_read_at: Option<Instant>,
+    /// When the look under way (or the last one) began: what it reads is
+    /// as recent as that, however long the server took to answer.
+    look_began: Instant,
     tracker: Tracker,
     /// Weak on purpose: a call actor whose proxy side is gone must see
     /// itself orphaned (no strong address left) and settle as abandoned;
@@ -183,6 +195,7 @@ impl TelemetryPoller {
             available: [true; 4],
             view: ServerView::default(),
             props_read_at: None,
+            look_began: Instant::now(),
             tracker: Tracker::default(),
             actors: HashMap::new(),
             last_sent: HashMap::new(),
@@ -219,12 +232,11 @@ impl TelemetryPoller {
             .map(|(_, e)| e)
             .collect();
         if wanted.is_empty() {
-            self.view.at = Some(now);
             self.after_look(ctx);
             return;
         }
         self.polling = true;
-        self.view.at = Some(now);
+        self.look_began = now;
         self.requests
             .fetch_add(wanted.len() as u64, Ordering::Relaxed);
         let client = self.client.clone();
@@ -256,28 +268,31 @@ impl TelemetryPoller {
             }
             Answer::Failed => return,
         };
-        match endpoint {
-            Endpoint::Ps => {
-                if let Some(ps) = server::parse_ps(&body) {
-                    self.view.ps = Some(ps);
-                }
-            }
-            Endpoint::Slots => {
-                if let Some(slots) = server::parse_slots(&body) {
-                    self.view.slots = Some(slots);
-                }
-            }
-            Endpoint::Props => {
-                if let Some(props) = server::parse_props(&body) {
-                    self.view.props = Some(props);
-                    self.props_read_at = Some(Instant::now());
-                }
-            }
-            Endpoint::Metrics => {
-                if let Some(q) = server::parse_metrics(&body) {
-                    self.view.queue = Some(q);
-                }
-            }
+        // A 2xx whose body is not the endpoint's format is a server that
+        // does not publish it either: LM Studio answers every unknown path
+        // 200 with an error object, and a bare streaming server may answer
+        // any path with a completion stream. Never asked again, like a 404
+        // (a server still loading answers 503, which is tried again).
+        let published = match endpoint {
+            Endpoint::Ps => server::parse_ps(&body).map(|ps| {
+                self.view.ps = Some(ps);
+                self.view.ps_at = Some(self.look_began);
+            }),
+            Endpoint::Slots => server::parse_slots(&body).map(|slots| {
+                self.view.slots = Some(slots);
+                self.view.slots_at = Some(self.look_began);
+            }),
+            Endpoint::Props => server::parse_props(&body).map(|props| {
+                self.view.props = Some(props);
+                self.props_read_at = Some(Instant::now());
+            }),
+            Endpoint::Metrics => server::parse_metrics(&body).map(|q| {
+                self.view.queue = Some(q);
+                self.view.queue_at = Some(self.look_began);
+            }),
+        };
+        if published.is_none() {
+            self.available[index] = false;
         }
     }
 

@@ -126,13 +126,16 @@ pub fn parse_slots(body: &[u8]) -> Option<Vec<SlotState>> {
 pub fn parse_props(body: &[u8]) -> Option<Props> {
     let v: Value = serde_json::from_slice(body).ok()?;
     v.as_object()?;
-    Some(Props {
+    let props = Props {
         n_ctx: count(
             v.get("default_generation_settings")
                 .and_then(|d| d.get("n_ctx")),
         ),
         total_slots: count(v.get("total_slots")),
-    })
+    };
+    // An object with neither (another server's error object) is not
+    // llama-server's properties.
+    (props.n_ctx.is_some() || props.total_slots.is_some()).then_some(props)
 }
 
 /// `GET /metrics` (Prometheus text): the queue gauges of llama-server or
@@ -231,6 +234,21 @@ mod tests {
         let vllm = b"vllm:num_requests_waiting{model_name=\"m\"} 3.0\nvllm:num_requests_running{model_name=\"m\"} 1.0\n";
         assert_eq!(parse_metrics(vllm).unwrap().deferred, Some(3));
         assert_eq!(parse_metrics(b"other_metric 1\n"), None);
+    }
+
+    #[test]
+    fn another_servers_error_object_or_a_stream_is_no_telemetry() {
+        // LM Studio answers unknown paths 200 with an error object.
+        let lm_studio = br#"{"error":"Unexpected endpoint or method. (GET /slots)"}"#;
+        assert_eq!(parse_ps(lm_studio), None);
+        assert_eq!(parse_slots(lm_studio), None);
+        assert_eq!(parse_props(lm_studio), None);
+        assert_eq!(parse_metrics(lm_studio), None);
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+        assert_eq!(parse_ps(stream), None);
+        assert_eq!(parse_slots(stream), None);
+        assert_eq!(parse_props(stream), None);
+        assert_eq!(parse_metrics(stream), None);
     }
 
     #[test]
