@@ -16,7 +16,7 @@ use speedtap::config::CaptureOnlyRoute;
 use speedtap::host::{CaptureOptions, CaptureStatus, Engine, EngineOptions, RunningEngine};
 use speedtap::model::{
     ApiKind, Call, CallStatus, CaptureRouteDoc, CaptureState, EngineQueries, RouteSpec, SeenBy,
-    Upstream,
+    StartKind, Upstream, WaitReason,
 };
 use speedtap::simulate::{SimConfig, SimServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,6 +27,15 @@ const MS: Duration = Duration::from_millis(1);
 /// `proxy`, else as the capture-only route `t`. `None` (and a printed
 /// reason) when the capture can't run here.
 async fn capture_engine(upstream: &str, proxy: bool) -> Option<RunningEngine> {
+    capture_engine_with(upstream, proxy, |_| {}).await
+}
+
+/// [`capture_engine`] with the options changed by `tweak` first.
+async fn capture_engine_with(
+    upstream: &str,
+    proxy: bool,
+    tweak: impl FnOnce(&mut EngineOptions),
+) -> Option<RunningEngine> {
     let mut options = if proxy {
         EngineOptions::new(vec![RouteSpec::new("t", "127.0.0.1:0", upstream).unwrap()])
     } else {
@@ -44,6 +53,7 @@ async fn capture_engine(upstream: &str, proxy: bool) -> Option<RunningEngine> {
             }]
         },
     });
+    tweak(&mut options);
     let engine = Engine::start(options).await.unwrap();
     match &engine.capture {
         CaptureStatus::On { .. } => Some(engine),
@@ -407,4 +417,48 @@ fn without_the_permission_speedtap_run_warns_once_with_the_grant_command_and_kee
         .filter(|l| l.contains("capture is off"))
         .count();
     assert_eq!(warnings, 1, "one warning line");
+}
+
+/// A call seen only by the capture has its wait explained like a proxied
+/// one: the capture-only route's telemetry poller sees the simulator
+/// (behaving like Ollama) loading the model, so the call's live snapshots
+/// say `loading_model` before its first token, and its details keep it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_call_for_a_model_not_loaded_says_it_is_loading() {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            load_time: Duration::from_millis(1_500),
+            server_timings: true,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let Some(engine) = capture_engine_with(&sim.base_url(), false, |o| o.telemetry = true).await
+    else {
+        sim.shutdown().await;
+        return;
+    };
+    let mut rx = engine.handle.subscribe().await;
+    let body = serde_json::json!({
+        "model": "m", "stream": true,
+        "messages": [{"role": "user", "content": "hello there"}]
+    })
+    .to_string();
+    let got = stopwatch_client(sim.local_addr(), "/api/chat", &body).await;
+    assert_eq!(got.status, 200);
+    let (seen, call) = crate::wait::waits_of(&mut rx, "c-000001").await;
+    assert_eq!(call.details.seen_by, SeenBy::Capture);
+    assert_eq!(
+        crate::wait::reasons(&seen).first(),
+        Some(&WaitReason::LoadingModel),
+        "{seen:?}"
+    );
+    assert_eq!(call.details.start, Some(StartKind::Cold));
+    assert!(call.details.wait.is_some(), "{call:#?}");
+    let ttft = call.speed.as_ref().and_then(|s| s.time_to_first_token_ms);
+    assert!(ttft.is_some_and(|t| t >= 1_500), "{ttft:?}");
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
 }

@@ -20,9 +20,9 @@ use speedtap::simulate::{Overflow, SimConfig, SimServer};
 
 /// A waiting snapshot: when it was published (ms since dispatch) and why.
 #[derive(Clone, Debug)]
-struct Seen {
-    elapsed_ms: u64,
-    wait: Wait,
+pub(crate) struct Seen {
+    pub(crate) elapsed_ms: u64,
+    pub(crate) wait: Wait,
 }
 
 async fn telemetry_engine(upstream: &str) -> speedtap::host::RunningEngine {
@@ -31,7 +31,7 @@ async fn telemetry_engine(upstream: &str) -> speedtap::host::RunningEngine {
 
 /// Every explained wait of call `id` until it settles; returns them and
 /// the settled call.
-async fn waits_of(
+pub(crate) async fn waits_of(
     rx: &mut tokio::sync::mpsc::Receiver<EngineEvent>,
     id: &str,
 ) -> (Vec<Seen>, Call) {
@@ -59,7 +59,7 @@ async fn waits_of(
 
 /// The known reasons in the order they came (`unknown` between polls or
 /// before the server shows the call is left out).
-fn reasons(seen: &[Seen]) -> Vec<WaitReason> {
+pub(crate) fn reasons(seen: &[Seen]) -> Vec<WaitReason> {
     let mut out: Vec<WaitReason> = Vec::new();
     for s in seen {
         if s.wait.reason != WaitReason::Unknown && out.last() != Some(&s.wait.reason) {

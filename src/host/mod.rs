@@ -667,6 +667,7 @@ impl Engine {
             own_connections: std::sync::OnceLock::new(),
             normals: Arc::new(RwLock::new(crate::meter::normals::Normals::new())),
             telemetry: options.telemetry,
+            pollers: Default::default(),
         });
         let (stop_accepting, stop_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -876,6 +877,7 @@ async fn start_capture(
             routes.push(CaptureRoute {
                 name: name.clone(),
                 port: upstream.port,
+                upstream: upstream.clone(),
             });
         }
     }

@@ -52,6 +52,7 @@ use super::messages::{
     ResponseStarted,
 };
 use super::proxy::{call_id, headers, EngineLink, OwnConnection};
+use super::telemetry::TelemetryPoller;
 use crate::capture::flows::{CaptureEvent, ConnId, Flows, ServerPort};
 use crate::capture::http1::{Event, Headers};
 use crate::capture::packet::{self, LinkType};
@@ -60,7 +61,7 @@ use crate::capture::Nanos;
 use crate::decode::detect::detect_request;
 use crate::decode::request_fields::RequestScanner;
 use crate::metering::StreamEnd;
-use crate::model::{ApiKind, CallIdentity, SeenBy};
+use crate::model::{ApiKind, CallIdentity, SeenBy, Upstream};
 
 /// How often holes are given up and the source's loss counters read while
 /// there is something to do: a call in flight or a hole holding data back.
@@ -91,11 +92,20 @@ fn rearm(armed: Option<Duration>, wanted: Option<Duration>) -> Option<Duration> 
     }
 }
 
-/// A route as the capture sees it: its name and its upstream's port.
+/// A route as the capture sees it: its name, its upstream's port, and the
+/// upstream itself (where its telemetry poller asks).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CaptureRoute {
     pub name: String,
     pub port: u16,
+    pub upstream: Upstream,
+}
+
+/// What the task keeps of a route: the name its calls are recorded under
+/// and the poller that explains their waits (`None` with telemetry off).
+struct RouteEntry {
+    name: String,
+    telemetry: Option<Addr<TelemetryPoller>>,
 }
 
 /// One HTTP exchange being metered.
@@ -113,8 +123,8 @@ pub struct CaptureTask {
     flows: Flows,
     link: LinkType,
     engine: Arc<EngineLink>,
-    /// Route names by upstream port.
-    routes: HashMap<u16, String>,
+    /// The routes by upstream port.
+    routes: HashMap<u16, RouteEntry>,
     /// speedtap's own listen ports: never captured.
     own_ports: HashSet<u16>,
     exchanges: HashMap<(ConnId, u64), Exchange>,
@@ -143,8 +153,16 @@ impl CaptureTask {
         CaptureTask {
             flows: Flows::new(routes.iter().map(|r| ServerPort::any(r.port))),
             link,
-            engine,
-            routes: routes.iter().map(|r| (r.port, r.name.clone())).collect(),
+            routes: routes
+                .iter()
+                .map(|r| {
+                    let entry = RouteEntry {
+                        name: r.name.clone(),
+                        telemetry: engine.telemetry_for(&r.name, &r.upstream),
+                    };
+                    (r.port, entry)
+                })
+                .collect(),
             own_ports: own_ports.into_iter().collect(),
             exchanges: HashMap::new(),
             client_closed: HashSet::new(),
@@ -152,6 +170,7 @@ impl CaptureTask {
             clock: None,
             lost_reported: 0,
             fresh_packets: false,
+            engine,
         }
     }
 
@@ -399,7 +418,7 @@ impl CaptureTask {
         let seq = link.next_seq();
         let identity = CallIdentity {
             id: call_id(seq),
-            route: route.clone(),
+            route: route.name.clone(),
             api,
             model: None,
             started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
@@ -421,9 +440,9 @@ impl CaptureTask {
                 .and_then(super::details::client_app),
             seen_by: SeenBy::Capture,
             normals: link.normals.clone(),
-            // The capture sees calls to the server's own port: the wait is
-            // not explained there (the fixed slow rule applies).
-            telemetry: None,
+            // The route's poller (shared with its proxy, if it has one):
+            // a captured call's wait is explained like a proxied one's.
+            telemetry: route.telemetry.clone(),
         };
         let actor = CallActor::start_in_arbiter(link.arbiter(), move |_| CallActor::new(setup));
         self.exchanges.insert(
@@ -517,10 +536,12 @@ mod tests {
                 own_connections: std::sync::OnceLock::new(),
                 normals: Default::default(),
                 telemetry: false,
+                pollers: Default::default(),
             });
             let routes = [CaptureRoute {
                 name: "ollama".into(),
                 port: 11434,
+                upstream: Upstream::parse("http://127.0.0.1:11434").expect("upstream"),
             }];
             Rig {
                 task: CaptureTask::new(link, &routes, [11435], LinkType::Ethernet),

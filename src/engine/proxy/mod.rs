@@ -33,12 +33,13 @@ pub mod limits;
 pub mod listen;
 pub mod tap;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
-use actix::{Actor, Addr, ArbiterHandle, Recipient};
+use actix::{Actor, Addr, ArbiterHandle, Recipient, WeakAddr};
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
@@ -95,6 +96,9 @@ pub struct EngineLink {
     /// Start a telemetry poller per route (off in tests that count the
     /// upstream's requests).
     pub telemetry: bool,
+    /// The live telemetry poller of each (route, upstream base URL), held
+    /// weakly: see [`EngineLink::telemetry_for`].
+    pub pollers: Mutex<HashMap<(String, String), WeakAddr<TelemetryPoller>>>,
 }
 
 /// One of the proxy's own upstream connections: its local address, and
@@ -111,6 +115,38 @@ impl EngineLink {
     /// ids stay unique).
     pub(crate) fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The telemetry poller for `route`'s calls to `upstream`, started on
+    /// first use: the proxy route and the capture, which may both see
+    /// calls to the same server under the same route name, report them to
+    /// one poller, so a call's queue position counts the calls ahead of it
+    /// whichever interceptor saw them, and the server is asked once per
+    /// look, not once per interceptor. Held weakly here: the poller stops
+    /// when the last of its route's holders (the route's proxy, the
+    /// capture task, a call still in flight) lets go. `None` with
+    /// telemetry off.
+    pub(crate) fn telemetry_for(
+        &self,
+        route: &str,
+        upstream: &Upstream,
+    ) -> Option<Addr<TelemetryPoller>> {
+        if !self.telemetry {
+            return None;
+        }
+        let mut pollers = self.pollers.lock().unwrap_or_else(PoisonError::into_inner);
+        pollers.retain(|_, poller| poller.upgrade().is_some());
+        let key = (route.to_owned(), upstream.base_url());
+        if let Some(live) = pollers.get(&key).and_then(WeakAddr::upgrade) {
+            return Some(live);
+        }
+        let (name, up, normals) = (route.to_owned(), upstream.clone(), self.normals.clone());
+        // On a metering arbiter, off the proxy's threads.
+        let poller = TelemetryPoller::start_in_arbiter(self.arbiter(), move |_| {
+            TelemetryPoller::new(name, up, normals)
+        });
+        pollers.insert(key, poller.downgrade());
+        Some(poller)
     }
 
     /// The metering arbiter for the next call actor, round robin.
@@ -198,14 +234,8 @@ impl RouteProxy {
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)
             .build(connector);
-        // The poller lives on a metering arbiter, off the proxy's threads;
-        // it stops when the route (and its last call) lets go of it.
-        let telemetry = link.telemetry.then(|| {
-            let (route, up, normals) = (name.clone(), upstream.clone(), link.normals.clone());
-            TelemetryPoller::start_in_arbiter(link.arbiter(), move |_| {
-                TelemetryPoller::new(route, up, normals)
-            })
-        });
+        // Shared with the capture, when it sees this route's upstream too.
+        let telemetry = link.telemetry_for(&name, &upstream);
         RouteProxy {
             name,
             upstream,
