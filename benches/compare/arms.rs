@@ -399,11 +399,22 @@ pub async fn start_nginx(bin: &Path, upstream: SocketAddr, dir: &Path) -> Result
     let conf = dir.join("nginx.conf");
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+    // `SPEEDTAP_BENCH_NGINX_KEEPALIVE=0`: no idle upstream connections, a
+    // fresh one per request as speedtap opens (to tell the connect's share
+    // of the added time to first token from the rest).
+    let keepalive = match std::env::var("SPEEDTAP_BENCH_NGINX_KEEPALIVE")
+        .ok()
+        .as_deref()
+    {
+        Some("0") => String::new(),
+        Some(n) if n.parse::<u32>().is_ok() => format!(" keepalive {n};"),
+        _ => " keepalive 64;".to_owned(),
+    };
     let text = format!(
         "worker_processes 1; pid {pid}; error_log {err};\n\
          events {{ worker_connections 8192; }}\n\
          http {{ access_log off; client_body_temp_path {tmp}; proxy_temp_path {tmp};\n\
-         \x20 upstream u {{ server {upstream}; keepalive 64; }}\n\
+         \x20 upstream u {{ server {upstream};{keepalive} }}\n\
          \x20 server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://u; proxy_http_version 1.1;\n\
          \x20   proxy_set_header Connection \"\"; proxy_buffering off; proxy_request_buffering off; tcp_nodelay on; }} }} }}\n",
         pid = dir.join("nginx.pid").display(),

@@ -33,7 +33,9 @@
 //! For exploring and profiling, `SPEEDTAP_BENCH_ROUNDS=N` sets the rounds,
 //! `SPEEDTAP_BENCH_LEVELS=100,2000` the sweep's levels,
 //! `SPEEDTAP_BENCH_ARMS=direct,speedtap,capture` only those arms (the
-//! others are reported as skipped), and
+//! others are reported as skipped),
+//! `SPEEDTAP_BENCH_NGINX_KEEPALIVE=0` gives nginx no idle upstream
+//! connections (a fresh one per request, as speedtap), and
 //! `SPEEDTAP_BENCH_WRAP="perf record -g -o FILE --"` runs speedtap under a
 //! wrapper command (its CPU figures then include the wrapper's).
 
