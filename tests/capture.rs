@@ -425,16 +425,7 @@ fn without_the_permission_speedtap_run_warns_once_with_the_grant_command_and_kee
 /// say `loading_model` before its first token, and its details keep it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_captured_call_for_a_model_not_loaded_says_it_is_loading() {
-    let sim = SimServer::start(
-        "127.0.0.1:0",
-        SimConfig {
-            load_time: Duration::from_millis(1_500),
-            server_timings: true,
-            ..SimConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let sim = crate::wait::loading_simulator().await;
     let Some(engine) = capture_engine_with(&sim.base_url(), false, |o| o.telemetry = true).await
     else {
         sim.shutdown().await;

@@ -111,9 +111,10 @@ fn eta_errors(seen: &[Seen], ttft_ms: u64) -> Vec<i64> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_for_an_unloaded_model_says_loading_then_a_later_load_has_an_eta() {
-    let sim = SimServer::start(
+/// The simulator behaving like Ollama: a model not loaded takes 1.5 s to
+/// load, and is not listed by `/api/ps` until it has.
+pub(crate) async fn loading_simulator() -> SimServer {
+    SimServer::start(
         "127.0.0.1:0",
         SimConfig {
             load_time: Duration::from_millis(1_500),
@@ -122,7 +123,12 @@ async fn a_call_for_an_unloaded_model_says_loading_then_a_later_load_has_an_eta(
         },
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_for_an_unloaded_model_says_loading_then_a_later_load_has_an_eta() {
+    let sim = loading_simulator().await;
     let engine = telemetry_engine(&sim.base_url()).await;
     let addr = engine.routes[0].listen;
     let mut rx = engine.handle.subscribe().await;
