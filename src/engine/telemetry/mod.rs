@@ -13,7 +13,10 @@
 //!   every [`POLL_INTERVAL`] while a call on the route still awaits its
 //!   first token. Streaming-only and idle routes are not polled: no timer
 //!   runs, no wake-ups. `/props` changes rarely: it is read at start and
-//!   then at most every [`PROPS_MAX_AGE`], on a dispatch.
+//!   then at most every [`PROPS_MAX_AGE`], on a dispatch. Once the server
+//!   is known to publish nothing, a dispatch asks nothing and the rules
+//!   run at most once per [`POLL_INTERVAL`] (each pass walks every
+//!   tracked call).
 //! - **Never on the proxy's path.** The poller runs on a metering arbiter
 //!   with its own HTTP client and connections; each request has a
 //!   [`REQUEST_TIMEOUT`] and a body cap. Call actors talk to it with
@@ -181,6 +184,8 @@ pub struct TelemetryPoller {
     next: Option<SpawnHandle>,
     /// Telemetry requests sent (diagnostics and tests).
     requests: Arc<AtomicU64>,
+    /// Passes of the rules over every tracked call (tests).
+    passes: Arc<AtomicU64>,
 }
 
 impl TelemetryPoller {
@@ -203,6 +208,7 @@ impl TelemetryPoller {
             polling: false,
             next: None,
             requests: Arc::new(AtomicU64::new(0)),
+            passes: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -211,15 +217,17 @@ impl TelemetryPoller {
         self.requests.clone()
     }
 
+    /// The count of passes of the rules over the tracked calls, shared.
+    pub fn pass_counter(&self) -> Arc<AtomicU64> {
+        self.passes.clone()
+    }
+
     /// Looks at the server now (unless a look is under way): the requests
     /// run concurrently, each with its timeout; then every waiting call is
     /// explained.
     fn look(&mut self, ctx: &mut Context<Self>) {
         if self.polling {
             return;
-        }
-        if let Some(h) = self.next.take() {
-            ctx.cancel_future(h);
         }
         let now = Instant::now();
         let props_due = self
@@ -232,8 +240,20 @@ impl TelemetryPoller {
             .map(|(_, e)| e)
             .collect();
         if wanted.is_empty() {
-            self.after_look(ctx);
+            // Nothing to ask (the server publishes none of it): a wait can
+            // then only come from the learned normals, which a new call
+            // does not change for the others. The rules run at once when
+            // no pass is due, else with the pass due within POLL_INTERVAL,
+            // not on each call's events: each pass walks every tracked
+            // call, so per event it was quadratic (2,000 streams: some
+            // 8,000 events, each over 2,000 calls).
+            if self.next.is_none() {
+                self.after_look(ctx);
+            }
             return;
+        }
+        if let Some(h) = self.next.take() {
+            ctx.cancel_future(h);
         }
         self.polling = true;
         self.look_began = now;
@@ -299,6 +319,7 @@ impl TelemetryPoller {
     /// Explains every waiting call and schedules the next look while one
     /// waits.
     fn after_look(&mut self, ctx: &mut Context<Self>) {
+        self.passes.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         self.tracker.observe(&self.view, now);
         self.tell(now);
@@ -439,5 +460,84 @@ impl Handler<Untrack> for TelemetryPoller {
         self.actors.remove(&msg.seq);
         self.last_sent.remove(&msg.seq);
         self.idle_unless_waiting(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix::Addr;
+
+    /// Stands in for a call actor: counts the explanations it gets.
+    struct Call(Arc<AtomicU64>);
+
+    impl Actor for Call {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<WaitExplained> for Call {
+        type Result = ();
+        fn handle(&mut self, _: WaitExplained, _: &mut Self::Context) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[actix::test]
+    async fn with_nothing_to_ask_a_burst_of_calls_is_explained_once_per_poll_not_once_per_call() {
+        tokio::time::pause();
+        let upstream = Upstream::parse("http://127.0.0.1:9").expect("upstream");
+        let mut poller = TelemetryPoller::new("r".into(), upstream, Default::default());
+        // As after the first look at a server that publishes nothing.
+        poller.available = [false; 4];
+        let passes = poller.pass_counter();
+        let poller = poller.start();
+        let heard = Arc::new(AtomicU64::new(0));
+        let calls: Vec<Addr<Call>> = (0..50).map(|_| Call(heard.clone()).start()).collect();
+        // A round trip, so the look at start has run before counting.
+        poller.send(Untrack { seq: 0 }).await.expect("poller");
+        let after_start = passes.load(Ordering::Relaxed);
+        for (seq, call) in (1..).zip(&calls) {
+            poller
+                .send(Track {
+                    seq,
+                    model: Some("m".into()),
+                    dispatched_at: Instant::now(),
+                    actor: call.clone().recipient(),
+                })
+                .await
+                .expect("poller");
+        }
+        // The first call is explained at once; the other 49 wait for the
+        // pass due within POLL_INTERVAL.
+        assert_eq!(passes.load(Ordering::Relaxed) - after_start, 1);
+        tokio::time::sleep(POLL_INTERVAL + Duration::from_millis(1)).await;
+        // Let the calls' mailboxes drain.
+        tokio::task::yield_now().await;
+        assert_eq!(passes.load(Ordering::Relaxed) - after_start, 2);
+        for call in &calls {
+            call.send(Ping).await.expect("call");
+        }
+        assert_eq!(
+            heard.load(Ordering::Relaxed),
+            50,
+            "every call heard its facts"
+        );
+        // Once no call waits, no pass is scheduled.
+        for seq in 1..=50 {
+            poller.send(FirstTokenSeen { seq }).await.expect("poller");
+        }
+        tokio::time::sleep(POLL_INTERVAL * 4).await;
+        assert_eq!(passes.load(Ordering::Relaxed) - after_start, 2);
+    }
+
+    /// A message that only returns: once a `Call` answers it, every
+    /// message sent to it before has been handled.
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Ping;
+
+    impl Handler<Ping> for Call {
+        type Result = ();
+        fn handle(&mut self, _: Ping, _: &mut Self::Context) {}
     }
 }
