@@ -8,8 +8,9 @@
 //!    (`/api/ps`) at the first look after dispatch, and still isn't.
 //!    ETA: this model's usual load time left, plus its usual warm TTFT.
 //! 2. `queued`: the call has no slot and speedtap's own calls dispatched
-//!    before it, still in flight on this upstream, fill every slot the
-//!    server has (`/props` `total_slots`, or the `/slots` list), and no
+//!    before it, still in flight on this upstream (a streaming call whose
+//!    task has left `/slots` no longer counts: the server is done with it),
+//!    fill every slot the server has (`/props` `total_slots`, or the `/slots` list), and no
 //!    reading taken after the call's dispatch contradicts it: a free slot
 //!    in `/slots`, or `/metrics` showing room (nothing deferred and fewer
 //!    requests processing than there are slots). Position: those calls
@@ -116,6 +117,25 @@ struct Tracked {
     facts: ServerFacts,
 }
 
+impl Tracked {
+    /// Whether the server is done with this call although speedtap still
+    /// tracks it: it streams (no longer waits) and the task matched to it
+    /// has left the server's slots. The server has then handed its slot to
+    /// the next call while the last bytes were still on their way, so the
+    /// call takes no slot and holds no queue place: counting it ahead would
+    /// keep the next call "queued" on a slot it already runs on, and leave
+    /// that call's task unmatched for good.
+    fn done_on_server(&self, view: &ServerView) -> bool {
+        let (Some((slot_id, task)), Some(slots)) = (self.slot, &view.slots) else {
+            return false;
+        };
+        !self.waiting
+            && !slots
+                .iter()
+                .any(|s| s.id == slot_id && s.task == Some(task) && s.busy)
+    }
+}
+
 /// Every call in flight on one route, in dispatch order (by sequence
 /// number), and what is known of each.
 #[derive(Debug, Default)]
@@ -205,7 +225,9 @@ impl Tracker {
         let mut fresh = fresh.into_iter();
         let total_slots = view.total_slots();
         let seqs: Vec<u64> = self.calls.keys().copied().collect();
-        for (ahead, seq) in seqs.into_iter().enumerate() {
+        // Calls before this one that still take a slot or a queue place.
+        let mut ahead: u64 = 0;
+        for seq in seqs {
             let Some(c) = self.calls.get_mut(&seq) else {
                 continue;
             };
@@ -244,7 +266,7 @@ impl Tracker {
             if c.waiting && c.slot.is_none() {
                 let loading = c.cold == Some(true)
                     && c.model.as_deref().is_some_and(|m| view.loaded(m).is_none());
-                let queued_by_count = total_slots.is_some_and(|n| ahead as u64 >= n);
+                let queued_by_count = total_slots.is_some_and(|n| ahead >= n);
                 if !loading && !queued_by_count {
                     if let Some(s) = fresh.next() {
                         if let Some(task) = s.task {
@@ -274,6 +296,9 @@ impl Tracker {
             }
             if c.facts.context_size.is_none() {
                 c.facts.context_size = view.props.as_ref().and_then(|p| p.n_ctx);
+            }
+            if !c.done_on_server(view) {
+                ahead += 1;
             }
         }
         // Tasks nobody took (other clients, or calls speedtap saw end) are
@@ -325,10 +350,18 @@ impl Tracker {
         });
         let mut out = Vec::new();
         let seqs: Vec<u64> = self.calls.keys().copied().collect();
-        for (ahead, seq) in seqs.into_iter().enumerate() {
+        // Calls before this one that still take a slot or a queue place
+        // (as in `observe`).
+        let mut ahead: u64 = 0;
+        for seq in seqs {
             let Some(c) = self.calls.get_mut(&seq) else {
                 continue;
             };
+            let before = ahead;
+            if !c.done_on_server(view) {
+                ahead += 1;
+            }
+            let ahead = before;
             if !c.waiting {
                 continue;
             }
@@ -356,7 +389,7 @@ impl Tracker {
             let contradicted = (free_slot && read_since_dispatch(view.slots_at))
                 || (gauges_show_room && read_since_dispatch(view.queue_at));
             let queued =
-                c.slot.is_none() && total_slots.is_some_and(|n| ahead as u64 >= n) && !contradicted;
+                c.slot.is_none() && total_slots.is_some_and(|n| ahead >= n) && !contradicted;
             if queued {
                 out.push((
                     seq,
@@ -533,6 +566,61 @@ mod tests {
         assert_eq!(w[0].1.prompt_tokens, Some(2000));
         // 500 tokens in 500 ms: 1,000 left is 1 s.
         assert_eq!(w[0].1.eta_ms, Some(1000));
+    }
+
+    #[test]
+    fn a_streaming_call_whose_task_left_the_slot_no_longer_keeps_the_next_one_queued() {
+        // The server ends the first call's task and starts the second's
+        // while the first call's last bytes are still on their way: speedtap
+        // still tracks the first call when it looks.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 10));
+        t.update(2, None, Some(2_000));
+        let mut view = ServerView {
+            slots: Some(vec![slot(0, true, Some(5), 1_000, 100)]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 100));
+        let w = t.explain("r", &view, &normals, ms(t0, 100));
+        assert_eq!(w[1].1.reason, WaitReason::Queued);
+        t.first_token(1);
+        // Task 5 is gone, task 6 (the second call's) prefills; call 1 is
+        // still tracked.
+        view.slots = Some(vec![slot(0, true, Some(6), 2_000, 500)]);
+        t.observe(&view, ms(t0, 1_000));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_000));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].0, 2);
+        assert_eq!(w[0].1.reason, WaitReason::Prefilling, "{w:?}");
+        assert_eq!(w[0].1.progress, Some(0.25));
+        // And it stays matched once the first call is untracked.
+        t.untrack(1);
+        view.slots = Some(vec![slot(0, true, Some(6), 2_000, 1_000)]);
+        t.observe(&view, ms(t0, 1_500));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_500));
+        assert_eq!(w[0].1.progress, Some(0.5));
+    }
+
+    #[test]
+    fn a_streaming_call_still_on_its_slot_keeps_the_next_one_queued() {
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 10));
+        let view = ServerView {
+            slots: Some(vec![slot(0, true, Some(5), 1_000, 1_000)]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 100));
+        t.first_token(1);
+        t.observe(&view, ms(t0, 600));
+        let w = t.explain("r", &view, &normals, ms(t0, 600));
+        assert_eq!(w[0].1.reason, WaitReason::Queued, "{w:?}");
+        assert_eq!(w[0].1.position, Some(1));
     }
 
     #[test]
