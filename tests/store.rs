@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 use speedtap::meter::calibration::CalibrationTable;
+use speedtap::meter::normals::{Normals, Observation};
 use speedtap::model::time::ms_to_rfc3339;
 use speedtap::model::ApiKind;
 use speedtap::model::{Call, CallDetails, CallIdentity, CallStatus, TtftBreakdown};
 use speedtap::model::{ExportFormat, HistoryFilter, ModelSummary};
-use speedtap::model::{Phase, Snapshot, TokenSource};
+use speedtap::model::{Phase, Snapshot, StartKind, TokenSource};
 use speedtap::store::{export, parse_export, Store, StoreError, StoreWriter};
 
 // ---------------------------------------------------------------- helpers
@@ -544,6 +545,81 @@ fn calibration_round_trips_and_survives_reopening() {
     assert_eq!(loaded, table);
     assert_eq!(loaded.factor("ollama", "qwen3:8b"), 1.25);
     assert_eq!(loaded.entries().map(|e| e.observations).sum::<u64>(), 3);
+}
+
+#[test]
+fn the_routes_normals_are_rebuilt_from_the_newest_well_settled_calls() {
+    let tmp = TempDir::new("normals");
+    let path = tmp.path("db.sqlite3");
+    // 45 calls of one model: the TTFT is 200 ms plus 1 ms per prompt
+    // token, every fifth a cold start with its load time; the newest 40
+    // are replayed.
+    let mut calls = Vec::new();
+    let mut expected = Normals::new();
+    for i in 0..45u64 {
+        let prompt = 500 + 100 * (i % 7);
+        let cold = i % 5 == 0;
+        let load = if cold { 3_000.0 } else { 0.0 };
+        let ttft = 200 + prompt + load as u64;
+        let mut c = with_speed(ok(&format!("c{i}"), 1_000 + i * 10_000), Some(ttft), None);
+        c.input_tokens = Some(prompt);
+        c.details.start = Some(if cold { StartKind::Cold } else { StartKind::Warm });
+        c.details.ttft_breakdown = Some(TtftBreakdown {
+            load_ms: cold.then_some(load),
+            prefill_ms: Some(prompt as f64 / 2.0),
+            prefill_tokens: Some(prompt),
+            cached_tokens: None,
+            prefill_tokens_per_second: Some(2_000.0),
+            other_ms: None,
+        });
+        if i >= 5 {
+            expected.observe(
+                "ollama",
+                "qwen3:8b",
+                &Observation {
+                    ttft_ms: ttft,
+                    prompt_tokens: Some(prompt),
+                    cold,
+                    load_ms: cold.then_some(load),
+                    prefill: Some((prompt, prompt as f64 / 2.0)),
+                    prompt_estimate: None,
+                },
+            );
+        }
+        calls.push(c);
+    }
+    // Not learned from, as live: a call cut short, one with a capture
+    // gap, one without a first token.
+    let t = 1_000 + 50 * 10_000;
+    calls.push(with_speed(
+        call("cut", t, "ollama", Some("qwen3:8b"), CallStatus::Abandoned),
+        Some(99_000),
+        None,
+    ));
+    let mut gap = with_speed(ok("gap", t + 1), Some(99_000), None);
+    gap.details.capture_gap = true;
+    calls.push(gap);
+    calls.push(with_speed(ok("none", t + 2), None, None));
+    // Another model keeps its own normal.
+    for i in 0..3u64 {
+        calls.push(with_speed(
+            call(&format!("g{i}"), t + 10 + i, "llama", Some("gemma3"), CallStatus::Ok),
+            Some(900),
+            None,
+        ));
+    }
+    Store::open(&path).unwrap().insert_calls(&calls).unwrap();
+
+    let loaded = Store::open(&path).unwrap().load_normals().unwrap();
+    let normal = loaded.get("ollama", "qwen3:8b").expect("learned");
+    assert_eq!(normal.observations, 40);
+    assert_eq!(Some(normal), expected.get("ollama", "qwen3:8b"));
+    assert_eq!(loaded.usual_ttft_ms("ollama", "qwen3:8b", Some(1_000), false), Some(1_200));
+    assert_eq!(loaded.usual_load_ms("ollama", "qwen3:8b"), Some(3_000));
+    assert_eq!(loaded.usual_ttft_ms("llama", "gemma3", None, false), Some(900));
+    // A fresh file has none.
+    let fresh = Store::open(&tmp.path("fresh.sqlite3")).unwrap().load_normals().unwrap();
+    assert!(fresh.get("ollama", "qwen3:8b").is_none());
 }
 
 // ---------------------------------------------------------------- models

@@ -402,6 +402,90 @@ async fn calibration_survives_a_restart_and_the_first_call_after_it_uses_the_sav
     sim.shutdown().await;
 }
 
+/// Streams one chat call through the engine's route, its first token
+/// `ttft_ms` after the request, and returns the slow-first-token alarm
+/// raised for it, if any, once it has settled.
+async fn call_with_ttft(
+    engine: &RunningEngine,
+    ttft_ms: &'static str,
+) -> Option<speedtap::model::SlowFirstToken> {
+    let mut events = engine.handle.subscribe().await;
+    let (path, body) = Protocol::Chat.request(MODEL, "Count to five.");
+    let reply = crate::util::proxy::send_with(
+        engine.routes[0].listen,
+        "POST",
+        path,
+        bytes::Bytes::from(body),
+        &[
+            ("x-sim-tokens", "5"),
+            ("x-sim-ttft-ms", ttft_ms),
+            ("x-sim-tps", "400"),
+        ],
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let mut alarm = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Some(EngineEvent::SlowFirstToken(slow))) => alarm = Some(slow),
+            Ok(Some(EngineEvent::Settled(call))) => {
+                assert_eq!(call.status, CallStatus::Ok, "{call:#?}");
+                return alarm;
+            }
+            Ok(Some(_)) => {}
+            other => panic!("the call did not settle: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_routes_normal_survives_a_restart_and_judges_the_first_call_after_it() {
+    let dir = scratch("normals");
+    let db = dir.join("speedtap.sqlite3");
+    let sim = SimServer::start("127.0.0.1:0", SimConfig::default())
+        .await
+        .unwrap();
+    // The fixed threshold is 300 ms; this route's first tokens usually take
+    // 600 ms, which is slow only for a route with no history.
+    let start = |db: std::path::PathBuf| {
+        let upstream = sim.base_url();
+        async move {
+            let route = RouteSpec::new("sim", "127.0.0.1:0", &upstream).unwrap();
+            let mut options = EngineOptions::new(vec![route]);
+            options.slow_ttft = Duration::from_millis(300);
+            options.config_path = Some(db.with_extension("toml"));
+            options.store = Some(Store::open(&db).expect("store"));
+            Engine::start(options).await.expect("engine starts")
+        }
+    };
+
+    // Run 1: no history, so the first call is slow by the fixed threshold;
+    // after three the route's normal (about 600 ms) judges the next.
+    let engine = start(db.clone()).await;
+    let first = call_with_ttft(&engine, "600").await.expect("slow at first");
+    assert_eq!(first.usual_ms, None, "{first:?}");
+    assert!(call_with_ttft(&engine, "600").await.is_some());
+    assert!(call_with_ttft(&engine, "600").await.is_some());
+    assert_eq!(call_with_ttft(&engine, "600").await, None, "usual by now");
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    // Run 2, a new engine on the same file: the normal is there from the
+    // start; a call well past it is judged against it.
+    let engine = start(db.clone()).await;
+    assert_eq!(call_with_ttft(&engine, "600").await, None);
+    let late = call_with_ttft(&engine, "1500").await.expect("late for here");
+    let usual = late.usual_ms.expect("the alarm names the normal");
+    assert!((600..800).contains(&usual), "{late:?}");
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    // Control: a fresh file has no normal, so the same call is slow.
+    let engine = start(dir.join("fresh.sqlite3")).await;
+    assert!(call_with_ttft(&engine, "600").await.is_some());
+    engine.shutdown(Duration::from_secs(5)).await;
+    sim.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------
 // No secrets at rest or in logs
 // ---------------------------------------------------------------------------

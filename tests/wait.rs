@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::util::proxy as proxy_support;
 use proxy_support::*;
 use speedtap::model::{Call, EngineEvent, EngineQueries, Phase, StartKind, Wait, WaitReason};
-use speedtap::simulate::{Overflow, SimConfig, SimServer};
+use speedtap::simulate::{Overflow, PsWhileLoading, SimConfig, SimServer};
 
 /// A waiting snapshot: when it was published (ms since dispatch) and why.
 #[derive(Clone, Debug)]
@@ -27,6 +27,23 @@ pub(crate) struct Seen {
 
 async fn telemetry_engine(upstream: &str) -> speedtap::host::RunningEngine {
     engine_with(upstream, |o| o.telemetry = true).await
+}
+
+/// A simulator with `config`, an engine with telemetry in front of it, the
+/// engine's route address and its events.
+async fn sim_and_engine(
+    config: SimConfig,
+) -> (
+    SimServer,
+    speedtap::host::RunningEngine,
+    std::net::SocketAddr,
+    tokio::sync::mpsc::Receiver<EngineEvent>,
+) {
+    let sim = SimServer::start("127.0.0.1:0", config).await.unwrap();
+    let engine = telemetry_engine(&sim.base_url()).await;
+    let addr = engine.routes[0].listen;
+    let rx = engine.handle.subscribe().await;
+    (sim, engine, addr, rx)
 }
 
 /// Every explained wait of call `id` until it settles; returns them and
@@ -171,6 +188,59 @@ async fn a_call_for_an_unloaded_model_says_loading_then_a_later_load_has_an_eta(
     sim.shutdown().await;
 }
 
+/// One cold call and one warm call against an Ollama-like simulator whose
+/// `/api/ps` behaves as `mode` while a model loads (2 s).
+async fn cold_then_warm(mode: PsWhileLoading) {
+    let (sim, engine, addr, mut rx) = sim_and_engine(SimConfig {
+        load_time: Duration::from_millis(2_000),
+        ps_while_loading: mode,
+        ..SimConfig::default()
+    })
+    .await;
+    // The engine's first look (at start) has its answer: nothing loaded.
+    let _ = send(sim.local_addr(), "GET", "/api/ps", "").await;
+    let chat = |keep_alive: &str| {
+        format!(
+            r#"{{"model":"m","stream":true,"keep_alive":"{keep_alive}","messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    let got = send(addr, "POST", "/api/chat", &chat("5m")).await;
+    assert_eq!(got.status, 200);
+    let (seen, cold) = waits_of(&mut rx, "c-000001").await;
+    assert_eq!(reasons(&seen), [WaitReason::LoadingModel], "{mode:?}: {seen:?}");
+    assert_eq!(cold.details.start, Some(StartKind::Cold), "{mode:?}");
+    // Said through the load, not only at its start.
+    let last_loading = seen
+        .iter()
+        .filter(|s| s.wait.reason == WaitReason::LoadingModel)
+        .map(|s| s.elapsed_ms)
+        .max()
+        .unwrap();
+    assert!(last_loading >= 1_400, "{mode:?}: {seen:?}");
+    // The model is now kept loaded: the next call is a warm start.
+    let got = send(addr, "POST", "/api/chat", &chat("5m")).await;
+    assert_eq!(got.status, 200);
+    let (seen, warm) = waits_of(&mut rx, "c-000002").await;
+    assert!(
+        !reasons(&seen).contains(&WaitReason::LoadingModel),
+        "{mode:?}: {seen:?}"
+    );
+    assert_eq!(warm.details.start, Some(StartKind::Warm), "{mode:?}");
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_load_is_explained_whether_api_ps_hides_it_lists_it_or_holds_its_answer() {
+    for mode in [
+        PsWhileLoading::Hidden,
+        PsWhileLoading::Listed,
+        PsWhileLoading::Blocks,
+    ] {
+        cold_then_warm(mode).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_rising_progress() {
     let sim = SimServer::start(
@@ -295,20 +365,13 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_cut_to_the_context_is_flagged_and_alarmed_once_per_route_and_model() {
-    let sim = SimServer::start(
-        "127.0.0.1:0",
-        SimConfig {
-            n_ctx: 512,
-            overflow: Overflow::Truncate,
-            server_timings: true,
-            ..SimConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    let engine = telemetry_engine(&sim.base_url()).await;
-    let addr = engine.routes[0].listen;
-    let mut rx = engine.handle.subscribe().await;
+    let (sim, engine, addr, mut rx) = sim_and_engine(SimConfig {
+        n_ctx: 512,
+        overflow: Overflow::Truncate,
+        server_timings: true,
+        ..SimConfig::default()
+    })
+    .await;
     let long = "word ".repeat(2_000);
     let kept = |text: &str| {
         serde_json::json!({"model": "m", "stream": true,

@@ -80,6 +80,11 @@ pub struct SimulateArgs {
     /// Prompt processing rate, tokens per second [default: instant].
     #[arg(long, value_name = "N")]
     pub prefill_tps: Option<f64>,
+    /// What /api/ps shows while a model loads, as Ollama versions differ:
+    /// hidden (listed once loaded), listed (from the load's start), blocks
+    /// (answered once the load ends).
+    #[arg(long, value_name = "MODE", default_value = "hidden")]
+    pub ps_while_loading: crate::simulate::PsWhileLoading,
 }
 
 /// `speedtap export`. Every filter is optional; the given ones must all

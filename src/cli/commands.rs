@@ -100,6 +100,7 @@ async fn simulate_command(args: SimulateArgs) -> Result<(), RunError> {
             .ok()
             .map(std::time::Duration::from_millis),
         prefill_tokens_per_second: args.prefill_tps,
+        ps_while_loading: args.ps_while_loading,
         ..SimConfig::default()
     };
     // Handlers first, so a stop signal right after the banner still drains.

@@ -625,6 +625,7 @@ impl Engine {
         };
 
         let mut calibration = options.calibration;
+        let mut normals = crate::meter::normals::Normals::new();
         let mut reader = None;
         let mut store = options.store;
         if let Some(s) = &store {
@@ -632,6 +633,10 @@ impl Engine {
                 Ok(saved) if !saved.is_empty() => calibration = saved,
                 Ok(_) => {}
                 Err(e) => tracing::warn!("store: cannot load the calibration: {e}"),
+            }
+            match s.load_normals() {
+                Ok(saved) => normals = saved,
+                Err(e) => tracing::warn!("store: the routes' normals start afresh: {e}"),
             }
             match s.path().map(Store::open) {
                 Some(Ok(r)) => reader = Some(Arc::new(std::sync::Mutex::new(r))),
@@ -665,7 +670,7 @@ impl Engine {
             slow_ttft_ms: AtomicU64::new(options.slow_ttft.as_millis() as u64),
             limits: options.proxy_limits,
             own_connections: std::sync::OnceLock::new(),
-            normals: Arc::new(RwLock::new(crate::meter::normals::Normals::new())),
+            normals: Arc::new(RwLock::new(normals)),
             telemetry: options.telemetry,
             pollers: Default::default(),
         });

@@ -118,6 +118,42 @@ pub struct SimConfig {
     /// The share of `model_size` in GPU memory (`size_vram`), 0..=1: 1.0
     /// (default) is all on the GPU, 0.0 all on the CPU, between is a split.
     pub vram_fraction: f64,
+    /// What `/api/ps` shows while a model loads (default
+    /// [`PsWhileLoading::Hidden`]).
+    pub ps_while_loading: PsWhileLoading,
+}
+
+/// What Ollama's `/api/ps` shows while a model loads. Ollama has done
+/// each of these (server/sched.go, server/routes.go `PsHandler`), so
+/// speedtap's loading rule is tested against all of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PsWhileLoading {
+    /// Not listed until loaded.
+    #[default]
+    Hidden,
+    /// Listed from the start of the load (Ollama until mid 2026: the
+    /// runner joins the loaded map before it has loaded, with an estimated
+    /// expiry).
+    Listed,
+    /// The request is answered only once no model is loading (Ollama since
+    /// mid 2026: `loadedModels` takes each runner's lock, which the load
+    /// holds until the runner is up).
+    Blocks,
+}
+
+impl std::str::FromStr for PsWhileLoading {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<PsWhileLoading, String> {
+        match s {
+            "hidden" => Ok(PsWhileLoading::Hidden),
+            "listed" => Ok(PsWhileLoading::Listed),
+            "blocks" => Ok(PsWhileLoading::Blocks),
+            other => Err(format!(
+                "ps-while-loading must be hidden, listed or blocks, got {other:?}"
+            )),
+        }
+    }
 }
 
 /// What the simulated server does with a prompt too long for its context.
@@ -170,6 +206,7 @@ impl Default for SimConfig {
             draft_acceptance: None,
             model_size: 4_920_000_000,
             vram_fraction: 1.0,
+            ps_while_loading: PsWhileLoading::Hidden,
         }
     }
 }

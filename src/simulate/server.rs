@@ -34,7 +34,7 @@ use super::plan::{self, BodyFlags, Ending, Plan, Timeline, DEFAULT_MODEL};
 use super::state::{Finished, ModelUse, SlotLease, State, Task};
 use super::telemetry;
 use super::wire::{self, Framing, Reply, Totals};
-use super::{Overflow, SimConfig};
+use super::{Overflow, PsWhileLoading, SimConfig};
 use crate::model::ApiKind;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -309,6 +309,13 @@ async fn handle(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<
             None => not_found(),
         }
     } else if req.method() == Method::GET {
+        if path == "/api/ps" && shared.config.ps_while_loading == PsWhileLoading::Blocks {
+            // Answered once no load is under way, as Ollama's PsHandler
+            // waits for each loading runner's lock.
+            while let Some(end) = shared.state.loads_end(Instant::now()) {
+                tokio::time::sleep_until(end).await;
+            }
+        }
         discovery(path, &shared).unwrap_or_else(not_found)
     } else {
         not_found()

@@ -32,6 +32,8 @@ pub(crate) struct State {
     epoch: (Instant, SystemTime),
     /// The model size and VRAM share a load uses unless the call says.
     model_size: u64,
+    /// Whether a model still loading is listed.
+    list_loading: bool,
 }
 
 #[derive(Debug, Default)]
@@ -197,7 +199,18 @@ impl State {
             permits: config.slots.map(|n| Arc::new(Semaphore::new(n as usize))),
             epoch: (Instant::now(), SystemTime::now()),
             model_size: config.model_size,
+            list_loading: config.ps_while_loading == super::PsWhileLoading::Listed,
         }
+    }
+
+    /// When the last load under way at `now` ends; `None`: none is.
+    pub(crate) fn loads_end(&self, now: Instant) -> Option<Instant> {
+        self.lock()
+            .models
+            .iter()
+            .map(|m| m.ready_at)
+            .filter(|ready| *ready > now)
+            .max()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -323,7 +336,7 @@ impl State {
         let mut models: Vec<Model> = inner
             .models
             .iter()
-            .filter(|m| m.loaded(now))
+            .filter(|m| self.list_loading || m.loaded(now))
             .cloned()
             .collect();
         // Ollama's PsHandler: longest remaining time first; a model in use
@@ -423,6 +436,21 @@ mod tests {
 
     fn state(config: SimConfig) -> Arc<State> {
         Arc::new(State::new(&config))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ollama_that_lists_loading_models_shows_one_from_the_start_of_its_load() {
+        let s = state(SimConfig {
+            ps_while_loading: crate::simulate::PsWhileLoading::Listed,
+            ..SimConfig::default()
+        });
+        let t0 = Instant::now();
+        assert_eq!(s.loads_end(t0), None);
+        let (_use, ready) = s.use_model("m", Duration::from_secs(3), None, 1.0, t0);
+        assert_eq!(s.snapshot(t0).models.len(), 1, "listed while loading");
+        // What a blocking /api/ps waits for.
+        assert_eq!(s.loads_end(t0), Some(ready));
+        assert_eq!(s.loads_end(ready), None);
     }
 
     #[tokio::test(start_paused = true)]

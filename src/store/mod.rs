@@ -6,7 +6,7 @@
 //! - [`Store`]: one SQLite connection; opening runs the [`schema`]
 //!   migrations. Writes ([`Store::insert_calls`], [`Store::save_calibration`],
 //!   [`Store::prune`]) and reads ([`Store::history`], [`Store::models`],
-//!   [`export::export`]).
+//!   [`export::export`], [`Store::load_normals`]).
 //! - [`StoreWriter`]: the thread that owns the writing `Store`, so the proxy
 //!   path never touches the disk: calls are batched into one transaction per
 //!   [`writer::BATCH_WINDOW`] or [`writer::BATCH_MAX`] calls, and reported
@@ -31,6 +31,7 @@
 
 mod calibration;
 pub mod export;
+pub mod normals;
 mod prune;
 mod query;
 mod record;
@@ -45,6 +46,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 
 use crate::meter::calibration::CalibrationTable;
+use crate::meter::normals::Normals;
 use crate::model::Call;
 
 pub use export::{export, parse_export};
@@ -320,6 +322,14 @@ impl Store {
     pub fn load_calibration(&self) -> Result<CalibrationTable, StoreError> {
         calibration::load(&self.conn)
             .map_err(|source| self.db.err("cannot load the calibration table", source))
+    }
+
+    /// Each route and model's normal, rebuilt from the stored calls
+    /// ([`normals`]), so the slow rule and the waits' usual times survive
+    /// a restart.
+    pub fn load_normals(&self) -> Result<Normals, StoreError> {
+        normals::load(&self.conn)
+            .map_err(|source| self.db.err("cannot rebuild the routes' normals", source))
     }
 
     /// How many calls are stored.

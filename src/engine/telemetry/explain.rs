@@ -4,9 +4,24 @@
 //! route's normals and `now`.
 //!
 //! In order, the first that applies:
-//! 1. `loading_model`: the model was not among the server's loaded models
-//!    (`/api/ps`) at the first look after dispatch, and still isn't.
-//!    ETA: this model's usual load time left, plus its usual warm TTFT.
+//! 1. `loading_model`: the call is a cold start and the server has not
+//!    shown its load over. Cold: at the first look after dispatch the
+//!    model was not among the server's loaded models (`/api/ps`), or it
+//!    was but the reading before the dispatch did not list it (it appeared
+//!    for this call), or `/api/ps` has held its answer for over
+//!    [`PS_HELD`] while the call waits. Over: an `/api/ps` answer that was
+//!    held lists the model. Otherwise a cold call loads until its first
+//!    token. ETA: this model's usual load time left, plus its usual warm
+//!    TTFT.
+//!
+//!    Why these signs: Ollama has published a load in two ways (read in
+//!    its server/sched.go and `PsHandler`). Until mid 2026 a model is
+//!    listed from the start of its load, looking exactly like a loaded one,
+//!    so a listing alone never says the load is over. Since then
+//!    `/api/ps` takes each runner's lock, which a load holds until the
+//!    runner is up: the answer waits for the load, and a held answer that
+//!    lists the model is the sign the load is over. A healthy `/api/ps`
+//!    answers in milliseconds, so a second is far past noise.
 //! 2. `queued`: the call has no slot and speedtap's own calls dispatched
 //!    before it, still in flight on this upstream (a streaming call whose
 //!    task has left `/slots` no longer counts: the server is done with it),
@@ -35,12 +50,16 @@
 //! 4. `unknown`.
 
 use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::server::{same_model, LoadedModel, Props, Queue, SlotState};
 use crate::meter::normals::Normals;
 use crate::model::{Placement, Wait, WaitReason};
+
+/// An `/api/ps` answer this late was held by the server: a model loads.
+pub const PS_HELD: Duration = Duration::from_secs(1);
 
 /// The server's latest published state; `None`: not published (or not yet
 /// read).
@@ -57,6 +76,14 @@ pub struct ServerView {
     /// When the look that read `ps` began: only a look begun after a
     /// call's dispatch may decide whether its model was loaded.
     pub ps_at: Option<Instant>,
+    /// The `/api/ps` reading before `ps`, and when its look began: a model
+    /// it did not list and `ps` lists appeared in between.
+    pub ps_before: Option<(Instant, Vec<LoadedModel>)>,
+    /// `ps` came in an answer the server held ([`PS_HELD`] or longer).
+    pub ps_held: bool,
+    /// Since when the `/api/ps` request under way has been held past
+    /// [`PS_HELD`] (`None`: no request is held).
+    pub ps_held_since: Option<Instant>,
     /// When the look that read `slots` began.
     pub slots_at: Option<Instant>,
     /// When the look that read `queue` began.
@@ -77,6 +104,35 @@ impl ServerView {
             .as_ref()?
             .iter()
             .find(|m| same_model(model, &m.name))
+    }
+
+    /// Takes a new `/api/ps` reading from a look begun `at`; `held`: the
+    /// server held the answer.
+    pub fn read_ps(&mut self, models: Vec<LoadedModel>, at: Instant, held: bool) {
+        if let (Some(prev), Some(prev_at)) = (self.ps.take(), self.ps_at) {
+            self.ps_before = Some((prev_at, prev));
+        }
+        self.ps = Some(models);
+        self.ps_at = Some(at);
+        self.ps_held = held;
+        self.ps_held_since = None;
+    }
+
+    /// `model` is listed now but was not in the reading taken before
+    /// `since`: it was loaded (or is loading) for a call dispatched then.
+    fn appeared_since(&self, model: &str, since: Instant) -> bool {
+        self.loaded(model).is_some()
+            && self.ps_before.as_ref().is_some_and(|(at, before)| {
+                *at < since && !before.iter().any(|m| same_model(model, &m.name))
+            })
+    }
+
+    /// The server has shown the load of `model` over, as of a look begun
+    /// at or after `since`: a held `/api/ps` answer lists it.
+    fn load_shown_over(&self, model: &str, since: Instant) -> bool {
+        self.ps_held
+            && self.ps_at.is_some_and(|at| at >= since)
+            && self.loaded(model).is_some()
     }
 }
 
@@ -118,6 +174,16 @@ struct Tracked {
 }
 
 impl Tracked {
+    /// A cold start whose load the server has not shown over.
+    fn loading(&self, view: &ServerView) -> bool {
+        self.waiting
+            && self.cold == Some(true)
+            && !self
+                .model
+                .as_deref()
+                .is_some_and(|m| view.load_shown_over(m, self.dispatched_at))
+    }
+
     /// Whether the server is done with this call although speedtap still
     /// tracks it: it streams (no longer waits) and the task matched to it
     /// has left the server's slots. The server has then handed its slot to
@@ -234,8 +300,17 @@ impl Tracker {
             let fresh_look = view.ps_at.is_some_and(|at| at >= c.dispatched_at);
             if c.cold.is_none() && view.ps.is_some() && fresh_look {
                 if let Some(model) = &c.model {
-                    c.cold = Some(view.loaded(model).is_none());
+                    c.cold = Some(
+                        view.loaded(model).is_none() || view.appeared_since(model, c.dispatched_at),
+                    );
                 }
+            }
+            // `/api/ps` held while the call waits: the server is loading,
+            // and this call waits for that load, unless its own model was
+            // listed at the last answer (another model loads beside it).
+            let listed_before = c.model.as_deref().is_some_and(|m| view.loaded(m).is_some());
+            if c.cold.is_none() && c.waiting && view.ps_held_since.is_some() && !listed_before {
+                c.cold = Some(true);
             }
             if let Some(m) = c.model.as_deref().and_then(|m| view.loaded(m)) {
                 c.facts.model_bytes = m.size;
@@ -264,8 +339,7 @@ impl Tracker {
                 }
             }
             if c.waiting && c.slot.is_none() {
-                let loading = c.cold == Some(true)
-                    && c.model.as_deref().is_some_and(|m| view.loaded(m).is_none());
+                let loading = c.loading(view);
                 let queued_by_count = total_slots.is_some_and(|n| ahead >= n);
                 if !loading && !queued_by_count {
                     if let Some(s) = fresh.next() {
@@ -369,7 +443,7 @@ impl Tracker {
             let elapsed = now.saturating_duration_since(c.dispatched_at).as_millis() as u64;
             let warm_usual = normals.usual_ttft_ms(route, &model, c.prompt_tokens, false);
             // 1. Loading.
-            if c.cold == Some(true) && view.loaded(&model).is_none() {
+            if c.loading(view) {
                 let usual = normals.usual_load_ms(route, &model);
                 let eta = usual.map(|u| u.saturating_sub(elapsed) + warm_usual.unwrap_or(0));
                 out.push((
@@ -505,34 +579,99 @@ mod tests {
         }
     }
 
+    fn listed(name: &str) -> LoadedModel {
+        LoadedModel {
+            name: name.into(),
+            size: Some(100),
+            size_vram: Some(50),
+            context_length: Some(2048),
+        }
+    }
+
     #[test]
-    fn a_model_missing_from_api_ps_at_dispatch_is_loading_until_it_appears() {
+    fn a_model_missing_at_dispatch_loads_until_a_held_api_ps_answer_lists_it() {
+        // Ollama since mid 2026: the first look beats the load to the
+        // scheduler (nothing listed), the next is held until the load ends.
         let t0 = Instant::now();
         let mut t = Tracker::default();
         let normals = Normals::new();
         t.track(1, Some("m".into()), t0);
-        let mut view = ServerView {
-            ps: Some(vec![]),
-            ps_at: Some(t0),
-            ..ServerView::default()
-        };
+        let mut view = ServerView::default();
+        view.read_ps(vec![], t0, false);
         t.observe(&view, t0);
         let w = t.explain("r", &view, &normals, ms(t0, 500));
         assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
         assert_eq!(t.facts(1).unwrap().cold, Some(true));
-        view.ps = Some(vec![LoadedModel {
-            name: "m:latest".into(),
-            size: Some(100),
-            size_vram: Some(50),
-            context_length: Some(2048),
-        }]);
-        t.observe(&view, ms(t0, 1000));
-        let w = t.explain("r", &view, &normals, ms(t0, 1000));
+        view.ps_held_since = Some(ms(t0, 500));
+        t.observe(&view, ms(t0, 1_500));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_500));
+        assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
+        // The held answer comes once the model is up.
+        view.read_ps(vec![listed("m:latest")], ms(t0, 500), true);
+        t.observe(&view, ms(t0, 4_000));
+        let w = t.explain("r", &view, &normals, ms(t0, 4_000));
         assert_eq!(w[0].1.reason, WaitReason::Unknown);
         let facts = t.facts(1).unwrap();
         assert_eq!(facts.placement, Some(Placement::Split));
         assert_eq!(facts.context_size, Some(2048));
         assert_eq!(facts.cold, Some(true), "cold stays cold");
+    }
+
+    #[test]
+    fn a_held_api_ps_while_a_call_waits_is_a_load_under_way() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        let normals = Normals::new();
+        t.track(1, Some("m".into()), t0);
+        // The first look after the dispatch is the held one: no reading.
+        let view = ServerView {
+            ps_held_since: Some(t0),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 1_000));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_000));
+        assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
+        assert_eq!(t.facts(1).unwrap().cold, Some(true));
+    }
+
+    #[test]
+    fn a_model_listed_from_the_start_of_its_load_is_loading_until_the_first_token() {
+        // Ollama until mid 2026 lists a model as soon as its load starts,
+        // exactly like a loaded one: the call finds it listed, but the
+        // reading before its dispatch did not list it.
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        let normals = Normals::new();
+        let mut view = ServerView::default();
+        view.read_ps(vec![], ms(t0, 0), false);
+        t.track(1, Some("m".into()), ms(t0, 100));
+        view.read_ps(vec![listed("m")], ms(t0, 100), false);
+        t.observe(&view, ms(t0, 110));
+        let w = t.explain("r", &view, &normals, ms(t0, 600));
+        assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
+        assert_eq!(t.facts(1).unwrap().cold, Some(true));
+        // Still listed, answered at once: nothing says the load is over.
+        view.read_ps(vec![listed("m")], ms(t0, 600), false);
+        t.observe(&view, ms(t0, 610));
+        let w = t.explain("r", &view, &normals, ms(t0, 2_000));
+        assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
+        t.first_token(1);
+        assert!(t.explain("r", &view, &normals, ms(t0, 2_100)).is_empty());
+    }
+
+    #[test]
+    fn a_model_listed_before_and_after_the_dispatch_is_a_warm_start() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        let normals = Normals::new();
+        let mut view = ServerView::default();
+        view.read_ps(vec![listed("m")], ms(t0, 0), false);
+        t.track(1, Some("m".into()), ms(t0, 100));
+        view.read_ps(vec![listed("m")], ms(t0, 100), false);
+        t.observe(&view, ms(t0, 110));
+        let w = t.explain("r", &view, &normals, ms(t0, 600));
+        assert_eq!(w[0].1.reason, WaitReason::Unknown);
+        assert_eq!(t.facts(1).unwrap().cold, Some(false));
     }
 
     #[test]

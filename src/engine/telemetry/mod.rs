@@ -23,13 +23,16 @@
 //!   `do_send` only.
 //! - **What it tells.** After each look it runs the rules of [`explain`]
 //!   and sends each waiting call's actor its [`Wait`] and the server facts
-//!   about its model (`WaitExplained`), when they changed.
+//!   about its model (`WaitExplained`), when they changed. A look whose
+//!   `/api/ps` is held past [`explain::PS_HELD`] (Ollama holds it for a
+//!   whole model load) is a sign in itself: the calls are explained with
+//!   it while the look waits.
 
 pub mod explain;
 pub mod server;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -46,7 +49,7 @@ use tokio::time::Instant;
 
 use crate::meter::normals::Normals;
 use crate::model::{Upstream, Wait};
-use explain::{ServerFacts, ServerView, Tracker};
+use explain::{ServerFacts, ServerView, Tracker, PS_HELD};
 
 /// How often a route with a waiting call is looked at.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -108,8 +111,12 @@ enum Answer {
     Body(Bytes),
     /// 404, 405 or 501: the server does not publish it; never ask again.
     Absent,
-    /// Anything else (timeout, refused, 5xx): try again next time.
+    /// Anything else (refused, 5xx): try again next time.
     Failed,
+    /// No answer within [`REQUEST_TIMEOUT`]: try again next time. Ollama
+    /// holds `/api/ps` for a whole load, so for it this is "still
+    /// loading", not "gone".
+    TimedOut,
 }
 
 // === CallActor -> TelemetryPoller ===
@@ -259,34 +266,76 @@ impl TelemetryPoller {
         self.look_began = now;
         self.requests
             .fetch_add(wanted.len() as u64, Ordering::Relaxed);
+        let asks_ps = wanted.contains(&Endpoint::Ps);
+        let ps_pending = Arc::new(AtomicBool::new(asks_ps));
         let client = self.client.clone();
         let upstream = self.upstream.clone();
+        let pending = ps_pending.clone();
         let fut = async move {
-            let asks = wanted.iter().map(|e| fetch(&client, &upstream, e.path()));
+            let asks = wanted.iter().map(|e| {
+                let (client, upstream, pending) = (&client, &upstream, &pending);
+                async move {
+                    let answer = fetch(client, upstream, e.path()).await;
+                    if *e == Endpoint::Ps {
+                        pending.store(false, Ordering::Relaxed);
+                    }
+                    (answer, now.elapsed())
+                }
+            });
             let answers = futures_util::future::join_all(asks).await;
             wanted.into_iter().zip(answers).collect::<Vec<_>>()
         };
         ctx.spawn(fut.into_actor(self).map(|answers, act, ctx| {
             act.polling = false;
-            for (endpoint, answer) in answers {
-                act.take(endpoint, answer);
+            for (endpoint, (answer, took)) in answers {
+                act.take(endpoint, answer, took);
             }
             act.after_look(ctx);
         }));
+        if asks_ps {
+            ctx.run_later(PS_HELD, move |act, ctx| {
+                act.check_held(now, ps_pending, ctx)
+            });
+        }
     }
 
-    fn take(&mut self, endpoint: Endpoint, answer: Answer) {
+    /// The look begun at `began` still waits for its answers [`PS_HELD`]
+    /// on: the server holds `/api/ps` (Ollama does for a whole load). The
+    /// waiting calls are explained with that, and again every
+    /// [`POLL_INTERVAL`] while the look stays held, so their ETAs count
+    /// down as with answered looks.
+    fn check_held(&mut self, began: Instant, ps_pending: Arc<AtomicBool>, ctx: &mut Context<Self>) {
+        if !self.polling || self.look_began != began || !ps_pending.load(Ordering::Relaxed) {
+            return;
+        }
+        self.view.ps_held_since.get_or_insert(began);
+        let now = Instant::now();
+        self.tracker.observe(&self.view, now);
+        self.tell(now);
+        ctx.run_later(POLL_INTERVAL, move |act, ctx| {
+            act.check_held(began, ps_pending, ctx)
+        });
+    }
+
+    /// Takes one endpoint's answer, which took `took` from the look's
+    /// start.
+    fn take(&mut self, endpoint: Endpoint, answer: Answer, took: Duration) {
         let index = Endpoint::ALL
             .iter()
             .position(|e| *e == endpoint)
             .unwrap_or(0);
+        if endpoint == Endpoint::Ps && !matches!(answer, Answer::Body(_) | Answer::TimedOut) {
+            // Answered without a reading, or gone: not held any more. (A
+            // time-out stays held: the next look asks again.)
+            self.view.ps_held_since = None;
+        }
         let body = match answer {
             Answer::Body(b) => b,
             Answer::Absent => {
                 self.available[index] = false;
                 return;
             }
-            Answer::Failed => return,
+            Answer::Failed | Answer::TimedOut => return,
         };
         // A 2xx whose body is not the endpoint's format is a server that
         // does not publish it either: LM Studio answers every unknown path
@@ -295,8 +344,7 @@ impl TelemetryPoller {
         // (a server still loading answers 503, which is tried again).
         let published = match endpoint {
             Endpoint::Ps => server::parse_ps(&body).map(|ps| {
-                self.view.ps = Some(ps);
-                self.view.ps_at = Some(self.look_began);
+                self.view.read_ps(ps, self.look_began, took >= PS_HELD);
             }),
             Endpoint::Slots => server::parse_slots(&body).map(|slots| {
                 self.view.slots = Some(slots);
@@ -408,7 +456,8 @@ async fn fetch(
     };
     match tokio::time::timeout(REQUEST_TIMEOUT, work).await {
         Ok(Some(answer)) => answer,
-        _ => Answer::Failed,
+        Ok(None) => Answer::Failed,
+        Err(_) => Answer::TimedOut,
     }
 }
 
