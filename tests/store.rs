@@ -563,7 +563,11 @@ fn the_routes_normals_are_rebuilt_from_the_newest_well_settled_calls() {
         let ttft = 200 + prompt + load as u64;
         let mut c = with_speed(ok(&format!("c{i}"), 1_000 + i * 10_000), Some(ttft), None);
         c.input_tokens = Some(prompt);
-        c.details.start = Some(if cold { StartKind::Cold } else { StartKind::Warm });
+        c.details.start = Some(if cold {
+            StartKind::Cold
+        } else {
+            StartKind::Warm
+        });
         c.details.ttft_breakdown = Some(TtftBreakdown {
             load_ms: cold.then_some(load),
             prefill_ms: Some(prompt as f64 / 2.0),
@@ -603,7 +607,13 @@ fn the_routes_normals_are_rebuilt_from_the_newest_well_settled_calls() {
     // Another model keeps its own normal.
     for i in 0..3u64 {
         calls.push(with_speed(
-            call(&format!("g{i}"), t + 10 + i, "llama", Some("gemma3"), CallStatus::Ok),
+            call(
+                &format!("g{i}"),
+                t + 10 + i,
+                "llama",
+                Some("gemma3"),
+                CallStatus::Ok,
+            ),
             Some(900),
             None,
         ));
@@ -614,11 +624,20 @@ fn the_routes_normals_are_rebuilt_from_the_newest_well_settled_calls() {
     let normal = loaded.get("ollama", "qwen3:8b").expect("learned");
     assert_eq!(normal.observations, 40);
     assert_eq!(Some(normal), expected.get("ollama", "qwen3:8b"));
-    assert_eq!(loaded.usual_ttft_ms("ollama", "qwen3:8b", Some(1_000), false), Some(1_200));
+    assert_eq!(
+        loaded.usual_ttft_ms("ollama", "qwen3:8b", Some(1_000), false),
+        Some(1_200)
+    );
     assert_eq!(loaded.usual_load_ms("ollama", "qwen3:8b"), Some(3_000));
-    assert_eq!(loaded.usual_ttft_ms("llama", "gemma3", None, false), Some(900));
+    assert_eq!(
+        loaded.usual_ttft_ms("llama", "gemma3", None, false),
+        Some(900)
+    );
     // A fresh file has none.
-    let fresh = Store::open(&tmp.path("fresh.sqlite3")).unwrap().load_normals().unwrap();
+    let fresh = Store::open(&tmp.path("fresh.sqlite3"))
+        .unwrap()
+        .load_normals()
+        .unwrap();
     assert!(fresh.get("ollama", "qwen3:8b").is_none());
 }
 

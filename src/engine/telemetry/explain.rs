@@ -7,8 +7,8 @@
 //! 1. `loading_model`: the call is a cold start and the server has not
 //!    shown its load over. Cold: at the first look after dispatch the
 //!    model was not among the server's loaded models (`/api/ps`), or it
-//!    was but the reading before the dispatch did not list it (it appeared
-//!    for this call), or `/api/ps` has held its answer for over
+//!    was but the reading before the dispatch did not list it and no other
+//!    call for it ran since (it appeared for this call), or `/api/ps` has held its answer for over
 //!    [`PS_HELD`] while the call waits. Over: an `/api/ps` answer that was
 //!    held lists the model. Otherwise a cold call loads until its first
 //!    token. ETA: this model's usual load time left, plus its usual warm
@@ -49,7 +49,7 @@
 //!    (calibrated) prompt size.
 //! 4. `unknown`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -60,6 +60,9 @@ use crate::model::{Placement, Wait, WaitReason};
 
 /// An `/api/ps` answer this late was held by the server: a model loads.
 pub const PS_HELD: Duration = Duration::from_secs(1);
+
+/// `/api/ps` readings kept besides the latest (a few seconds of looks).
+const PS_KEPT: usize = 8;
 
 /// The server's latest published state; `None`: not published (or not yet
 /// read).
@@ -76,9 +79,11 @@ pub struct ServerView {
     /// When the look that read `ps` began: only a look begun after a
     /// call's dispatch may decide whether its model was loaded.
     pub ps_at: Option<Instant>,
-    /// The `/api/ps` reading before `ps`, and when its look began: a model
-    /// it did not list and `ps` lists appeared in between.
-    pub ps_before: Option<(Instant, Vec<LoadedModel>)>,
+    /// The readings before `ps` (the newest [`PS_KEPT`], oldest first),
+    /// each with when its look began: a model one did not list and `ps`
+    /// lists appeared in between. More than one, because a call's model
+    /// may become known only after the look that followed its dispatch.
+    pub ps_before: VecDeque<(Instant, Vec<LoadedModel>)>,
     /// `ps` came in an answer the server held ([`PS_HELD`] or longer).
     pub ps_held: bool,
     /// Since when the `/api/ps` request under way has been held past
@@ -110,7 +115,10 @@ impl ServerView {
     /// server held the answer.
     pub fn read_ps(&mut self, models: Vec<LoadedModel>, at: Instant, held: bool) {
         if let (Some(prev), Some(prev_at)) = (self.ps.take(), self.ps_at) {
-            self.ps_before = Some((prev_at, prev));
+            if self.ps_before.len() == PS_KEPT {
+                self.ps_before.pop_front();
+            }
+            self.ps_before.push_back((prev_at, prev));
         }
         self.ps = Some(models);
         self.ps_at = Some(at);
@@ -119,20 +127,20 @@ impl ServerView {
     }
 
     /// `model` is listed now but was not in the reading taken before
-    /// `since`: it was loaded (or is loading) for a call dispatched then.
-    fn appeared_since(&self, model: &str, since: Instant) -> bool {
-        self.loaded(model).is_some()
-            && self.ps_before.as_ref().is_some_and(|(at, before)| {
-                *at < since && !before.iter().any(|m| same_model(model, &m.name))
-            })
+    /// `since`: when that reading's look began. The model was loaded (or
+    /// is loading) since then, for a call dispatched in between.
+    fn appeared_since(&self, model: &str, since: Instant) -> Option<Instant> {
+        if self.loaded(model).is_none() {
+            return None;
+        }
+        let (at, before) = self.ps_before.iter().rev().find(|(at, _)| *at < since)?;
+        (*at < since && !before.iter().any(|m| same_model(model, &m.name))).then_some(*at)
     }
 
     /// The server has shown the load of `model` over, as of a look begun
     /// at or after `since`: a held `/api/ps` answer lists it.
     fn load_shown_over(&self, model: &str, since: Instant) -> bool {
-        self.ps_held
-            && self.ps_at.is_some_and(|at| at >= since)
-            && self.loaded(model).is_some()
+        self.ps_held && self.ps_at.is_some_and(|at| at >= since) && self.loaded(model).is_some()
     }
 }
 
@@ -207,6 +215,10 @@ impl Tracked {
 #[derive(Debug, Default)]
 pub struct Tracker {
     calls: BTreeMap<u64, Tracked>,
+    /// When the last call for each model ended: a model that appeared in
+    /// `/api/ps` while another call for it was in flight was that call's
+    /// load, not the next one's.
+    ended: HashMap<String, Instant>,
     /// Server tasks already matched (or running before speedtap looked).
     seen_tasks: HashSet<(u64, u64)>,
 }
@@ -255,9 +267,22 @@ impl Tracker {
         }
     }
 
-    /// The call ended.
-    pub fn untrack(&mut self, seq: u64) {
-        self.calls.remove(&seq);
+    /// The call ended at `now`.
+    pub fn untrack(&mut self, seq: u64, now: Instant) {
+        if let Some(model) = self.calls.remove(&seq).and_then(|c| c.model) {
+            self.ended.insert(model, now);
+        }
+    }
+
+    /// Whether a call for `model` other than `seq` was in flight after
+    /// `since` (one tracked now and dispatched before `seq`, or one that
+    /// ended after `since`).
+    fn other_call_for(&self, model: &str, seq: u64, since: Instant) -> bool {
+        self.ended.get(model).is_some_and(|t| *t > since)
+            || self
+                .calls
+                .range(..seq)
+                .any(|(_, c)| c.model.as_deref() == Some(model))
     }
 
     /// Calls in flight.
@@ -294,15 +319,23 @@ impl Tracker {
         // Calls before this one that still take a slot or a queue place.
         let mut ahead: u64 = 0;
         for seq in seqs {
+            // Appeared for this call: absent from the reading before its
+            // dispatch, listed now, and no other call for the model was in
+            // flight in between to have loaded it.
+            let appeared = self.calls.get(&seq).is_some_and(|c| {
+                c.cold.is_none()
+                    && c.model.as_deref().is_some_and(|m| {
+                        view.appeared_since(m, c.dispatched_at)
+                            .is_some_and(|before| !self.other_call_for(m, seq, before))
+                    })
+            });
             let Some(c) = self.calls.get_mut(&seq) else {
                 continue;
             };
             let fresh_look = view.ps_at.is_some_and(|at| at >= c.dispatched_at);
             if c.cold.is_none() && view.ps.is_some() && fresh_look {
                 if let Some(model) = &c.model {
-                    c.cold = Some(
-                        view.loaded(model).is_none() || view.appeared_since(model, c.dispatched_at),
-                    );
+                    c.cold = Some(view.loaded(model).is_none() || appeared);
                 }
             }
             // `/api/ps` held while the call waits: the server is loading,
@@ -660,6 +693,46 @@ mod tests {
     }
 
     #[test]
+    fn a_model_that_appeared_while_an_earlier_call_for_it_ran_is_a_warm_start() {
+        // The reading before this call was taken while an earlier call was
+        // loading the model: it appeared for that call, not this one.
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        let normals = Normals::new();
+        let mut view = ServerView::default();
+        t.track(1, Some("m".into()), ms(t0, 0));
+        view.read_ps(vec![], ms(t0, 1), false);
+        t.observe(&view, ms(t0, 2));
+        t.first_token(1);
+        t.untrack(1, ms(t0, 400));
+        t.track(2, Some("m".into()), ms(t0, 1_000));
+        view.read_ps(vec![listed("m")], ms(t0, 1_000), false);
+        t.observe(&view, ms(t0, 1_010));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_100));
+        assert_eq!(w[0].1.reason, WaitReason::Unknown, "{w:?}");
+        assert_eq!(t.facts(2).unwrap().cold, Some(false));
+    }
+
+    #[test]
+    fn a_model_named_after_two_looks_still_counts_the_reading_before_its_dispatch() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        let normals = Normals::new();
+        let mut view = ServerView::default();
+        view.read_ps(vec![], ms(t0, 0), false);
+        t.track(1, None, ms(t0, 100));
+        view.read_ps(vec![listed("m")], ms(t0, 100), false);
+        t.observe(&view, ms(t0, 110));
+        view.read_ps(vec![listed("m")], ms(t0, 600), false);
+        t.observe(&view, ms(t0, 610));
+        // The request's model is read only now.
+        t.update(1, Some("m".into()), None);
+        t.observe(&view, ms(t0, 620));
+        let w = t.explain("r", &view, &normals, ms(t0, 700));
+        assert_eq!(w[0].1.reason, WaitReason::LoadingModel, "{w:?}");
+    }
+
+    #[test]
     fn a_model_listed_before_and_after_the_dispatch_is_a_warm_start() {
         let t0 = Instant::now();
         let mut t = Tracker::default();
@@ -693,7 +766,7 @@ mod tests {
         assert_eq!(w[1].1.position, Some(1));
         // The first call streams, then ends; the second gets the slot.
         t.first_token(1);
-        t.untrack(1);
+        t.untrack(1, ms(t0, 900));
         view.slots = Some(vec![slot(0, true, Some(6), 2000, 500)]);
         t.observe(&view, ms(t0, 1000));
         view.slots = Some(vec![slot(0, true, Some(6), 2000, 1000)]);
@@ -736,7 +809,7 @@ mod tests {
         assert_eq!(w[0].1.reason, WaitReason::Prefilling, "{w:?}");
         assert_eq!(w[0].1.progress, Some(0.25));
         // And it stays matched once the first call is untracked.
-        t.untrack(1);
+        t.untrack(1, ms(t0, 1_200));
         view.slots = Some(vec![slot(0, true, Some(6), 2_000, 1_000)]);
         t.observe(&view, ms(t0, 1_500));
         let w = t.explain("r", &view, &normals, ms(t0, 1_500));
@@ -780,7 +853,7 @@ mod tests {
         };
         t.observe(&view, ms(t0, 100));
         t.first_token(2);
-        t.untrack(2);
+        t.untrack(2, ms(t0, 1_000));
         // Now the first call's own task runs in the slot.
         view.slots = Some(vec![slot(0, true, Some(6), 512, 256)]);
         t.observe(&view, ms(t0, 1_100));

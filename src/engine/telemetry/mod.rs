@@ -405,7 +405,7 @@ impl TelemetryPoller {
             }
         }
         for seq in gone {
-            self.tracker.untrack(seq);
+            self.tracker.untrack(seq, now);
             self.actors.remove(&seq);
             self.last_sent.remove(&seq);
         }
@@ -505,7 +505,7 @@ impl Handler<FirstTokenSeen> for TelemetryPoller {
 impl Handler<Untrack> for TelemetryPoller {
     type Result = ();
     fn handle(&mut self, msg: Untrack, ctx: &mut Self::Context) {
-        self.tracker.untrack(msg.seq);
+        self.tracker.untrack(msg.seq, Instant::now());
         self.actors.remove(&msg.seq);
         self.last_sent.remove(&msg.seq);
         self.idle_unless_waiting(ctx);
