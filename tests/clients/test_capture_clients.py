@@ -83,8 +83,10 @@ def openai_responses(base, watch):
 
 
 def anthropic_messages(base, watch):
-    client = anthropic.Anthropic(base_url=base, api_key="sk-ant-test",
-                                 http_client=httpx.Client(event_hooks=watch.hooks()))
+    # The SDK's own client class: newer releases are built on httpx2,
+    # older ones on httpx; both take the same hooks.
+    http_client = anthropic.DefaultHttpxClient(event_hooks=watch.hooks())
+    client = anthropic.Anthropic(base_url=base, api_key="sk-ant-test", http_client=http_client)
     stream = client.messages.create(
         model="sim-model", max_tokens=1024, stream=True,
         messages=[{"role": "user", "content": "hi"}])
@@ -163,7 +165,11 @@ def test_unchanged_clients_are_measured_by_capture_as_exactly_as_through_the_pro
     s = capture_and_proxy
     watches = {}
     for api, call in PROTOCOLS:
-        for seen_by, base in (("capture", s.upstream), ("proxy", s.proxy)):
+        # Through the proxy first: the SDK's first call of a kind builds
+        # its parsing types (the openai package: some 10 ms before it hands
+        # over the first text), which is the client's own time and would
+        # sit between the wire and the stopwatch of the captured call.
+        for seen_by, base in (("proxy", s.proxy), ("capture", s.upstream)):
             watch = Stopwatch()
             text = call(base, watch)
             assert len(text.split()) == TOKENS, (api, seen_by, text)
@@ -193,18 +199,25 @@ def test_unchanged_clients_are_measured_by_capture_as_exactly_as_through_the_pro
             assert speed["output_tokens"] == TOKENS, (api, speed)
             rate = speed["output_tokens_per_second"]
             assert abs(rate - TPS) <= TPS * 0.01, (api, call["seen_by"], rate)
-        # The capture's TTFT against the stopwatch of the client that made
-        # the call. The record keeps whole milliseconds (truncated), so
-        # its true value lies in [ttft, ttft + 1): compared from the
-        # middle of that bucket.
-        client_ms = watches[(api, "capture")].ttft_ms()
+        # The record keeps whole milliseconds (truncated): the true value
+        # lies in [ttft, ttft + 1), so each is read from the bucket's
+        # middle.
         ttft = captured["speed"]["time_to_first_token_ms"] + 0.5
-        assert abs(ttft - client_ms) <= 2.0, (api, ttft, client_ms)
+        proxy_ttft = proxied["speed"]["time_to_first_token_ms"] + 0.5
+        # The same schedule measured by the other interceptor, on the wire
+        # as well: within 2 ms (the proxy's own hop is a fraction of one).
+        assert abs(ttft - proxy_ttft) <= 2.0, (api, ttft, proxy_ttft)
+        # The SDK's stopwatch: the captured TTFT is never later than what
+        # the client saw, and earlier by no more than the SDK's own work
+        # between its HTTP library's send and handing over the first text
+        # (parsing the stream into its types: 1-4 ms here). The wire-level
+        # stopwatch within 2 ms on every protocol is tests/capture.rs's.
+        client_ms = watches[(api, "capture")].ttft_ms()
+        assert -2.0 <= client_ms - ttft <= 10.0, (api, ttft, client_ms)
         assert phases(lines, captured["id"]) == phases(lines, proxied["id"]), api
         report.append(
-            f"{api}: capture ttft {ttft - 0.5:.0f} ms (client {client_ms:.2f} ms), "
-            f"proxy ttft {proxied['speed']['time_to_first_token_ms']} ms "
-            f"(client {watches[(api, 'proxy')].ttft_ms():.2f} ms); rate capture "
+            f"{api}: ttft capture {ttft - 0.5:.0f} ms, proxy {proxy_ttft - 0.5:.0f} ms, "
+            f"SDK stopwatch {client_ms:.2f} ms; rate capture "
             f"{captured['speed']['output_tokens_per_second']}, proxy "
             f"{proxied['speed']['output_tokens_per_second']}; phases "
             f"{' > '.join(phases(lines, captured['id']))}")

@@ -130,9 +130,7 @@ impl ServerView {
     /// `since`: when that reading's look began. The model was loaded (or
     /// is loading) since then, for a call dispatched in between.
     fn appeared_since(&self, model: &str, since: Instant) -> Option<Instant> {
-        if self.loaded(model).is_none() {
-            return None;
-        }
+        self.loaded(model)?;
         let (at, before) = self.ps_before.iter().rev().find(|(at, _)| *at < since)?;
         (*at < since && !before.iter().any(|m| same_model(model, &m.name))).then_some(*at)
     }
