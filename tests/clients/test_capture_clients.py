@@ -163,6 +163,11 @@ def phases(lines, call_id):
 def test_unchanged_clients_are_measured_by_capture_as_exactly_as_through_the_proxy(
         capture_and_proxy):
     s = capture_and_proxy
+    # A first call loads the engine's tokenizer (it loads with the first
+    # metered call, on the shared cores): not one of the compared calls.
+    openai_chat(s.proxy, Stopwatch())
+    s.settled(1)
+    warm_up = {c["id"] for c in s.calls()}
     watches = {}
     for api, call in PROTOCOLS:
         # Through the proxy first: the SDK's first call of a kind builds
@@ -175,8 +180,8 @@ def test_unchanged_clients_are_measured_by_capture_as_exactly_as_through_the_pro
             assert len(text.split()) == TOKENS, (api, seen_by, text)
             watches[(api, seen_by)] = watch
             # One call at a time, so each record is matched to its client.
-            s.settled(len(watches))
-    calls = s.settled(len(watches))
+            s.settled(len(watches) + 1)
+    calls = [c for c in s.settled(len(watches) + 1) if c["id"] not in warm_up]
     s.stop()
     lines = [json.loads(l) for l in (s.tmp / "run.jsonl").read_text().splitlines() if l]
 
@@ -205,8 +210,9 @@ def test_unchanged_clients_are_measured_by_capture_as_exactly_as_through_the_pro
         ttft = captured["speed"]["time_to_first_token_ms"] + 0.5
         proxy_ttft = proxied["speed"]["time_to_first_token_ms"] + 0.5
         # The same schedule measured by the other interceptor, on the wire
-        # as well: within 2 ms (the proxy's own hop is a fraction of one).
-        assert abs(ttft - proxy_ttft) <= 2.0, (api, ttft, proxy_ttft)
+        # as well (two calls, so the simulator's own jitter is in it too):
+        # within 3 ms; a misplaced packet time would be tens.
+        assert abs(ttft - proxy_ttft) <= 3.0, (api, ttft, proxy_ttft)
         # The SDK's stopwatch: the captured TTFT is never later than what
         # the client saw, and earlier by no more than the SDK's own work
         # between its HTTP library's send and handing over the first text
