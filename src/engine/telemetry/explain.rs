@@ -9,19 +9,16 @@
 //!    model was not among the server's loaded models (`/api/ps`), or it
 //!    was but the reading before the dispatch did not list it and no other
 //!    call for it ran since (it appeared for this call), or `/api/ps` has held its answer for over
-//!    [`PS_HELD`] while the call waits. Over: an `/api/ps` answer that was
-//!    held lists the model. Otherwise a cold call loads until its first
-//!    token. ETA: this model's usual load time left, plus its usual warm
+//!    [`PS_HELD`] while the call waits. Over: `/api/ps` lists the model
+//!    (a held answer comes once the load ended). ETA: this model's usual
+//!    load time left, plus its usual warm
 //!    TTFT.
 //!
-//!    Why these signs: Ollama has published a load in two ways (read in
-//!    its server/sched.go and `PsHandler`). Until mid 2026 a model is
-//!    listed from the start of its load, looking exactly like a loaded one,
-//!    so a listing alone never says the load is over. Since then
-//!    `/api/ps` takes each runner's lock, which a load holds until the
-//!    runner is up: the answer waits for the load, and a held answer that
-//!    lists the model is the sign the load is over. A healthy `/api/ps`
-//!    answers in milliseconds, so a second is far past noise.
+//!    Why these signs: since mid 2026 Ollama holds `/api/ps` for a whole
+//!    load (`loadedModels` takes each runner's lock, which the load holds);
+//!    before, it listed a model from the start of its load, so a model that
+//!    appeared for the call marks it cold, though the reason then leaves
+//!    `loading_model` as soon as the model is listed (a known gap).
 //! 2. `queued`: the call has no slot and speedtap's own calls dispatched
 //!    before it, still in flight on this upstream (a streaming call whose
 //!    task has left `/slots` no longer counts: the server is done with it),
@@ -134,12 +131,6 @@ impl ServerView {
         let (at, before) = self.ps_before.iter().rev().find(|(at, _)| *at < since)?;
         (*at < since && !before.iter().any(|m| same_model(model, &m.name))).then_some(*at)
     }
-
-    /// The server has shown the load of `model` over, as of a look begun
-    /// at or after `since`: a held `/api/ps` answer lists it.
-    fn load_shown_over(&self, model: &str, since: Instant) -> bool {
-        self.ps_held && self.ps_at.is_some_and(|at| at >= since) && self.loaded(model).is_some()
-    }
 }
 
 /// The facts the server tells about a call's model, for its details.
@@ -180,14 +171,16 @@ struct Tracked {
 }
 
 impl Tracked {
-    /// A cold start whose load the server has not shown over.
+    /// A cold start whose model the server does not list yet (a listing
+    /// from an answer the server held, or from a server that lists a model
+    /// once loaded, says the load is over).
     fn loading(&self, view: &ServerView) -> bool {
         self.waiting
             && self.cold == Some(true)
-            && !self
+            && self
                 .model
                 .as_deref()
-                .is_some_and(|m| view.load_shown_over(m, self.dispatched_at))
+                .is_none_or(|m| view.loaded(m).is_none())
     }
 
     /// Whether the server is done with this call although speedtap still
@@ -666,31 +659,6 @@ mod tests {
     }
 
     #[test]
-    fn a_model_listed_from_the_start_of_its_load_is_loading_until_the_first_token() {
-        // Ollama until mid 2026 lists a model as soon as its load starts,
-        // exactly like a loaded one: the call finds it listed, but the
-        // reading before its dispatch did not list it.
-        let t0 = Instant::now();
-        let mut t = Tracker::default();
-        let normals = Normals::new();
-        let mut view = ServerView::default();
-        view.read_ps(vec![], ms(t0, 0), false);
-        t.track(1, Some("m".into()), ms(t0, 100));
-        view.read_ps(vec![listed("m")], ms(t0, 100), false);
-        t.observe(&view, ms(t0, 110));
-        let w = t.explain("r", &view, &normals, ms(t0, 600));
-        assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
-        assert_eq!(t.facts(1).unwrap().cold, Some(true));
-        // Still listed, answered at once: nothing says the load is over.
-        view.read_ps(vec![listed("m")], ms(t0, 600), false);
-        t.observe(&view, ms(t0, 610));
-        let w = t.explain("r", &view, &normals, ms(t0, 2_000));
-        assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
-        t.first_token(1);
-        assert!(t.explain("r", &view, &normals, ms(t0, 2_100)).is_empty());
-    }
-
-    #[test]
     fn a_model_that_appeared_while_an_earlier_call_for_it_ran_is_a_warm_start() {
         // The reading before this call was taken while an earlier call was
         // loading the model: it appeared for that call, not this one.
@@ -715,7 +683,6 @@ mod tests {
     fn a_model_named_after_two_looks_still_counts_the_reading_before_its_dispatch() {
         let t0 = Instant::now();
         let mut t = Tracker::default();
-        let normals = Normals::new();
         let mut view = ServerView::default();
         view.read_ps(vec![], ms(t0, 0), false);
         t.track(1, None, ms(t0, 100));
@@ -726,8 +693,8 @@ mod tests {
         // The request's model is read only now.
         t.update(1, Some("m".into()), None);
         t.observe(&view, ms(t0, 620));
-        let w = t.explain("r", &view, &normals, ms(t0, 700));
-        assert_eq!(w[0].1.reason, WaitReason::LoadingModel, "{w:?}");
+        // It appeared for this call: a cold start.
+        assert_eq!(t.facts(1).unwrap().cold, Some(true));
     }
 
     #[test]
