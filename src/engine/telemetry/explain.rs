@@ -59,7 +59,7 @@ use crate::model::{Placement, Wait, WaitReason};
 pub const PS_HELD: Duration = Duration::from_secs(1);
 
 /// `/api/ps` readings kept besides the latest (a few seconds of looks).
-const PS_KEPT: usize = 8;
+pub const PS_KEPT: usize = 8;
 
 /// The server's latest published state; `None`: not published (or not yet
 /// read).
