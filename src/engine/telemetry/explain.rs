@@ -81,8 +81,6 @@ pub struct ServerView {
     /// lists appeared in between. More than one, because a call's model
     /// may become known only after the look that followed its dispatch.
     pub ps_before: VecDeque<(Instant, Vec<LoadedModel>)>,
-    /// `ps` came in an answer the server held ([`PS_HELD`] or longer).
-    pub ps_held: bool,
     /// Since when the `/api/ps` request under way has been held past
     /// [`PS_HELD`] (`None`: no request is held).
     pub ps_held_since: Option<Instant>,
@@ -108,9 +106,8 @@ impl ServerView {
             .find(|m| same_model(model, &m.name))
     }
 
-    /// Takes a new `/api/ps` reading from a look begun `at`; `held`: the
-    /// server held the answer.
-    pub fn read_ps(&mut self, models: Vec<LoadedModel>, at: Instant, held: bool) {
+    /// Takes a new `/api/ps` reading from a look begun `at`.
+    pub fn read_ps(&mut self, models: Vec<LoadedModel>, at: Instant) {
         if let (Some(prev), Some(prev_at)) = (self.ps.take(), self.ps_at) {
             if self.ps_before.len() == PS_KEPT {
                 self.ps_before.pop_front();
@@ -119,7 +116,6 @@ impl ServerView {
         }
         self.ps = Some(models);
         self.ps_at = Some(at);
-        self.ps_held = held;
         self.ps_held_since = None;
     }
 
@@ -621,7 +617,7 @@ mod tests {
         let normals = Normals::new();
         t.track(1, Some("m".into()), t0);
         let mut view = ServerView::default();
-        view.read_ps(vec![], t0, false);
+        view.read_ps(vec![], t0);
         t.observe(&view, t0);
         let w = t.explain("r", &view, &normals, ms(t0, 500));
         assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
@@ -631,7 +627,7 @@ mod tests {
         let w = t.explain("r", &view, &normals, ms(t0, 1_500));
         assert_eq!(w[0].1.reason, WaitReason::LoadingModel);
         // The held answer comes once the model is up.
-        view.read_ps(vec![listed("m:latest")], ms(t0, 500), true);
+        view.read_ps(vec![listed("m:latest")], ms(t0, 500));
         t.observe(&view, ms(t0, 4_000));
         let w = t.explain("r", &view, &normals, ms(t0, 4_000));
         assert_eq!(w[0].1.reason, WaitReason::Unknown);
@@ -667,12 +663,12 @@ mod tests {
         let normals = Normals::new();
         let mut view = ServerView::default();
         t.track(1, Some("m".into()), ms(t0, 0));
-        view.read_ps(vec![], ms(t0, 1), false);
+        view.read_ps(vec![], ms(t0, 1));
         t.observe(&view, ms(t0, 2));
         t.first_token(1);
         t.untrack(1, ms(t0, 400));
         t.track(2, Some("m".into()), ms(t0, 1_000));
-        view.read_ps(vec![listed("m")], ms(t0, 1_000), false);
+        view.read_ps(vec![listed("m")], ms(t0, 1_000));
         t.observe(&view, ms(t0, 1_010));
         let w = t.explain("r", &view, &normals, ms(t0, 1_100));
         assert_eq!(w[0].1.reason, WaitReason::Unknown, "{w:?}");
@@ -684,11 +680,11 @@ mod tests {
         let t0 = Instant::now();
         let mut t = Tracker::default();
         let mut view = ServerView::default();
-        view.read_ps(vec![], ms(t0, 0), false);
+        view.read_ps(vec![], ms(t0, 0));
         t.track(1, None, ms(t0, 100));
-        view.read_ps(vec![listed("m")], ms(t0, 100), false);
+        view.read_ps(vec![listed("m")], ms(t0, 100));
         t.observe(&view, ms(t0, 110));
-        view.read_ps(vec![listed("m")], ms(t0, 600), false);
+        view.read_ps(vec![listed("m")], ms(t0, 600));
         t.observe(&view, ms(t0, 610));
         // The request's model is read only now.
         t.update(1, Some("m".into()), None);
@@ -703,9 +699,9 @@ mod tests {
         let mut t = Tracker::default();
         let normals = Normals::new();
         let mut view = ServerView::default();
-        view.read_ps(vec![listed("m")], ms(t0, 0), false);
+        view.read_ps(vec![listed("m")], ms(t0, 0));
         t.track(1, Some("m".into()), ms(t0, 100));
-        view.read_ps(vec![listed("m")], ms(t0, 100), false);
+        view.read_ps(vec![listed("m")], ms(t0, 100));
         t.observe(&view, ms(t0, 110));
         let w = t.explain("r", &view, &normals, ms(t0, 600));
         assert_eq!(w[0].1.reason, WaitReason::Unknown);

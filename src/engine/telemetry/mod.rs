@@ -279,7 +279,7 @@ impl TelemetryPoller {
                     if *e == Endpoint::Ps {
                         pending.store(false, Ordering::Relaxed);
                     }
-                    (answer, now.elapsed())
+                    answer
                 }
             });
             let answers = futures_util::future::join_all(asks).await;
@@ -287,8 +287,8 @@ impl TelemetryPoller {
         };
         ctx.spawn(fut.into_actor(self).map(|answers, act, ctx| {
             act.polling = false;
-            for (endpoint, (answer, took)) in answers {
-                act.take(endpoint, answer, took);
+            for (endpoint, answer) in answers {
+                act.take(endpoint, answer);
             }
             act.after_look(ctx);
         }));
@@ -317,9 +317,8 @@ impl TelemetryPoller {
         });
     }
 
-    /// Takes one endpoint's answer, which took `took` from the look's
-    /// start.
-    fn take(&mut self, endpoint: Endpoint, answer: Answer, took: Duration) {
+    /// Takes one endpoint's answer.
+    fn take(&mut self, endpoint: Endpoint, answer: Answer) {
         let index = Endpoint::ALL
             .iter()
             .position(|e| *e == endpoint)
@@ -344,7 +343,7 @@ impl TelemetryPoller {
         // (a server still loading answers 503, which is tried again).
         let published = match endpoint {
             Endpoint::Ps => server::parse_ps(&body).map(|ps| {
-                self.view.read_ps(ps, self.look_began, took >= PS_HELD);
+                self.view.read_ps(ps, self.look_began);
             }),
             Endpoint::Slots => server::parse_slots(&body).map(|slots| {
                 self.view.slots = Some(slots);
