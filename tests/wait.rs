@@ -253,7 +253,6 @@ async fn a_model_load_is_explained_whether_api_ps_hides_the_model_or_holds_its_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky (about 1 run in 8 in the full binary): the second call sometimes shows only `queued`, never its prefill; the same sequence is required against the real llama-server in scripts/real-server-check"]
 async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_rising_progress() {
     let sim = SimServer::start(
         "127.0.0.1:0",
@@ -287,11 +286,15 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
         body.clone(),
         HEADERS,
     ));
-    // The second is dispatched once the first is (its snapshot exists).
-    let _ = events_until(
-        &mut rx,
-        |e| matches!(e, EngineEvent::Speed { call, .. } if call.id == "c-000002"),
-    )
+    // The second is sent once the server shows the first's prefill: sent
+    // as soon as the first is dispatched, its upstream connection can win
+    // and the server run it first (that order is `explain`'s unit test
+    // `a_later_call_served_first_takes_the_task_matched_to_the_earlier_one`).
+    let first_prefilling = events_until(&mut rx, |e| {
+        matches!(e, EngineEvent::Speed { call, speed }
+            if call.id == "c-000002"
+                && speed.wait.as_ref().is_some_and(|w| w.reason == WaitReason::Prefilling))
+    })
     .await;
     let second = tokio::spawn(send_with(
         addr,
@@ -300,7 +303,18 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
         body,
         HEADERS,
     ));
-    let mut a = Vec::new();
+    let mut a: Vec<Seen> = first_prefilling
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Speed { call, speed } if call.id == "c-000002" => {
+                speed.wait.clone().map(|wait| Seen {
+                    elapsed_ms: speed.elapsed_ms,
+                    wait,
+                })
+            }
+            _ => None,
+        })
+        .collect();
     let mut b = Vec::new();
     let mut settled = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);

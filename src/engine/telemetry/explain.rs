@@ -22,6 +22,8 @@
 //! 2. `queued`: the call has no slot and speedtap's own calls dispatched
 //!    before it, still in flight on this upstream (a streaming call whose
 //!    task has left `/slots` no longer counts: the server is done with it),
+//!    with the later ones the server runs already (served first: their
+//!    requests overtook this one's on the way),
 //!    fill every slot the server has (`/props` `total_slots`, or the `/slots` list), and no
 //!    reading taken after the call's dispatch contradicts it: a free slot
 //!    in `/slots`, or `/metrics` showing room (nothing deferred and fewer
@@ -248,9 +250,44 @@ impl Tracker {
     }
 
     /// The call's first token arrived: it no longer waits.
+    ///
+    /// A call that gets its first token with no task matched to it while
+    /// an earlier call still waits on a matched one was served first: the
+    /// two requests reached the server in the other order (each opens its
+    /// own upstream connection, and the later connection can win). Tasks
+    /// are matched in dispatch order, so the earlier call's task was this
+    /// one's: it moves here, and the earlier call waits again unmatched
+    /// (queued behind this one) until its own task shows.
     pub fn first_token(&mut self, seq: u64) {
+        let unmatched = self
+            .calls
+            .get(&seq)
+            .is_some_and(|c| c.waiting && c.slot.is_none());
+        let taken_from = unmatched
+            .then(|| {
+                self.calls
+                    .iter()
+                    .find(|(s, c)| **s != seq && c.waiting && c.slot.is_some())
+                    .map(|(s, _)| *s)
+            })
+            .flatten();
+        let handed = taken_from.and_then(|other| {
+            let c = self.calls.get_mut(&other)?;
+            let handed = (
+                c.slot.take(),
+                c.first_progress.take(),
+                c.last_progress.take(),
+            );
+            c.prefill_since = None;
+            Some(handed)
+        });
         if let Some(c) = self.calls.get_mut(&seq) {
             c.waiting = false;
+            if let Some((slot, first, last)) = handed {
+                c.slot = slot;
+                c.first_progress = first;
+                c.last_progress = last;
+            }
         }
     }
 
@@ -270,6 +307,21 @@ impl Tracker {
                 .calls
                 .range(..seq)
                 .any(|(_, c)| c.model.as_deref() == Some(model))
+    }
+
+    /// For each call in dispatch order, how many calls dispatched after it
+    /// the server is already serving (a matched task it still runs): a
+    /// later call served first holds a slot ahead of it all the same.
+    fn served_later(&self, view: &ServerView) -> Vec<u64> {
+        let mut counts = vec![0; self.calls.len()];
+        let mut later = 0;
+        for (i, c) in self.calls.values().enumerate().rev() {
+            counts[i] = later;
+            if c.slot.is_some() && !c.done_on_server(view) {
+                later += 1;
+            }
+        }
+        counts
     }
 
     /// Calls in flight.
@@ -303,9 +355,12 @@ impl Tracker {
         let mut fresh = fresh.into_iter();
         let total_slots = view.total_slots();
         let seqs: Vec<u64> = self.calls.keys().copied().collect();
+        let served_later = self.served_later(view);
         // Calls before this one that still take a slot or a queue place.
-        let mut ahead: u64 = 0;
-        for seq in seqs {
+        let mut before: u64 = 0;
+        for (i, seq) in seqs.into_iter().enumerate() {
+            // ... and later ones the server already serves.
+            let ahead = before + served_later[i];
             // Appeared for this call: absent from the reading before its
             // dispatch, listed now, and no other call for the model was in
             // flight in between to have loaded it.
@@ -392,7 +447,7 @@ impl Tracker {
                 c.facts.context_size = view.props.as_ref().and_then(|p| p.n_ctx);
             }
             if !c.done_on_server(view) {
-                ahead += 1;
+                before += 1;
             }
         }
         // Tasks nobody took (other clients, or calls speedtap saw end) are
@@ -444,18 +499,18 @@ impl Tracker {
         });
         let mut out = Vec::new();
         let seqs: Vec<u64> = self.calls.keys().copied().collect();
-        // Calls before this one that still take a slot or a queue place
-        // (as in `observe`).
-        let mut ahead: u64 = 0;
-        for seq in seqs {
+        let served_later = self.served_later(view);
+        // Calls before this one that still take a slot or a queue place,
+        // and later ones the server already serves (as in `observe`).
+        let mut before: u64 = 0;
+        for (i, seq) in seqs.into_iter().enumerate() {
             let Some(c) = self.calls.get_mut(&seq) else {
                 continue;
             };
-            let before = ahead;
+            let ahead = before + served_later[i];
             if !c.done_on_server(view) {
-                ahead += 1;
+                before += 1;
             }
-            let ahead = before;
             if !c.waiting {
                 continue;
             }
@@ -831,6 +886,68 @@ mod tests {
         assert_eq!(w[0].1.eta_ms, Some(5_375));
         // Only the tasks the slots still show are remembered.
         assert_eq!(t.seen_tasks.len(), 1);
+    }
+
+    #[test]
+    fn a_later_call_served_first_takes_the_task_matched_to_the_earlier_one() {
+        // Two calls with the same prompt, dispatched 1 ms apart: the later
+        // one's upstream connection wins and the server runs it first, so
+        // the one task on the slot is matched to the earlier call until the
+        // later one's first token shows whose it was.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 1));
+        let mut view = ServerView {
+            slots: Some(vec![slot(0, true, Some(5), 4_000, 3_000)]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 100));
+        let w = t.explain("r", &view, &normals, ms(t0, 100));
+        assert_eq!(w[0].1.reason, WaitReason::Prefilling);
+        assert_eq!(w[1].1.reason, WaitReason::Queued);
+        t.first_token(2);
+        // Call 2 streams on task 5: call 1 is queued behind it.
+        view.slots = Some(vec![SlotState {
+            decoded: Some(3),
+            ..slot(0, true, Some(5), 4_000, 4_000)
+        }]);
+        t.observe(&view, ms(t0, 600));
+        let w = t.explain("r", &view, &normals, ms(t0, 600));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].0, 1);
+        assert_eq!(w[0].1.reason, WaitReason::Queued, "{w:?}");
+        assert_eq!(w[0].1.position, Some(1));
+        // Then call 1's own task prefills, measured from its own samples.
+        view.slots = Some(vec![slot(0, true, Some(6), 4_000, 1_000)]);
+        t.observe(&view, ms(t0, 1_100));
+        view.slots = Some(vec![slot(0, true, Some(6), 4_000, 2_000)]);
+        t.observe(&view, ms(t0, 1_600));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_600));
+        assert_eq!(w[0].1.reason, WaitReason::Prefilling, "{w:?}");
+        assert_eq!(w[0].1.progress, Some(0.5));
+        // 1,000 tokens in 500 ms: 2,000 left is 1 s.
+        assert_eq!(w[0].1.eta_ms, Some(1_000));
+    }
+
+    #[test]
+    fn a_first_token_on_a_call_with_its_own_task_moves_no_match() {
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 1));
+        let view = ServerView {
+            slots: Some(vec![
+                slot(0, true, Some(5), 100, 100),
+                slot(1, true, Some(6), 100, 50),
+            ]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 100));
+        t.first_token(1);
+        assert_eq!(t.calls[&1].slot, Some((0, 5)));
+        assert_eq!(t.calls[&2].slot, Some((1, 6)));
     }
 
     #[test]
