@@ -33,7 +33,8 @@ buckets = [
  ("runtime: parking and epoll_wait", r"^epoll_wait$"),
  ("runtime: waking another thread (mio Waker / eventfd)", r"^mio::sys::unix::waker::Waker::wake$"),
  ("kernel: context switches (finish_task_switch)", r"^finish_task_switch"),
- ("metering: CallActor handling frames", r"CallActor as actix::handler::Handler<speedtap::engine::messages::Frame>>::handle$"),
+ ("metering: CallActor handling frames (one message per frame, before the batched hand-off)", r"CallActor as actix::handler::Handler<speedtap::engine::messages::Frame>>::handle$"),
+ ("metering: CallActor draining its frame queue (the batched hand-off)", r"^speedtap::engine::call_actor::CallActor::drain_frames$"),
  ("metering: SSE framing + JSON decoding (StreamDecoder::feed)", r"^speedtap::decode::stream::StreamDecoder::feed$"),
  ("metering: serde_json Value parse of each event", r"serde_json::de::from_trait"),
  ("metering: token counting (o200k count_tokens)", r"O200kEstimator as speedtap::tokens::TokenEstimator>::count_tokens$"),
@@ -43,10 +44,13 @@ buckets = [
  ("store: SQLite writer", r"speedtap::store::writer"),
  ("startup: o200k tables build (one-off)", r"tiktoken_rs::singleton::o200k_base_singleton$"),
  ("allocator: malloc+free (self)", None),
+ ("kernel: scheduler wake-ups and switches (self: finish_task_switch, _raw_spin_unlock_irq*, try_to_wake_up)", "SELF_SCHED"),
 ]
 print("\n== Where the time goes (inclusive: the frame and everything it calls; buckets overlap)")
 for name, rx in buckets:
-    if rx is None:
+    if rx == "SELF_SCHED":
+        n = sum(v for k, v in selfc.items() if re.search(r"^(finish_task_switch|_raw_spin_unlock_irq|try_to_wake_up)", k))
+    elif rx is None:
         n = sum(v for k, v in selfc.items() if re.search(r"^(malloc|_int_malloc|_int_free|cfree|free|malloc_consolidate|realloc|_int_realloc)(@.*)?$", k))
     else:
         r = re.compile(rx)
