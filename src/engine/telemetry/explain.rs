@@ -258,12 +258,23 @@ impl Tracker {
     /// are matched in dispatch order, so the earlier call's task was this
     /// one's: it moves here, and the earlier call waits again unmatched
     /// (queued behind this one) until its own task shows.
-    pub fn first_token(&mut self, seq: u64) {
+    ///
+    /// Only when every slot of the server (in `view`) is held by a matched
+    /// call: with a slot to spare, the call may have had one of its own,
+    /// come and gone between two looks, and the other calls' matches
+    /// stand.
+    pub fn first_token(&mut self, seq: u64, view: &ServerView) {
         let unmatched = self
             .calls
             .get(&seq)
             .is_some_and(|c| c.waiting && c.slot.is_none());
-        let taken_from = unmatched
+        let held = self
+            .calls
+            .values()
+            .filter(|c| c.slot.is_some() && !c.done_on_server(view))
+            .count() as u64;
+        let no_slot_to_spare = view.total_slots().is_some_and(|n| held >= n);
+        let taken_from = (unmatched && no_slot_to_spare)
             .then(|| {
                 self.calls
                     .iter()
@@ -720,7 +731,7 @@ mod tests {
         t.track(1, Some("m".into()), ms(t0, 0));
         view.read_ps(vec![], ms(t0, 1));
         t.observe(&view, ms(t0, 2));
-        t.first_token(1);
+        t.first_token(1, &view);
         t.untrack(1, ms(t0, 400));
         t.track(2, Some("m".into()), ms(t0, 1_000));
         view.read_ps(vec![listed("m")], ms(t0, 1_000));
@@ -781,7 +792,7 @@ mod tests {
         assert_eq!(w[1].1.reason, WaitReason::Queued);
         assert_eq!(w[1].1.position, Some(1));
         // The first call streams, then ends; the second gets the slot.
-        t.first_token(1);
+        t.first_token(1, &view);
         t.untrack(1, ms(t0, 900));
         view.slots = Some(vec![slot(0, true, Some(6), 2000, 500)]);
         t.observe(&view, ms(t0, 1000));
@@ -814,7 +825,7 @@ mod tests {
         t.observe(&view, ms(t0, 100));
         let w = t.explain("r", &view, &normals, ms(t0, 100));
         assert_eq!(w[1].1.reason, WaitReason::Queued);
-        t.first_token(1);
+        t.first_token(1, &view);
         // Task 5 is gone, task 6 (the second call's) prefills; call 1 is
         // still tracked.
         view.slots = Some(vec![slot(0, true, Some(6), 2_000, 500)]);
@@ -844,7 +855,7 @@ mod tests {
             ..ServerView::default()
         };
         t.observe(&view, ms(t0, 100));
-        t.first_token(1);
+        t.first_token(1, &view);
         t.observe(&view, ms(t0, 600));
         let w = t.explain("r", &view, &normals, ms(t0, 600));
         assert_eq!(w[0].1.reason, WaitReason::Queued, "{w:?}");
@@ -868,7 +879,7 @@ mod tests {
             ..ServerView::default()
         };
         t.observe(&view, ms(t0, 100));
-        t.first_token(2);
+        t.first_token(2, &view);
         t.untrack(2, ms(t0, 1_000));
         // Now the first call's own task runs in the slot.
         view.slots = Some(vec![slot(0, true, Some(6), 512, 256)]);
@@ -907,7 +918,7 @@ mod tests {
         let w = t.explain("r", &view, &normals, ms(t0, 100));
         assert_eq!(w[0].1.reason, WaitReason::Prefilling);
         assert_eq!(w[1].1.reason, WaitReason::Queued);
-        t.first_token(2);
+        t.first_token(2, &view);
         // Call 2 streams on task 5: call 1 is queued behind it.
         view.slots = Some(vec![SlotState {
             decoded: Some(3),
@@ -945,9 +956,30 @@ mod tests {
             ..ServerView::default()
         };
         t.observe(&view, ms(t0, 100));
-        t.first_token(1);
+        t.first_token(1, &view);
         assert_eq!(t.calls[&1].slot, Some((0, 5)));
         assert_eq!(t.calls[&2].slot, Some((1, 6)));
+    }
+
+    #[test]
+    fn with_a_slot_to_spare_a_first_token_takes_no_other_calls_task() {
+        // Two slots: call 2's own task may have come and gone between two
+        // looks, so call 1 keeps the task it was matched to.
+        let t0 = Instant::now();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 1));
+        let view = ServerView {
+            slots: Some(vec![
+                slot(0, true, Some(5), 4_000, 1_000),
+                slot(1, false, None, 0, 0),
+            ]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 100));
+        t.first_token(2, &view);
+        assert_eq!(t.calls[&1].slot, Some((0, 5)));
+        assert_eq!(t.calls[&2].slot, None);
     }
 
     #[test]

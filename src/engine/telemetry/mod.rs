@@ -496,7 +496,7 @@ impl Handler<CallUpdate> for TelemetryPoller {
 impl Handler<FirstTokenSeen> for TelemetryPoller {
     type Result = ();
     fn handle(&mut self, msg: FirstTokenSeen, ctx: &mut Self::Context) {
-        self.tracker.first_token(msg.seq);
+        self.tracker.first_token(msg.seq, &self.view);
         self.idle_unless_waiting(ctx);
     }
 }
