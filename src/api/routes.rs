@@ -168,27 +168,48 @@ where
     response
 }
 
+/// Answers one request once its body is read: the checks every request
+/// passes (Host, path, method, JSON writes), then its endpoint.
 async fn dispatch<E: EngineQueries>(
     engine: &E,
     req: &Request<()>,
     body: Option<Bytes>,
     ctx: &Context,
 ) -> Response<BoxBody> {
+    if let Some(refused) = host_refusal(req, ctx) {
+        return refused;
+    }
+    let Some(endpoint) = endpoint(req.uri().path()) else {
+        return error(StatusCode::NOT_FOUND, "not found");
+    };
+    if let Some(answer) = method_answer(&endpoint, req) {
+        return answer;
+    }
+    if let Some(refused) = non_json_write_refusal(req) {
+        return refused;
+    }
+    answer(engine, endpoint, req, body, ctx).await
+}
+
+/// The refusal of a request whose Host names no loopback address (a 400
+/// when it names none), unless it is a scrape of `/metrics` by a remote
+/// Prometheus that [`Context::remote_metrics`] lets in.
+fn host_refusal(req: &Request<()>, ctx: &Context) -> Option<Response<BoxBody>> {
     let remote_scrape = ctx.remote_metrics
         && req.uri().path() == "/metrics"
         && matches!(*req.method(), Method::GET | Method::HEAD);
     match host_guard::check(req) {
-        Ok(()) => {}
-        Err(_) if remote_scrape => {}
-        Err(HostRejection::Missing) => {
-            return error(StatusCode::BAD_REQUEST, "missing host header");
-        }
-        Err(HostRejection::NotAllowed) => return error(StatusCode::FORBIDDEN, "host not allowed"),
+        Ok(()) => None,
+        Err(_) if remote_scrape => None,
+        Err(HostRejection::Missing) => Some(error(StatusCode::BAD_REQUEST, "missing host header")),
+        Err(HostRejection::NotAllowed) => Some(error(StatusCode::FORBIDDEN, "host not allowed")),
     }
+}
 
-    let Some(endpoint) = endpoint(req.uri().path()) else {
-        return error(StatusCode::NOT_FOUND, "not found");
-    };
+/// The answer a request gets from its method alone: a preflight's, or a
+/// 405 for a method the endpoint doesn't take. Both name the allowed
+/// methods.
+fn method_answer(endpoint: &Endpoint<'_>, req: &Request<()>) -> Option<Response<BoxBody>> {
     if *req.method() == Method::OPTIONS {
         // A preflight gets the allowed methods and nothing else: without
         // `access-control-allow-*` headers the browser refuses the
@@ -197,72 +218,50 @@ async fn dispatch<E: EngineQueries>(
         *res.status_mut() = StatusCode::NO_CONTENT;
         res.headers_mut()
             .insert(ALLOW, HeaderValue::from_static(endpoint.allowed()));
-        return res;
+        return Some(res);
     }
     if !endpoint.accepts(req.method()) {
         let mut res = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
         res.headers_mut()
             .insert(ALLOW, HeaderValue::from_static(endpoint.allowed()));
-        return res;
+        return Some(res);
     }
-    // Writes must say they are JSON: a cross-origin page can only send
-    // that after a CORS preflight, which this API never grants.
-    if matches!(*req.method(), Method::PUT | Method::POST) {
-        let is_json = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(JSON));
-        if !is_json {
-            return error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "writes need content-type: application/json",
-            );
-        }
-    }
+    None
+}
 
+/// Writes must say they are JSON: a cross-origin page can only send
+/// that after a CORS preflight, which this API never grants.
+fn non_json_write_refusal(req: &Request<()>) -> Option<Response<BoxBody>> {
+    if !matches!(*req.method(), Method::PUT | Method::POST) {
+        return None;
+    }
+    let is_json = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(JSON));
+    (!is_json).then(|| {
+        error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "writes need content-type: application/json",
+        )
+    })
+}
+
+/// The endpoint's answer to a request that passed every check.
+async fn answer<E: EngineQueries>(
+    engine: &E,
+    endpoint: Endpoint<'_>,
+    req: &Request<()>,
+    body: Option<Bytes>,
+    ctx: &Context,
+) -> Response<BoxBody> {
+    let query = req.uri().query();
     match endpoint {
-        Endpoint::Calls => match calls_query(req.uri().query()) {
-            Ok(query) => {
-                #[derive(Serialize)]
-                struct Page {
-                    calls: Vec<Call>,
-                }
-                json(
-                    StatusCode::OK,
-                    &Page {
-                        calls: engine.calls(query).await,
-                    },
-                )
-            }
-            Err(message) => error(StatusCode::BAD_REQUEST, &message),
-        },
-        Endpoint::Call(raw_id) => {
-            let id = percent_decode(raw_id, false);
-            match engine.call(id.clone()).await {
-                Some(call) => json(StatusCode::OK, &call),
-                None => error(StatusCode::NOT_FOUND, &format!("no call {id}")),
-            }
-        }
+        Endpoint::Calls => live_calls(engine, query).await,
+        Endpoint::Call(raw_id) => one_call(engine, raw_id).await,
         Endpoint::Stats => json(StatusCode::OK, &engine.stats().await),
-        Endpoint::Events => {
-            let body = if req.method() == Method::HEAD {
-                empty()
-            } else {
-                sse::body(
-                    engine.subscribe().await,
-                    ctx.shutdown.clone(),
-                    sse::KEEP_ALIVE,
-                )
-            };
-            Response::builder()
-                .header(CONTENT_TYPE, "text/event-stream")
-                .header(CACHE_CONTROL, "no-cache")
-                // Tells nginx-style reverse proxies not to buffer the stream.
-                .header("x-accel-buffering", "no")
-                .body(body)
-                .unwrap_or_else(|_| internal_error())
-        }
+        Endpoint::Events => events(engine, req, ctx).await,
         Endpoint::Metrics => Response::builder()
             .header(CONTENT_TYPE, METRICS_CONTENT_TYPE)
             .header(CACHE_CONTROL, "no-store")
@@ -270,40 +269,16 @@ async fn dispatch<E: EngineQueries>(
             .unwrap_or_else(|_| internal_error()),
         Endpoint::Routes => json(StatusCode::OK, &engine.routes().await),
         Endpoint::History => json(StatusCode::OK, &engine.stats_history().await),
-        Endpoint::StoredCalls => {
-            #[derive(Serialize)]
-            struct Page {
-                calls: Vec<Call>,
-            }
-            match history_query(req.uri().query()) {
-                Ok(filter) => match engine.history(filter).await {
-                    Ok(calls) => json(StatusCode::OK, &Page { calls }),
-                    Err(e) => query_error(&e),
-                },
-                Err(message) => error(StatusCode::BAD_REQUEST, &message),
-            }
-        }
-        Endpoint::Depth => match depth_query(req.uri().query()) {
+        Endpoint::StoredCalls => stored_calls(engine, query).await,
+        Endpoint::Depth => match depth_query(query) {
             Ok(query) => match engine.history_depth(query).await {
                 Ok(doc) => json(StatusCode::OK, &doc),
                 Err(e) => query_error(&e),
             },
             Err(message) => error(StatusCode::BAD_REQUEST, &message),
         },
-        Endpoint::Models => {
-            #[derive(Serialize)]
-            struct Page {
-                models: Vec<ModelSummary>,
-            }
-            match history_filter(req.uri().query(), |_, _| Ok(())) {
-                Ok(filter) => match engine.models(filter).await {
-                    Ok(models) => json(StatusCode::OK, &Page { models }),
-                    Err(e) => query_error(&e),
-                },
-                Err(message) => error(StatusCode::BAD_REQUEST, &message),
-            }
-        }
-        Endpoint::Export => match export_query(req.uri().query()) {
+        Endpoint::Models => models(engine, query).await,
+        Endpoint::Export => match export_query(query) {
             Ok((filter, format)) => match engine.export(filter, format).await {
                 Ok(body) => download(format, body),
                 Err(e) => query_error(&e),
@@ -312,16 +287,7 @@ async fn dispatch<E: EngineQueries>(
         },
         Endpoint::Discover => json(StatusCode::OK, &engine.discover().await),
         Endpoint::Capture => json(StatusCode::OK, &engine.capture().await),
-        Endpoint::Settings if *req.method() == Method::PUT => {
-            let doc = match serde_json::from_slice::<SettingsDoc>(body.as_deref().unwrap_or(b"")) {
-                Ok(doc) => doc,
-                Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad settings: {e}")),
-            };
-            match engine.save_settings(doc).await {
-                Ok(outcome) => json(StatusCode::OK, &outcome),
-                Err(e) => query_error(&e),
-            }
-        }
+        Endpoint::Settings if *req.method() == Method::PUT => save_settings(engine, body).await,
         Endpoint::Settings => match engine.get_settings().await {
             Ok(doc) => json(StatusCode::OK, &doc),
             Err(e) => query_error(&e),
@@ -337,6 +303,101 @@ async fn dispatch<E: EngineQueries>(
             .header(CACHE_CONTROL, "no-cache")
             .body(full(Bytes::from_static(asset.body)))
             .unwrap_or_else(|_| internal_error()),
+    }
+}
+
+/// `GET /api/v1/calls`: the engine's recent calls, `{"calls": [...]}`.
+async fn live_calls<E: EngineQueries>(engine: &E, query: Option<&str>) -> Response<BoxBody> {
+    match calls_query(query) {
+        Ok(query) => {
+            #[derive(Serialize)]
+            struct Page {
+                calls: Vec<Call>,
+            }
+            json(
+                StatusCode::OK,
+                &Page {
+                    calls: engine.calls(query).await,
+                },
+            )
+        }
+        Err(message) => error(StatusCode::BAD_REQUEST, &message),
+    }
+}
+
+/// `GET /api/v1/calls/{id}`: one call, by its percent-encoded id.
+async fn one_call<E: EngineQueries>(engine: &E, raw_id: &str) -> Response<BoxBody> {
+    let id = percent_decode(raw_id, false);
+    match engine.call(id.clone()).await {
+        Some(call) => json(StatusCode::OK, &call),
+        None => error(StatusCode::NOT_FOUND, &format!("no call {id}")),
+    }
+}
+
+/// `GET /api/v1/events`: the engine's events as server-sent events, until
+/// the client or the server goes away (a HEAD gets the headers only).
+async fn events<E: EngineQueries>(
+    engine: &E,
+    req: &Request<()>,
+    ctx: &Context,
+) -> Response<BoxBody> {
+    let body = if req.method() == Method::HEAD {
+        empty()
+    } else {
+        sse::body(
+            engine.subscribe().await,
+            ctx.shutdown.clone(),
+            sse::KEEP_ALIVE,
+        )
+    };
+    Response::builder()
+        .header(CONTENT_TYPE, "text/event-stream")
+        .header(CACHE_CONTROL, "no-cache")
+        // Tells nginx-style reverse proxies not to buffer the stream.
+        .header("x-accel-buffering", "no")
+        .body(body)
+        .unwrap_or_else(|_| internal_error())
+}
+
+/// `GET /api/v1/history`: settled calls from the store, `{"calls": [...]}`.
+async fn stored_calls<E: EngineQueries>(engine: &E, query: Option<&str>) -> Response<BoxBody> {
+    #[derive(Serialize)]
+    struct Page {
+        calls: Vec<Call>,
+    }
+    match history_query(query) {
+        Ok(filter) => match engine.history(filter).await {
+            Ok(calls) => json(StatusCode::OK, &Page { calls }),
+            Err(e) => query_error(&e),
+        },
+        Err(message) => error(StatusCode::BAD_REQUEST, &message),
+    }
+}
+
+/// `GET /api/v1/models`: per (model, route) figures, `{"models": [...]}`.
+async fn models<E: EngineQueries>(engine: &E, query: Option<&str>) -> Response<BoxBody> {
+    #[derive(Serialize)]
+    struct Page {
+        models: Vec<ModelSummary>,
+    }
+    match history_filter(query, |_, _| Ok(())) {
+        Ok(filter) => match engine.models(filter).await {
+            Ok(models) => json(StatusCode::OK, &Page { models }),
+            Err(e) => query_error(&e),
+        },
+        Err(message) => error(StatusCode::BAD_REQUEST, &message),
+    }
+}
+
+/// `PUT /api/v1/settings`: the body is a settings document to save.
+async fn save_settings<E: EngineQueries>(engine: &E, body: Option<Bytes>) -> Response<BoxBody> {
+    let doc = match serde_json::from_slice::<SettingsDoc>(body.as_deref().unwrap_or(b"")) {
+        Ok(doc) => doc,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("bad settings: {e}")),
+    };
+    match engine.save_settings(doc).await {
+        Ok(outcome) => json(StatusCode::OK, &outcome),
+        Err(e) => query_error(&e),
     }
 }
 
