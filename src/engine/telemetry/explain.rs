@@ -197,6 +197,280 @@ impl Tracked {
                 .iter()
                 .any(|s| s.id == slot_id && s.task == Some(task) && s.busy)
     }
+
+    /// Decides cold or warm at the first look begun after the dispatch
+    /// (`appeared`: the model appeared for this call), or cold when
+    /// `/api/ps` is held while the call waits.
+    fn judge_cold(&mut self, view: &ServerView, appeared: bool) {
+        let fresh_look = view.ps_at.is_some_and(|at| at >= self.dispatched_at);
+        if self.cold.is_none() && view.ps.is_some() && fresh_look {
+            if let Some(model) = &self.model {
+                self.cold = Some(view.loaded(model).is_none() || appeared);
+            }
+        }
+        // `/api/ps` held while the call waits: the server is loading,
+        // and this call waits for that load, unless its own model was
+        // listed at the last answer (another model loads beside it).
+        let listed_before = self
+            .model
+            .as_deref()
+            .is_some_and(|m| view.loaded(m).is_some());
+        if self.cold.is_none() && self.waiting && view.ps_held_since.is_some() && !listed_before {
+            self.cold = Some(true);
+        }
+    }
+
+    /// Takes what `/api/ps` tells about the call's model into its facts.
+    fn read_model_facts(&mut self, view: &ServerView) {
+        if let Some(m) = self.model.as_deref().and_then(|m| view.loaded(m)) {
+            self.facts.model_bytes = m.size;
+            self.facts.vram_bytes = m.size_vram;
+            self.facts.placement = match (m.size, m.size_vram) {
+                (Some(size), Some(vram)) if size > 0 => Some(Placement::from_sizes(size, vram)),
+                _ => None,
+            };
+            self.facts.context_size = m.context_length.or(self.facts.context_size);
+        }
+        self.facts.cold = self.cold;
+    }
+
+    /// A task matched to a waiting call that the slots no longer run
+    /// was not that call's: the server took a later call's request
+    /// in first (two requests racing through its HTTP threads), ran
+    /// it and let it go while this call still waits. The match is
+    /// undone, with its progress samples, so the call's own task is
+    /// matched when it shows.
+    fn unmatch_task_gone(&mut self, view: &ServerView) {
+        if let (true, Some((slot_id, task)), Some(slots)) = (self.waiting, self.slot, &view.slots) {
+            let running = slots
+                .iter()
+                .any(|s| s.id == slot_id && s.task == Some(task) && s.busy);
+            if !running {
+                self.slot = None;
+                self.first_progress = None;
+                self.last_progress = None;
+            }
+        }
+    }
+
+    /// Whether the call takes the next task nobody took: it waits with no
+    /// task, its model is not loading, and the calls `ahead` of it leave
+    /// one of the server's `total_slots` free.
+    fn takes_fresh_task(&self, view: &ServerView, total_slots: Option<u64>, ahead: u64) -> bool {
+        if !self.waiting || self.slot.is_some() {
+            return false;
+        }
+        let loading = self.loading(view);
+        let queued_by_count = total_slots.is_some_and(|n| ahead >= n);
+        !loading && !queued_by_count
+    }
+
+    /// Samples the prefill progress of the slot task matched to the call,
+    /// and takes the slot's context size.
+    fn follow_slot(&mut self, view: &ServerView, now: Instant) {
+        let Some((slot_id, task)) = self.slot else {
+            return;
+        };
+        let Some(s) = view
+            .slots
+            .iter()
+            .flatten()
+            .find(|s| s.id == slot_id && s.task == Some(task))
+        else {
+            return;
+        };
+        self.facts.context_size = s.n_ctx.or(self.facts.context_size);
+        if let Some(p) = s.prompt_processed {
+            if self.first_progress.is_none() {
+                self.first_progress = Some((now, p));
+            }
+            if self.last_progress.is_none_or(|(_, last)| last != p) {
+                self.last_progress = Some((now, p));
+            }
+        }
+    }
+
+    /// Why the call waits at `look`, with `ahead` calls taking a slot or
+    /// a queue place before it: the rules of the module doc, in order.
+    fn wait(&mut self, look: &Look<'_>, ahead: u64) -> Wait {
+        let model = self.model.clone().unwrap_or_default();
+        let warm_usual = look
+            .normals
+            .usual_ttft_ms(look.route, &model, self.prompt_tokens, false);
+        // 1. Loading.
+        if self.loading(look.view) {
+            return self.loading_wait(look, &model, warm_usual);
+        }
+        // 2. Queued.
+        if self.queued(look, ahead) {
+            return Wait {
+                position: Some(ahead as u32),
+                prompt_tokens: self.prompt_tokens,
+                ..Wait::new(WaitReason::Queued)
+            };
+        }
+        let since = *self.prefill_since.get_or_insert(look.now);
+        let learned_rate = look
+            .normals
+            .get(look.route, &model)
+            .and_then(|n| n.prefill_tokens_per_ms());
+        // 3a. Prefilling, from the server's slot.
+        if let Some(wait) = self.prefill_from_slot(look, &model, learned_rate) {
+            return wait;
+        }
+        // 3b. Prefilling, estimated from the learned rate.
+        if let Some(wait) = self.prefill_estimated(look.now, since, learned_rate, warm_usual) {
+            return wait;
+        }
+        // 4. Unknown.
+        Wait {
+            usual_ms: warm_usual,
+            prompt_tokens: self.prompt_tokens,
+            ..Wait::new(WaitReason::Unknown)
+        }
+    }
+
+    /// Rule 1: the wait of a call whose model loads; the ETA is the usual
+    /// load time left plus the usual warm TTFT.
+    fn loading_wait(&self, look: &Look<'_>, model: &str, warm_usual: Option<u64>) -> Wait {
+        let elapsed = look
+            .now
+            .saturating_duration_since(self.dispatched_at)
+            .as_millis() as u64;
+        let usual = look.normals.usual_load_ms(look.route, model);
+        let eta = usual.map(|u| u.saturating_sub(elapsed) + warm_usual.unwrap_or(0));
+        Wait {
+            eta_ms: eta,
+            usual_ms: usual,
+            prompt_tokens: self.prompt_tokens,
+            ..Wait::new(WaitReason::LoadingModel)
+        }
+    }
+
+    /// Rule 2: the call has no slot, the calls `ahead` of it fill every
+    /// slot, and no reading taken after its dispatch shows room.
+    fn queued(&self, look: &Look<'_>, ahead: u64) -> bool {
+        let read_since_dispatch = |at: Option<Instant>| at.is_some_and(|t| t >= self.dispatched_at);
+        let contradicted = (look.free_slot && read_since_dispatch(look.view.slots_at))
+            || (look.gauges_show_room && read_since_dispatch(look.view.queue_at));
+        self.slot.is_none() && look.total_slots.is_some_and(|n| ahead >= n) && !contradicted
+    }
+
+    /// Rule 3, from the server's slot: the progress its task shows, while
+    /// it still takes the prompt in.
+    fn prefill_from_slot(
+        &self,
+        look: &Look<'_>,
+        model: &str,
+        learned_rate: Option<f64>,
+    ) -> Option<Wait> {
+        let (id, task) = self.slot?;
+        let s = look
+            .view
+            .slots
+            .iter()
+            .flatten()
+            .find(|s| s.id == id && s.task == Some(task))?;
+        let (Some(taken_in), Some(done)) = (s.prompt_tokens, s.prompt_processed) else {
+            return None;
+        };
+        let total = taken_in.max(self.prompt_tokens.unwrap_or(0));
+        if total == 0 || done >= total || s.decoded.unwrap_or(0) != 0 {
+            return None;
+        }
+        // Tokens per ms between the first and the latest
+        // change of the count; the ETA counts from that
+        // reading, less the time since.
+        let observed =
+            self.first_progress
+                .zip(self.last_progress)
+                .and_then(|((t0, p0), (t1, p1))| {
+                    let dt = t1.saturating_duration_since(t0).as_millis() as f64;
+                    (dt > 0.0 && p1 > p0).then(|| (p1 - p0) as f64 / dt)
+                });
+        let since_reading = self.last_progress.map_or(0.0, |(t, _)| {
+            look.now.saturating_duration_since(t).as_millis() as f64
+        });
+        let rate = observed.or(learned_rate);
+        let eta = rate.map(|r| ((total - done) as f64 / r - since_reading).max(0.0).round() as u64);
+        Some(Wait {
+            progress: Some(round3(done as f64 / total as f64)),
+            eta_ms: eta,
+            usual_ms: look
+                .normals
+                .usual_ttft_ms(look.route, model, Some(total), false),
+            prompt_tokens: Some(total),
+            ..Wait::new(WaitReason::Prefilling)
+        })
+    }
+
+    /// Rule 3 without a slot: the time in prefill (`since`) at the learned
+    /// rate, against the call's prompt size.
+    fn prefill_estimated(
+        &self,
+        now: Instant,
+        since: Instant,
+        learned_rate: Option<f64>,
+        warm_usual: Option<u64>,
+    ) -> Option<Wait> {
+        let (Some(prompt), Some(rate)) = (self.prompt_tokens, learned_rate) else {
+            return None;
+        };
+        if prompt == 0 {
+            return None;
+        }
+        let in_prefill = now.saturating_duration_since(since).as_millis() as f64;
+        let progress = (in_prefill * rate / prompt as f64).min(0.99);
+        let total_ms = prompt as f64 / rate;
+        Some(Wait {
+            progress: Some(round3(progress)),
+            eta_ms: Some((total_ms - in_prefill).max(0.0).round() as u64),
+            usual_ms: warm_usual,
+            prompt_tokens: Some(prompt),
+            ..Wait::new(WaitReason::Prefilling)
+        })
+    }
+}
+
+/// One look at a route, as [`Tracker::explain`] reads it for each waiting
+/// call.
+struct Look<'a> {
+    route: &'a str,
+    view: &'a ServerView,
+    normals: &'a Normals,
+    now: Instant,
+    total_slots: Option<u64>,
+    /// `/slots` shows a slot free.
+    free_slot: bool,
+    /// The server's gauges show a slot free: nothing waits, and fewer
+    /// requests run than it has slots.
+    gauges_show_room: bool,
+}
+
+impl<'a> Look<'a> {
+    fn new(route: &'a str, view: &'a ServerView, normals: &'a Normals, now: Instant) -> Self {
+        let total_slots = view.total_slots();
+        let free_slot = view
+            .slots
+            .as_ref()
+            .map(|s| s.iter().any(|s| !s.busy))
+            .unwrap_or(false);
+        let gauges_show_room = view.queue.as_ref().is_some_and(|q| {
+            q.deferred == Some(0)
+                && q.processing
+                    .zip(total_slots)
+                    .is_some_and(|(running, slots)| running < slots)
+        });
+        Look {
+            route,
+            view,
+            normals,
+            now,
+            total_slots,
+            free_slot,
+            gauges_show_room,
+        }
+    }
 }
 
 /// Every call in flight on one route, in dispatch order (by sequence
@@ -354,16 +628,7 @@ impl Tracker {
     /// calls that have not had a look yet, matches new slot tasks to
     /// waiting calls in dispatch order, and gathers each call's facts.
     pub fn observe(&mut self, view: &ServerView, now: Instant) {
-        // Tasks on busy slots not yet matched, oldest task first.
-        let mut fresh: Vec<&SlotState> = view
-            .slots
-            .iter()
-            .flatten()
-            .filter(|s| s.busy && s.task.is_some())
-            .filter(|s| !self.seen_tasks.contains(&(s.id, s.task.unwrap_or(0))))
-            .collect();
-        fresh.sort_by_key(|s| s.task);
-        let mut fresh = fresh.into_iter();
+        let mut fresh = self.fresh_tasks(view).into_iter();
         let total_slots = view.total_slots();
         let seqs: Vec<u64> = self.calls.keys().copied().collect();
         let served_later = self.served_later(view);
@@ -372,88 +637,22 @@ impl Tracker {
         for (i, seq) in seqs.into_iter().enumerate() {
             // ... and later ones the server already serves.
             let ahead = before + served_later[i];
-            // Appeared for this call: absent from the reading before its
-            // dispatch, listed now, and no other call for the model was in
-            // flight in between to have loaded it.
-            let appeared = self.calls.get(&seq).is_some_and(|c| {
-                c.cold.is_none()
-                    && c.model.as_deref().is_some_and(|m| {
-                        view.appeared_since(m, c.dispatched_at)
-                            .is_some_and(|before| !self.other_call_for(m, seq, before))
-                    })
-            });
+            let appeared = self.appeared_for(seq, view);
             let Some(c) = self.calls.get_mut(&seq) else {
                 continue;
             };
-            let fresh_look = view.ps_at.is_some_and(|at| at >= c.dispatched_at);
-            if c.cold.is_none() && view.ps.is_some() && fresh_look {
-                if let Some(model) = &c.model {
-                    c.cold = Some(view.loaded(model).is_none() || appeared);
-                }
-            }
-            // `/api/ps` held while the call waits: the server is loading,
-            // and this call waits for that load, unless its own model was
-            // listed at the last answer (another model loads beside it).
-            let listed_before = c.model.as_deref().is_some_and(|m| view.loaded(m).is_some());
-            if c.cold.is_none() && c.waiting && view.ps_held_since.is_some() && !listed_before {
-                c.cold = Some(true);
-            }
-            if let Some(m) = c.model.as_deref().and_then(|m| view.loaded(m)) {
-                c.facts.model_bytes = m.size;
-                c.facts.vram_bytes = m.size_vram;
-                c.facts.placement = match (m.size, m.size_vram) {
-                    (Some(size), Some(vram)) if size > 0 => Some(Placement::from_sizes(size, vram)),
-                    _ => None,
-                };
-                c.facts.context_size = m.context_length.or(c.facts.context_size);
-            }
-            c.facts.cold = c.cold;
-            // A task matched to a waiting call that the slots no longer run
-            // was not that call's: the server took a later call's request
-            // in first (two requests racing through its HTTP threads), ran
-            // it and let it go while this call still waits. The match is
-            // undone, with its progress samples, so the call's own task is
-            // matched when it shows.
-            if let (true, Some((slot_id, task)), Some(slots)) = (c.waiting, c.slot, &view.slots) {
-                let running = slots
-                    .iter()
-                    .any(|s| s.id == slot_id && s.task == Some(task) && s.busy);
-                if !running {
-                    c.slot = None;
-                    c.first_progress = None;
-                    c.last_progress = None;
-                }
-            }
-            if c.waiting && c.slot.is_none() {
-                let loading = c.loading(view);
-                let queued_by_count = total_slots.is_some_and(|n| ahead >= n);
-                if !loading && !queued_by_count {
-                    if let Some(s) = fresh.next() {
-                        if let Some(task) = s.task {
-                            c.slot = Some((s.id, task));
-                            self.seen_tasks.insert((s.id, task));
-                        }
+            c.judge_cold(view, appeared);
+            c.read_model_facts(view);
+            c.unmatch_task_gone(view);
+            if c.takes_fresh_task(view, total_slots, ahead) {
+                if let Some(s) = fresh.next() {
+                    if let Some(task) = s.task {
+                        c.slot = Some((s.id, task));
+                        self.seen_tasks.insert((s.id, task));
                     }
                 }
             }
-            if let Some((slot_id, task)) = c.slot {
-                if let Some(s) = view
-                    .slots
-                    .iter()
-                    .flatten()
-                    .find(|s| s.id == slot_id && s.task == Some(task))
-                {
-                    c.facts.context_size = s.n_ctx.or(c.facts.context_size);
-                    if let Some(p) = s.prompt_processed {
-                        if c.first_progress.is_none() {
-                            c.first_progress = Some((now, p));
-                        }
-                        if c.last_progress.is_none_or(|(_, last)| last != p) {
-                            c.last_progress = Some((now, p));
-                        }
-                    }
-                }
-            }
+            c.follow_slot(view, now);
             if c.facts.context_size.is_none() {
                 c.facts.context_size = view.props.as_ref().and_then(|p| p.n_ctx);
             }
@@ -468,9 +667,40 @@ impl Tracker {
                 self.seen_tasks.insert((s.id, task));
             }
         }
-        // A task gone from the slots never comes back (task ids only grow):
-        // only those still shown need remembering, so the set stays as
-        // small as the server's slot list however long the route runs.
+        self.forget_gone_tasks(view);
+    }
+
+    /// Tasks on busy slots not yet matched, oldest task first.
+    fn fresh_tasks<'v>(&self, view: &'v ServerView) -> Vec<&'v SlotState> {
+        let mut fresh: Vec<&SlotState> = view
+            .slots
+            .iter()
+            .flatten()
+            .filter(|s| s.busy && s.task.is_some())
+            .filter(|s| !self.seen_tasks.contains(&(s.id, s.task.unwrap_or(0))))
+            .collect();
+        fresh.sort_by_key(|s| s.task);
+        fresh
+    }
+
+    /// Whether the model of call `seq`, at its first look, appeared for it:
+    /// absent from the reading before its dispatch, listed now, and no
+    /// other call for the model was in flight in between to have loaded
+    /// it.
+    fn appeared_for(&self, seq: u64, view: &ServerView) -> bool {
+        self.calls.get(&seq).is_some_and(|c| {
+            c.cold.is_none()
+                && c.model.as_deref().is_some_and(|m| {
+                    view.appeared_since(m, c.dispatched_at)
+                        .is_some_and(|before| !self.other_call_for(m, seq, before))
+                })
+        })
+    }
+
+    /// A task gone from the slots never comes back (task ids only grow):
+    /// only those still shown need remembering, so the set stays as
+    /// small as the server's slot list however long the route runs.
+    fn forget_gone_tasks(&mut self, view: &ServerView) {
         if let Some(slots) = &view.slots {
             self.seen_tasks.retain(|seen| {
                 slots
@@ -494,20 +724,7 @@ impl Tracker {
         normals: &Normals,
         now: Instant,
     ) -> Vec<(u64, Wait)> {
-        let total_slots = view.total_slots();
-        let free_slot = view
-            .slots
-            .as_ref()
-            .map(|s| s.iter().any(|s| !s.busy))
-            .unwrap_or(false);
-        // The server's gauges show a slot free: nothing waits, and fewer
-        // requests run than it has slots.
-        let gauges_show_room = view.queue.as_ref().is_some_and(|q| {
-            q.deferred == Some(0)
-                && q.processing
-                    .zip(total_slots)
-                    .is_some_and(|(running, slots)| running < slots)
-        });
+        let look = Look::new(route, view, normals, now);
         let mut out = Vec::new();
         let seqs: Vec<u64> = self.calls.keys().copied().collect();
         let served_later = self.served_later(view);
@@ -525,115 +742,7 @@ impl Tracker {
             if !c.waiting {
                 continue;
             }
-            let model = c.model.clone().unwrap_or_default();
-            let elapsed = now.saturating_duration_since(c.dispatched_at).as_millis() as u64;
-            let warm_usual = normals.usual_ttft_ms(route, &model, c.prompt_tokens, false);
-            // 1. Loading.
-            if c.loading(view) {
-                let usual = normals.usual_load_ms(route, &model);
-                let eta = usual.map(|u| u.saturating_sub(elapsed) + warm_usual.unwrap_or(0));
-                out.push((
-                    seq,
-                    Wait {
-                        eta_ms: eta,
-                        usual_ms: usual,
-                        prompt_tokens: c.prompt_tokens,
-                        ..Wait::new(WaitReason::LoadingModel)
-                    },
-                ));
-                continue;
-            }
-            // 2. Queued.
-            let read_since_dispatch =
-                |at: Option<Instant>| at.is_some_and(|t| t >= c.dispatched_at);
-            let contradicted = (free_slot && read_since_dispatch(view.slots_at))
-                || (gauges_show_room && read_since_dispatch(view.queue_at));
-            let queued =
-                c.slot.is_none() && total_slots.is_some_and(|n| ahead >= n) && !contradicted;
-            if queued {
-                out.push((
-                    seq,
-                    Wait {
-                        position: Some(ahead as u32),
-                        prompt_tokens: c.prompt_tokens,
-                        ..Wait::new(WaitReason::Queued)
-                    },
-                ));
-                continue;
-            }
-            let since = *c.prefill_since.get_or_insert(now);
-            let learned_rate = normals
-                .get(route, &model)
-                .and_then(|n| n.prefill_tokens_per_ms());
-            // 3a. Prefilling, from the server's slot.
-            let slot = c.slot.and_then(|(id, task)| {
-                view.slots
-                    .iter()
-                    .flatten()
-                    .find(|s| s.id == id && s.task == Some(task))
-            });
-            if let Some(s) = slot {
-                if let (Some(taken_in), Some(done)) = (s.prompt_tokens, s.prompt_processed) {
-                    let total = taken_in.max(c.prompt_tokens.unwrap_or(0));
-                    if total > 0 && done < total && s.decoded.unwrap_or(0) == 0 {
-                        // Tokens per ms between the first and the latest
-                        // change of the count; the ETA counts from that
-                        // reading, less the time since.
-                        let observed = c.first_progress.zip(c.last_progress).and_then(
-                            |((t0, p0), (t1, p1))| {
-                                let dt = t1.saturating_duration_since(t0).as_millis() as f64;
-                                (dt > 0.0 && p1 > p0).then(|| (p1 - p0) as f64 / dt)
-                            },
-                        );
-                        let since_reading = c.last_progress.map_or(0.0, |(t, _)| {
-                            now.saturating_duration_since(t).as_millis() as f64
-                        });
-                        let rate = observed.or(learned_rate);
-                        let eta = rate.map(|r| {
-                            ((total - done) as f64 / r - since_reading).max(0.0).round() as u64
-                        });
-                        out.push((
-                            seq,
-                            Wait {
-                                progress: Some(round3(done as f64 / total as f64)),
-                                eta_ms: eta,
-                                usual_ms: normals.usual_ttft_ms(route, &model, Some(total), false),
-                                prompt_tokens: Some(total),
-                                ..Wait::new(WaitReason::Prefilling)
-                            },
-                        ));
-                        continue;
-                    }
-                }
-            }
-            // 3b. Prefilling, estimated from the learned rate.
-            if let (Some(prompt), Some(rate)) = (c.prompt_tokens, learned_rate) {
-                if prompt > 0 {
-                    let in_prefill = now.saturating_duration_since(since).as_millis() as f64;
-                    let progress = (in_prefill * rate / prompt as f64).min(0.99);
-                    let total_ms = prompt as f64 / rate;
-                    out.push((
-                        seq,
-                        Wait {
-                            progress: Some(round3(progress)),
-                            eta_ms: Some((total_ms - in_prefill).max(0.0).round() as u64),
-                            usual_ms: warm_usual,
-                            prompt_tokens: Some(prompt),
-                            ..Wait::new(WaitReason::Prefilling)
-                        },
-                    ));
-                    continue;
-                }
-            }
-            // 4. Unknown.
-            out.push((
-                seq,
-                Wait {
-                    usual_ms: warm_usual,
-                    prompt_tokens: c.prompt_tokens,
-                    ..Wait::new(WaitReason::Unknown)
-                },
-            ));
+            out.push((seq, c.wait(&look, ahead)));
         }
         out
     }
