@@ -301,79 +301,125 @@ fn str_field(v: &Value, key: &str) -> Option<String> {
 ///   port (1337) an OpenAI model list, or a 401/403 for it, means Jan.
 /// - LocalAI's `/readyz` only counts next to a real model list, because a
 ///   catch-all web server also answers 200 there.
-pub(crate) async fn identify<F, Fut>(port: u16, get: F) -> Option<(ServerKind, Option<String>)>
+pub(crate) async fn identify<F, Fut>(port: u16, get: F) -> Option<Identified>
 where
     F: Fn(&'static str) -> Fut,
     Fut: Future<Output = Option<Reply>>,
 {
-    if let Some(v) = get("/api/extra/version")
+    if let Some(found) = get("/api/extra/version")
         .await
         .as_ref()
         .and_then(Reply::ok_json)
+        .and_then(koboldcpp)
     {
-        let result = str_field(v, "result").unwrap_or_default();
-        if result.to_ascii_lowercase().contains("kobold") {
-            return Some((
-                ServerKind::KoboldCpp,
-                str_field(v, "version").map(|x| format!("version {x}")),
-            ));
-        }
+        return Some(found);
     }
-    if let Some(v) = get("/api/version").await.as_ref().and_then(Reply::ok_json) {
-        if let Some(version) = str_field(v, "version") {
-            return Some((ServerKind::Ollama, Some(format!("version {version}"))));
-        }
-    }
-    if let Some(reply) = get("/props").await {
-        if let Some(v) = reply.ok_json() {
-            const KEYS: [&str; 4] = [
-                "build_info",
-                "model_path",
-                "total_slots",
-                "default_generation_settings",
-            ];
-            if KEYS.iter().any(|k| v.get(k).is_some()) {
-                let model = str_field(v, "model_path")
-                    .map(|p| p.rsplit(['/', '\\']).next().unwrap_or(&p).to_string());
-                return Some((
-                    ServerKind::LlamaCpp,
-                    model.or_else(|| str_field(v, "build_info")),
-                ));
-            }
-        }
-        let loading = reply.status == 503
-            && reply
-                .json
-                .as_ref()
-                .and_then(|v| v.pointer("/error/message"))
-                .and_then(Value::as_str)
-                .is_some_and(|m| m.contains("Loading model"));
-        if loading {
-            return Some((ServerKind::LlamaCpp, Some("loading model".into())));
-        }
-    }
-    if let Some(v) = get("/info").await.as_ref().and_then(Reply::ok_json) {
-        if let Some(model) = str_field(v, "model_id") {
-            return Some((ServerKind::Tgi, Some(model)));
-        }
-    }
-    if let Some(v) = get("/api/v0/models")
+    if let Some(found) = get("/api/version")
         .await
         .as_ref()
         .and_then(Reply::ok_json)
+        .and_then(ollama)
     {
-        if let Some(models) = model_list(v) {
-            let loaded = models
-                .iter()
-                .find(|m| m.get("state").and_then(Value::as_str) == Some("loaded"))
-                .and_then(|m| str_field(m, "id"));
-            return Some((
-                ServerKind::LmStudio,
-                Some(loaded.unwrap_or_else(|| "no model loaded".into())),
-            ));
-        }
+        return Some(found);
     }
+    if let Some(found) = get("/props").await.as_ref().and_then(llamacpp) {
+        return Some(found);
+    }
+    if let Some(found) = get("/info")
+        .await
+        .as_ref()
+        .and_then(Reply::ok_json)
+        .and_then(tgi)
+    {
+        return Some(found);
+    }
+    if let Some(found) = get("/api/v0/models")
+        .await
+        .as_ref()
+        .and_then(Reply::ok_json)
+        .and_then(lm_studio)
+    {
+        return Some(found);
+    }
+    openai_server(port, &get).await
+}
 
+/// What [`identify`] finds: the kind and a detail for people (a model or
+/// a version).
+type Identified = (ServerKind, Option<String>);
+
+/// `/api/extra/version` naming KoboldCpp.
+fn koboldcpp(v: &Value) -> Option<Identified> {
+    let result = str_field(v, "result").unwrap_or_default();
+    result.to_ascii_lowercase().contains("kobold").then(|| {
+        (
+            ServerKind::KoboldCpp,
+            str_field(v, "version").map(|x| format!("version {x}")),
+        )
+    })
+}
+
+/// Ollama's `/api/version`.
+fn ollama(v: &Value) -> Option<Identified> {
+    let version = str_field(v, "version")?;
+    Some((ServerKind::Ollama, Some(format!("version {version}"))))
+}
+
+/// llama.cpp's `/props`, or its 503 "Loading model" answer.
+fn llamacpp(reply: &Reply) -> Option<Identified> {
+    if let Some(v) = reply.ok_json() {
+        const KEYS: [&str; 4] = [
+            "build_info",
+            "model_path",
+            "total_slots",
+            "default_generation_settings",
+        ];
+        if KEYS.iter().any(|k| v.get(k).is_some()) {
+            let model = str_field(v, "model_path")
+                .map(|p| p.rsplit(['/', '\\']).next().unwrap_or(&p).to_string());
+            return Some((
+                ServerKind::LlamaCpp,
+                model.or_else(|| str_field(v, "build_info")),
+            ));
+        }
+    }
+    let loading = reply.status == 503
+        && reply
+            .json
+            .as_ref()
+            .and_then(|v| v.pointer("/error/message"))
+            .and_then(Value::as_str)
+            .is_some_and(|m| m.contains("Loading model"));
+    loading.then(|| (ServerKind::LlamaCpp, Some("loading model".into())))
+}
+
+/// TGI's `/info`.
+fn tgi(v: &Value) -> Option<Identified> {
+    let model = str_field(v, "model_id")?;
+    Some((ServerKind::Tgi, Some(model)))
+}
+
+/// LM Studio's `/api/v0/models`, with the loaded model.
+fn lm_studio(v: &Value) -> Option<Identified> {
+    let models = model_list(v)?;
+    let loaded = models
+        .iter()
+        .find(|m| m.get("state").and_then(Value::as_str) == Some("loaded"))
+        .and_then(|m| str_field(m, "id"));
+    Some((
+        ServerKind::LmStudio,
+        Some(loaded.unwrap_or_else(|| "no model loaded".into())),
+    ))
+}
+
+/// The generic OpenAI model list, last: who owns the models tells vLLM,
+/// llama.cpp and KoboldCpp; the port tells Jan (even locked); `/readyz`
+/// tells LocalAI.
+async fn openai_server<F, Fut>(port: u16, get: &F) -> Option<Identified>
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = Option<Reply>>,
+{
     let models_reply = get("/v1/models").await;
     let models = models_reply
         .as_ref()
