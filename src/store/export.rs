@@ -303,8 +303,39 @@ fn csv_call(f: &[String]) -> Result<Call, String> {
             CSV_COLUMNS.len()
         ));
     }
-    let text = |i: usize| (!f[i].is_empty()).then(|| f[i].clone());
-    fn num<T: std::str::FromStr>(f: &[String], i: usize) -> Result<Option<T>, String> {
+    let r = CsvRow(f);
+    let speed = csv_snapshot(r)?;
+    let breakdown = csv_breakdown(r)?;
+    Ok(Call {
+        identity: CallIdentity {
+            id: f[0].clone(),
+            route: f[1].clone(),
+            api: r.named(2)?,
+            model: r.text(3),
+            started_at: f[7].clone(),
+        },
+        status: r.named(5)?,
+        http_status: r.num(6)?,
+        speed,
+        input_tokens: r.num(14)?,
+        details: csv_details(r, breakdown)?,
+    })
+}
+
+/// One CSV record of [`CSV_COLUMNS`], read a field at a time; an error
+/// names the column.
+#[derive(Clone, Copy)]
+struct CsvRow<'a>(&'a [String]);
+
+impl CsvRow<'_> {
+    /// A text field; empty is none.
+    fn text(self, i: usize) -> Option<String> {
+        (!self.0[i].is_empty()).then(|| self.0[i].clone())
+    }
+
+    /// A number; empty is none.
+    fn num<T: std::str::FromStr>(self, i: usize) -> Result<Option<T>, String> {
+        let f = self.0;
         if f[i].is_empty() {
             return Ok(None);
         }
@@ -312,91 +343,100 @@ fn csv_call(f: &[String]) -> Result<Call, String> {
             .map(Some)
             .map_err(|_| format!("{}: not a number: {:?}", CSV_COLUMNS[i], f[i]))
     }
+
     /// A contract spelling (`ok`, `openai_chat`...), read with serde.
-    fn named<T: serde::de::DeserializeOwned>(f: &[String], i: usize) -> Result<T, String> {
-        serde_json::from_value(serde_json::Value::String(f[i].clone()))
+    fn named<T: serde::de::DeserializeOwned>(self, i: usize) -> Result<T, String> {
+        serde_json::from_value(serde_json::Value::String(self.0[i].clone()))
             .map_err(|e| format!("{}: {e}", CSV_COLUMNS[i]))
     }
-    let boolean = |i: usize| match f[i].as_str() {
-        "true" => Ok(true),
-        "false" | "" => Ok(false),
-        other => Err(format!("{}: not true or false: {other:?}", CSV_COLUMNS[i])),
-    };
-    let speed = match text(13) {
+
+    /// `true` or `false`; empty is false.
+    fn boolean(self, i: usize) -> Result<bool, String> {
+        match self.0[i].as_str() {
+            "true" => Ok(true),
+            "false" | "" => Ok(false),
+            other => Err(format!("{}: not true or false: {other:?}", CSV_COLUMNS[i])),
+        }
+    }
+}
+
+/// The final snapshot, present exactly when `token_source` is set.
+fn csv_snapshot(r: CsvRow<'_>) -> Result<Option<Snapshot>, String> {
+    Ok(match r.text(13) {
         None => None,
         Some(_) => Some(Snapshot {
             phase: Phase::Complete,
             is_final: true,
-            elapsed_ms: num(f, 9)?.ok_or("elapsed_ms: missing")?,
-            time_to_first_token_ms: num(f, 10)?,
-            output_tokens: num(f, 11)?.ok_or("output_tokens: missing")?,
-            output_tokens_per_second: num(f, 12)?,
-            token_source: named(f, 13)?,
+            elapsed_ms: r.num(9)?.ok_or("elapsed_ms: missing")?,
+            time_to_first_token_ms: r.num(10)?,
+            output_tokens: r.num(11)?.ok_or("output_tokens: missing")?,
+            output_tokens_per_second: r.num(12)?,
+            token_source: r.named(13)?,
             wait: None,
         }),
-    };
-    let breakdown = TtftBreakdown {
-        load_ms: num(f, 15)?,
-        prefill_ms: num(f, 16)?,
-        prefill_tokens: num(f, 17)?,
-        cached_tokens: num(f, 18)?,
-        prefill_tokens_per_second: num(f, 19)?,
-        other_ms: num(f, 20)?,
-    };
-    Ok(Call {
-        identity: CallIdentity {
-            id: f[0].clone(),
-            route: f[1].clone(),
-            api: named(f, 2)?,
-            model: text(3),
-            started_at: f[7].clone(),
-        },
-        status: named(f, 5)?,
-        http_status: num(f, 6)?,
-        speed,
-        input_tokens: num(f, 14)?,
-        details: CallDetails {
-            client: text(4),
-            ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
-            one_burst: boolean(21)?,
-            unstreamed_reasoning: boolean(22)?,
-            settled_at: text(8),
-            seen_by: named(f, 23)?,
-            capture_gap: boolean(24)?,
-            wait: match text(25) {
-                None => None,
-                Some(_) => Some(Wait {
-                    reason: named(f, 25)?,
-                    position: num(f, 26)?,
-                    progress: num(f, 27)?,
-                    eta_ms: num(f, 28)?,
-                    usual_ms: num(f, 29)?,
-                    prompt_tokens: num(f, 30)?,
-                }),
-            },
-            prompt_truncated: match (num(f, 31)?, num(f, 32)?) {
-                (Some(request_tokens), Some(server_tokens)) => Some(PromptTruncation {
-                    request_tokens,
-                    server_tokens,
-                    context_size: num(f, 33)?,
-                }),
-                _ => None,
-            },
-            context: num(f, 35)?.map(|used| ContextUse {
-                size: num(f, 34).ok().flatten(),
-                used,
+    })
+}
+
+/// The TTFT breakdown's six columns (all empty: the default).
+fn csv_breakdown(r: CsvRow<'_>) -> Result<TtftBreakdown, String> {
+    Ok(TtftBreakdown {
+        load_ms: r.num(15)?,
+        prefill_ms: r.num(16)?,
+        prefill_tokens: r.num(17)?,
+        cached_tokens: r.num(18)?,
+        prefill_tokens_per_second: r.num(19)?,
+        other_ms: r.num(20)?,
+    })
+}
+
+/// The call's details, from `client` and the columns after `input_tokens`.
+fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, String> {
+    Ok(CallDetails {
+        client: r.text(4),
+        ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
+        one_burst: r.boolean(21)?,
+        unstreamed_reasoning: r.boolean(22)?,
+        settled_at: r.text(8),
+        seen_by: r.named(23)?,
+        capture_gap: r.boolean(24)?,
+        wait: csv_wait(r)?,
+        prompt_truncated: match (r.num(31)?, r.num(32)?) {
+            (Some(request_tokens), Some(server_tokens)) => Some(PromptTruncation {
+                request_tokens,
+                server_tokens,
+                context_size: r.num(33)?,
             }),
-            draft: match (num(f, 36)?, num(f, 37)?) {
-                (Some(drafted), Some(accepted)) => Some(DraftCounts { drafted, accepted }),
-                _ => None,
-            },
-            placement: text(38).map(|_| named(f, 38)).transpose()?,
-            model_bytes: num(f, 39)?,
-            vram_bytes: num(f, 40)?,
-            start: text(41).map(|_| named(f, 41)).transpose()?,
-            error: text(42),
-            prompt_tokens_estimated: num(f, 43)?,
+            _ => None,
         },
+        context: r.num(35)?.map(|used| ContextUse {
+            size: r.num(34).ok().flatten(),
+            used,
+        }),
+        draft: match (r.num(36)?, r.num(37)?) {
+            (Some(drafted), Some(accepted)) => Some(DraftCounts { drafted, accepted }),
+            _ => None,
+        },
+        placement: r.text(38).map(|_| r.named(38)).transpose()?,
+        model_bytes: r.num(39)?,
+        vram_bytes: r.num(40)?,
+        start: r.text(41).map(|_| r.named(41)).transpose()?,
+        error: r.text(42),
+        prompt_tokens_estimated: r.num(43)?,
+    })
+}
+
+/// The wait explanation, present exactly when `wait_reason` is set.
+fn csv_wait(r: CsvRow<'_>) -> Result<Option<Wait>, String> {
+    Ok(match r.text(25) {
+        None => None,
+        Some(_) => Some(Wait {
+            reason: r.named(25)?,
+            position: r.num(26)?,
+            progress: r.num(27)?,
+            eta_ms: r.num(28)?,
+            usual_ms: r.num(29)?,
+            prompt_tokens: r.num(30)?,
+        }),
     })
 }
 
