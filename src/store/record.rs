@@ -39,17 +39,7 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
             .ttft_breakdown
             .as_ref()
             .filter(|b| **b != TtftBreakdown::default());
-        let started_at_ms = rfc3339_to_ms(&c.identity.started_at).unwrap_or_else(|| {
-            // The engine always writes a valid time; if one ever isn't, keep
-            // the call (sorted as the oldest, so retention drops it first)
-            // rather than fail the whole batch.
-            tracing::warn!(
-                id = %c.identity.id,
-                "stored call has an unreadable started_at {:?}; stored as 1970",
-                c.identity.started_at
-            );
-            0
-        });
+        let started_at_ms = started_at_ms(c);
         let settled_at_ms = d.settled_at.as_deref().and_then(rfc3339_to_ms);
         let w = d.wait.as_ref();
         let t = d.prompt_truncated.as_ref();
@@ -107,34 +97,30 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
     Ok(())
 }
 
+/// The call's start in unix ms, the column history filters and retention
+/// sort by.
+fn started_at_ms(c: &Call) -> u64 {
+    rfc3339_to_ms(&c.identity.started_at).unwrap_or_else(|| {
+        // The engine always writes a valid time; if one ever isn't, keep
+        // the call (sorted as the oldest, so retention drops it first)
+        // rather than fail the whole batch.
+        tracing::warn!(
+            id = %c.identity.id,
+            "stored call has an unreadable started_at {:?}; stored as 1970",
+            c.identity.started_at
+        );
+        0
+    })
+}
+
 fn non_empty(s: Option<&str>) -> Option<&str> {
     s.filter(|s| !s.is_empty())
 }
 
 /// Reads a row selected with [`COLUMNS`].
 pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<Call> {
-    let phase: Option<String> = row.get(11)?;
-    let speed = match phase {
-        None => None,
-        Some(phase) => Some(Snapshot {
-            phase: enum_from(phase, 11)?,
-            is_final: row.get(12)?,
-            elapsed_ms: row.get(13)?,
-            time_to_first_token_ms: row.get(14)?,
-            output_tokens: row.get(15)?,
-            output_tokens_per_second: row.get(16)?,
-            token_source: enum_from(row.get::<_, String>(17)?, 17)?,
-            wait: None,
-        }),
-    };
-    let breakdown = TtftBreakdown {
-        load_ms: row.get(19)?,
-        prefill_ms: row.get(20)?,
-        prefill_tokens: row.get(21)?,
-        cached_tokens: row.get(22)?,
-        prefill_tokens_per_second: row.get(23)?,
-        other_ms: row.get(24)?,
-    };
+    let speed = snapshot_from_row(row)?;
+    let breakdown = breakdown_from_row(row)?;
     Ok(Call {
         identity: CallIdentity {
             id: row.get(0)?,
@@ -147,54 +133,95 @@ pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<Call> {
         http_status: row.get(8)?,
         speed,
         input_tokens: row.get(18)?,
-        details: CallDetails {
-            client: row.get(6)?,
-            ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
-            one_burst: row.get(25)?,
-            unstreamed_reasoning: row.get(26)?,
-            settled_at: row.get(9)?,
-            seen_by: enum_from(row.get::<_, String>(27)?, 27)?,
-            capture_gap: row.get(28)?,
-            wait: match row.get::<_, Option<String>>(29)? {
-                None => None,
-                Some(reason) => Some(Wait {
-                    reason: enum_from(reason, 29)?,
-                    position: row.get(30)?,
-                    progress: row.get(31)?,
-                    eta_ms: row.get(32)?,
-                    usual_ms: row.get(33)?,
-                    prompt_tokens: row.get(34)?,
-                }),
-            },
-            prompt_truncated: match (row.get(35)?, row.get(36)?) {
-                (Some(request_tokens), Some(server_tokens)) => Some(PromptTruncation {
-                    request_tokens,
-                    server_tokens,
-                    context_size: row.get(37)?,
-                }),
-                _ => None,
-            },
-            context: row.get::<_, Option<u64>>(39)?.map(|used| ContextUse {
-                size: row.get(38).ok().flatten(),
-                used,
+        details: details_from_row(row, breakdown)?,
+    })
+}
+
+/// The final snapshot, stored exactly when `phase` is set.
+fn snapshot_from_row(row: &Row<'_>) -> rusqlite::Result<Option<Snapshot>> {
+    let phase: Option<String> = row.get(11)?;
+    Ok(match phase {
+        None => None,
+        Some(phase) => Some(Snapshot {
+            phase: enum_from(phase, 11)?,
+            is_final: row.get(12)?,
+            elapsed_ms: row.get(13)?,
+            time_to_first_token_ms: row.get(14)?,
+            output_tokens: row.get(15)?,
+            output_tokens_per_second: row.get(16)?,
+            token_source: enum_from(row.get::<_, String>(17)?, 17)?,
+            wait: None,
+        }),
+    })
+}
+
+/// The TTFT breakdown's six columns (all null: the default).
+fn breakdown_from_row(row: &Row<'_>) -> rusqlite::Result<TtftBreakdown> {
+    Ok(TtftBreakdown {
+        load_ms: row.get(19)?,
+        prefill_ms: row.get(20)?,
+        prefill_tokens: row.get(21)?,
+        cached_tokens: row.get(22)?,
+        prefill_tokens_per_second: row.get(23)?,
+        other_ms: row.get(24)?,
+    })
+}
+
+/// The call's details, from `client`, `settled_at` and the columns after
+/// the breakdown.
+fn details_from_row(row: &Row<'_>, breakdown: TtftBreakdown) -> rusqlite::Result<CallDetails> {
+    Ok(CallDetails {
+        client: row.get(6)?,
+        ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
+        one_burst: row.get(25)?,
+        unstreamed_reasoning: row.get(26)?,
+        settled_at: row.get(9)?,
+        seen_by: enum_from(row.get::<_, String>(27)?, 27)?,
+        capture_gap: row.get(28)?,
+        wait: wait_from_row(row)?,
+        prompt_truncated: match (row.get(35)?, row.get(36)?) {
+            (Some(request_tokens), Some(server_tokens)) => Some(PromptTruncation {
+                request_tokens,
+                server_tokens,
+                context_size: row.get(37)?,
             }),
-            draft: match (row.get(40)?, row.get(41)?) {
-                (Some(drafted), Some(accepted)) => Some(DraftCounts { drafted, accepted }),
-                _ => None,
-            },
-            placement: row
-                .get::<_, Option<String>>(42)?
-                .map(|p| enum_from(p, 42))
-                .transpose()?,
-            model_bytes: row.get(43)?,
-            vram_bytes: row.get(44)?,
-            start: row
-                .get::<_, Option<String>>(45)?
-                .map(|p| enum_from(p, 45))
-                .transpose()?,
-            error: row.get(46)?,
-            prompt_tokens_estimated: row.get(47)?,
+            _ => None,
         },
+        context: row.get::<_, Option<u64>>(39)?.map(|used| ContextUse {
+            size: row.get(38).ok().flatten(),
+            used,
+        }),
+        draft: match (row.get(40)?, row.get(41)?) {
+            (Some(drafted), Some(accepted)) => Some(DraftCounts { drafted, accepted }),
+            _ => None,
+        },
+        placement: row
+            .get::<_, Option<String>>(42)?
+            .map(|p| enum_from(p, 42))
+            .transpose()?,
+        model_bytes: row.get(43)?,
+        vram_bytes: row.get(44)?,
+        start: row
+            .get::<_, Option<String>>(45)?
+            .map(|p| enum_from(p, 45))
+            .transpose()?,
+        error: row.get(46)?,
+        prompt_tokens_estimated: row.get(47)?,
+    })
+}
+
+/// The wait explanation, stored exactly when `wait_reason` is set.
+fn wait_from_row(row: &Row<'_>) -> rusqlite::Result<Option<Wait>> {
+    Ok(match row.get::<_, Option<String>>(29)? {
+        None => None,
+        Some(reason) => Some(Wait {
+            reason: enum_from(reason, 29)?,
+            position: row.get(30)?,
+            progress: row.get(31)?,
+            eta_ms: row.get(32)?,
+            usual_ms: row.get(33)?,
+            prompt_tokens: row.get(34)?,
+        }),
     })
 }
 
