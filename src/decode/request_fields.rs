@@ -256,25 +256,7 @@ impl RequestScanner {
                 _ if b.is_ascii_whitespace() => {}
                 _ => self.state = State::Finished,
             },
-            State::InKey { escaped } => {
-                if escaped {
-                    // An escaped key is never `model` or `stream` as
-                    // clients write them.
-                    self.overflow = true;
-                    self.state = State::InKey { escaped: false };
-                } else if b == b'\\' {
-                    self.state = State::InKey { escaped: true };
-                } else if b == b'"' {
-                    self.key = match (&self.buf[..], self.overflow) {
-                        (b"model", false) => Key::Model,
-                        (b"stream", false) => Key::Stream,
-                        _ => Key::Other,
-                    };
-                    self.state = State::ExpectColon;
-                } else {
-                    self.keep(b, MAX_KEY_BYTES);
-                }
-            }
+            State::InKey { escaped } => self.key_byte(b, escaped),
             State::ExpectColon => match b {
                 b':' => {
                     self.buf.clear();
@@ -284,42 +266,9 @@ impl RequestScanner {
                 _ if b.is_ascii_whitespace() => {}
                 _ => self.state = State::Finished,
             },
-            State::ExpectValue => match b {
-                b'"' if self.key == Key::Model => self.state = State::InModel { escaped: false },
-                b'"' => self.state = State::InSkippedString { escaped: false },
-                b'{' | b'[' => {
-                    self.depth += 1;
-                    self.state = State::Nested;
-                }
-                _ if b.is_ascii_whitespace() => {}
-                _ => {
-                    self.keep(b, MAX_KEY_BYTES);
-                    self.state = State::InLiteral;
-                }
-            },
-            State::InModel { escaped } => {
-                if !escaped && b == b'"' {
-                    self.finish_model();
-                    self.state = State::AfterValue;
-                } else {
-                    self.keep(b, MAX_MODEL_BYTES);
-                    self.state = State::InModel {
-                        escaped: !escaped && b == b'\\',
-                    };
-                }
-            }
-            State::InLiteral => match b {
-                b',' | b'}' => {
-                    self.finish_literal();
-                    self.state = State::AfterValue;
-                    self.step(b);
-                }
-                _ if b.is_ascii_whitespace() => {
-                    self.finish_literal();
-                    self.state = State::AfterValue;
-                }
-                _ => self.keep(b, MAX_KEY_BYTES),
-            },
+            State::ExpectValue => self.value_start(b),
+            State::InModel { escaped } => self.model_byte(b, escaped),
+            State::InLiteral => self.literal_byte(b),
             State::AfterValue => match b {
                 b',' => self.state = State::ExpectKey,
                 b'}' => self.close(),
@@ -327,6 +276,76 @@ impl RequestScanner {
                 _ => self.state = State::Finished,
             },
             State::Nested | State::InSkippedString { .. } | State::Finished => {}
+        }
+    }
+
+    /// A byte of a top-level key; the closing quote says which member
+    /// this is.
+    fn key_byte(&mut self, b: u8, escaped: bool) {
+        if escaped {
+            // An escaped key is never `model` or `stream` as
+            // clients write them.
+            self.overflow = true;
+            self.state = State::InKey { escaped: false };
+        } else if b == b'\\' {
+            self.state = State::InKey { escaped: true };
+        } else if b == b'"' {
+            self.key = match (&self.buf[..], self.overflow) {
+                (b"model", false) => Key::Model,
+                (b"stream", false) => Key::Stream,
+                _ => Key::Other,
+            };
+            self.state = State::ExpectColon;
+        } else {
+            self.keep(b, MAX_KEY_BYTES);
+        }
+    }
+
+    /// The first byte of a top-level value says what kind it is: the
+    /// `model` string is kept, any other string or structure skipped, and
+    /// a literal read.
+    fn value_start(&mut self, b: u8) {
+        match b {
+            b'"' if self.key == Key::Model => self.state = State::InModel { escaped: false },
+            b'"' => self.state = State::InSkippedString { escaped: false },
+            b'{' | b'[' => {
+                self.depth += 1;
+                self.state = State::Nested;
+            }
+            _ if b.is_ascii_whitespace() => {}
+            _ => {
+                self.keep(b, MAX_KEY_BYTES);
+                self.state = State::InLiteral;
+            }
+        }
+    }
+
+    /// A byte of the `model` string, kept up to its closing quote.
+    fn model_byte(&mut self, b: u8, escaped: bool) {
+        if !escaped && b == b'"' {
+            self.finish_model();
+            self.state = State::AfterValue;
+        } else {
+            self.keep(b, MAX_MODEL_BYTES);
+            self.state = State::InModel {
+                escaped: !escaped && b == b'\\',
+            };
+        }
+    }
+
+    /// A byte of a bare literal, which ends at a separator or whitespace.
+    fn literal_byte(&mut self, b: u8) {
+        match b {
+            b',' | b'}' => {
+                self.finish_literal();
+                self.state = State::AfterValue;
+                self.step(b);
+            }
+            _ if b.is_ascii_whitespace() => {
+                self.finish_literal();
+                self.state = State::AfterValue;
+            }
+            _ => self.keep(b, MAX_KEY_BYTES),
         }
     }
 
