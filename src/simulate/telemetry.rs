@@ -188,9 +188,28 @@ pub(crate) fn props(snap: &Snapshot, n_ctx: u64, speculative: bool) -> String {
 /// `llamacpp:`. The throughput gauges are the cumulative averages (the
 /// real ones average since the previous scrape).
 pub(crate) fn metrics(snap: &Snapshot) -> String {
+    let counters = metric_counters(snap);
+    let gauges = metric_gauges(snap);
+    let mut out = String::new();
+    for (kind, items) in [("counter", &counters[..]), ("gauge", &gauges[..])] {
+        for (name, help, value) in items {
+            out.push_str(&format!(
+                "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {}\n",
+                cpp_number(*value)
+            ));
+        }
+    }
+    out
+}
+
+/// One `/metrics` family: its name after `llamacpp:`, its help and its
+/// value.
+type Metric = (&'static str, &'static str, f64);
+
+/// The counters of `/metrics`, in llama-server's order.
+fn metric_counters(snap: &Snapshot) -> [Metric; 10] {
     let c = &snap.counters;
-    let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-    let counters: [(&str, &str, f64); 10] = [
+    [
         (
             "prompt_tokens_total",
             "Number of prompt tokens processed, excluding cached tokens",
@@ -241,8 +260,14 @@ pub(crate) fn metrics(snap: &Snapshot) -> String {
             "Speculative: Total speculative decoding verification steps",
             c.drafts as f64,
         ),
-    ];
-    let gauges: [(&str, &str, f64); 5] = [
+    ]
+}
+
+/// The gauges of `/metrics`, in llama-server's order.
+fn metric_gauges(snap: &Snapshot) -> [Metric; 5] {
+    let c = &snap.counters;
+    let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    [
         (
             "prompt_tokens_seconds",
             "Average prompt throughput in tokens/s",
@@ -268,17 +293,7 @@ pub(crate) fn metrics(snap: &Snapshot) -> String {
             "Average number of busy slots per llama_decode() call",
             if c.n_decode > 0 { 1.0 } else { 0.0 },
         ),
-    ];
-    let mut out = String::new();
-    for (kind, items) in [("counter", &counters[..]), ("gauge", &gauges[..])] {
-        for (name, help, value) in items {
-            out.push_str(&format!(
-                "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {}\n",
-                cpp_number(*value)
-            ));
-        }
-    }
-    out
+    ]
 }
 
 /// A double as a C++ `std::stringstream` writes it by default (`%g` with
