@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::model::{ApiKind, Call, CallStatus};
+use crate::model::{ApiKind, Call, CallStatus, Snapshot};
 
 /// OTel recommended buckets for `gen_ai.server.time_to_first_token` (s).
 pub const TTFT_BUCKETS: [f64; 16] = [
@@ -295,6 +295,25 @@ pub fn observations(
         error_type: None,
         token_type: None,
     };
+    push_timings(&mut out, call, speed, &base, ok);
+    push_token_usage(&mut out, call, speed, &base, ok);
+    out.push(Observation::OutputTokens {
+        labels: base,
+        n: speed.output_tokens,
+    });
+    out
+}
+
+/// The time histograms of a settled call: its duration (labelled with the
+/// error, if any), its time to first chunk and, for a call that ended
+/// well, its TTFT and time per output token.
+fn push_timings(
+    out: &mut Vec<Observation>,
+    call: &Call,
+    speed: &Snapshot,
+    base: &Labels,
+    ok: bool,
+) {
     let mut histogram = |kind, labels: Labels, value: f64| {
         out.push(Observation::Histogram {
             kind,
@@ -302,7 +321,6 @@ pub fn observations(
             value,
         })
     };
-
     let elapsed = speed.elapsed_ms as f64 / 1000.0;
     let with_error = Labels {
         error_type: (!ok).then(|| call.status.as_str()),
@@ -331,30 +349,35 @@ pub fn observations(
             );
         }
     }
+}
 
+/// The token usage histograms: input when known, output when the call
+/// ended well or produced any.
+fn push_token_usage(
+    out: &mut Vec<Observation>,
+    call: &Call,
+    speed: &Snapshot,
+    base: &Labels,
+    ok: bool,
+) {
     let usage = |token_type| Labels {
         token_type: Some(token_type),
         ..base.clone()
     };
     if let Some(input) = call.input_tokens {
-        histogram(
-            GenAiHistogram::ClientTokenUsage,
-            usage("input"),
-            input as f64,
-        );
+        out.push(Observation::Histogram {
+            kind: GenAiHistogram::ClientTokenUsage,
+            labels: usage("input"),
+            value: input as f64,
+        });
     }
     if ok || speed.output_tokens > 0 {
-        histogram(
-            GenAiHistogram::ClientTokenUsage,
-            usage("output"),
-            speed.output_tokens as f64,
-        );
+        out.push(Observation::Histogram {
+            kind: GenAiHistogram::ClientTokenUsage,
+            labels: usage("output"),
+            value: speed.output_tokens as f64,
+        });
     }
-    out.push(Observation::OutputTokens {
-        labels: base,
-        n: speed.output_tokens,
-    });
-    out
 }
 
 /// An f64 gauge that may have no value: absent values are left out of the
