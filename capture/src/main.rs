@@ -249,6 +249,27 @@ impl Counter {
     }
 }
 
+/// The three counters of a stats record, widened from libpcap's.
+#[derive(Default)]
+struct Counters {
+    received: Counter,
+    dropped: Counter,
+    if_dropped: Counter,
+}
+
+impl Counters {
+    /// Writes a stats record with the capture's counters now.
+    fn write(&mut self, cap: &mut Capture<Active>, out: &mut impl Write) -> io::Result<()> {
+        let s = cap.stats().map_err(|e| io::Error::other(e.to_string()))?;
+        let mut rec = [0u8; 25];
+        rec[0] = KIND_STATS;
+        rec[1..9].copy_from_slice(&self.received.update(s.received).to_le_bytes());
+        rec[9..17].copy_from_slice(&self.dropped.update(s.dropped).to_le_bytes());
+        rec[17..25].copy_from_slice(&self.if_dropped.update(s.if_dropped).to_le_bytes());
+        out.write_all(&rec)
+    }
+}
+
 fn run(args: &Args) -> io::Result<()> {
     let mut cap = open(args).map_err(|e| io::Error::other(e.to_string()))?;
     drop_privileges()?;
@@ -260,8 +281,7 @@ fn run(args: &Args) -> io::Result<()> {
     out.write_all(&link.to_le_bytes())?;
     out.flush()?;
 
-    let (mut received, mut dropped, mut if_dropped) =
-        (Counter::default(), Counter::default(), Counter::default());
+    let mut counters = Counters::default();
     let mut next_stats = Instant::now();
     // Packets read since the counters were last sent (true at the start:
     // the first counters go out at once).
@@ -281,38 +301,12 @@ fn run(args: &Args) -> io::Result<()> {
     ];
     loop {
         // Everything the ring holds, then flush, then wait.
-        loop {
-            match cap.next_packet() {
-                Ok(p) => {
-                    let h = p.header;
-                    let ts = (h.ts.tv_sec as u64)
-                        .wrapping_mul(1_000_000_000)
-                        .wrapping_add(h.ts.tv_usec as u64);
-                    let mut head = [0u8; 17];
-                    head[0] = KIND_PACKET;
-                    head[1..9].copy_from_slice(&ts.to_le_bytes());
-                    head[9..13].copy_from_slice(&(p.data.len() as u32).to_le_bytes());
-                    head[13..17].copy_from_slice(&h.len.to_le_bytes());
-                    out.write_all(&head)?;
-                    out.write_all(p.data)?;
-                    fresh = true;
-                }
-                Err(pcap::Error::TimeoutExpired) => break,
-                Err(e) => return Err(io::Error::other(e.to_string())),
-            }
-            if Instant::now() >= next_stats {
-                break;
-            }
+        if copy_ring(&mut cap, &mut out, next_stats)? {
+            fresh = true;
         }
         let now = Instant::now();
         if fresh && now >= next_stats {
-            let s = cap.stats().map_err(|e| io::Error::other(e.to_string()))?;
-            let mut rec = [0u8; 25];
-            rec[0] = KIND_STATS;
-            rec[1..9].copy_from_slice(&received.update(s.received).to_le_bytes());
-            rec[9..17].copy_from_slice(&dropped.update(s.dropped).to_le_bytes());
-            rec[17..25].copy_from_slice(&if_dropped.update(s.if_dropped).to_le_bytes());
-            out.write_all(&rec)?;
+            counters.write(&mut cap, &mut out)?;
             next_stats = now + STATS_EVERY;
             fresh = false;
         }
@@ -323,18 +317,59 @@ fn run(args: &Args) -> io::Result<()> {
         } else {
             -1
         };
-        // SAFETY: `fds` is a live array of two pollfd.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
-        if r == -1 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-        if fds[1].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+        if wait_closed(&mut fds, timeout_ms)? {
             return Ok(());
         }
     }
+}
+
+/// Copies the packets the ring holds to `out`, until it is empty or the
+/// counters are due at `next_stats`. True if any packet was copied.
+fn copy_ring(
+    cap: &mut Capture<Active>,
+    out: &mut impl Write,
+    next_stats: Instant,
+) -> io::Result<bool> {
+    let mut copied = false;
+    loop {
+        match cap.next_packet() {
+            Ok(p) => {
+                let h = p.header;
+                let ts = (h.ts.tv_sec as u64)
+                    .wrapping_mul(1_000_000_000)
+                    .wrapping_add(h.ts.tv_usec as u64);
+                let mut head = [0u8; 17];
+                head[0] = KIND_PACKET;
+                head[1..9].copy_from_slice(&ts.to_le_bytes());
+                head[9..13].copy_from_slice(&(p.data.len() as u32).to_le_bytes());
+                head[13..17].copy_from_slice(&h.len.to_le_bytes());
+                out.write_all(&head)?;
+                out.write_all(p.data)?;
+                copied = true;
+            }
+            Err(pcap::Error::TimeoutExpired) => break,
+            Err(e) => return Err(io::Error::other(e.to_string())),
+        }
+        if Instant::now() >= next_stats {
+            break;
+        }
+    }
+    Ok(copied)
+}
+
+/// Sleeps in `poll` until packets come, `timeout_ms` passes (-1: no
+/// timeout) or a signal arrives. True when the engine's end of standard
+/// output has closed.
+fn wait_closed(fds: &mut [libc::pollfd; 2], timeout_ms: libc::c_int) -> io::Result<bool> {
+    // SAFETY: `fds` is a live array of two pollfd.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+    if r == -1 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(fds[1].revents & (libc::POLLERR | libc::POLLHUP) != 0)
 }
 
 fn main() -> ExitCode {
