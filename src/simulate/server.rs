@@ -11,7 +11,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, SERVER};
@@ -583,12 +583,8 @@ async fn run_stream(
     let (stop_at, ending) = plan.stop();
     let first_due = plan.deadline(t.origin, 0);
     if let (Some(every), Framing::Sse) = (plan.keepalive, reply.framing()) {
-        let mut next = t.start + every;
-        while next < first_due {
-            if !wait(&tx, next).await || !send(&tx, wire::KEEPALIVE.to_owned()).await {
-                return;
-            }
-            next += every;
+        if !send_keepalives(&tx, t.start, every, first_due).await {
+            return;
         }
     }
     let mut totals = None;
@@ -653,6 +649,24 @@ async fn run_stream(
     if let Some(totals) = totals {
         lease.finish(&totals);
     }
+}
+
+/// Sends an SSE keep-alive `every` so long from `start` until the first
+/// token is due; false if the client went away.
+async fn send_keepalives(
+    tx: &mpsc::Sender<Item>,
+    start: Instant,
+    every: Duration,
+    first_due: Instant,
+) -> bool {
+    let mut next = start + every;
+    while next < first_due {
+        if !wait(tx, next).await || !send(tx, wire::KEEPALIVE.to_owned()).await {
+            return false;
+        }
+        next += every;
+    }
+    true
 }
 
 /// A non-streamed reply: waits out the whole schedule, then sends the
