@@ -25,12 +25,14 @@ use super::telemetry::{
 };
 use crate::decode::detect::{detect_framing, request_facts, BodyFraming};
 use crate::decode::request_fields::RequestFields;
+use crate::decode::ServerTimings;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::limits::SNAPSHOT_INTERVAL;
 use crate::meter::normals::{Normals, Observation};
-use crate::metering::{CallMetering, Outcome, ResponseHead, StreamEnd};
+use crate::metering::{CallMetering, CallReport, Outcome, ResponseHead, StreamEnd};
 use crate::model::ApiKind;
-use crate::model::{Call, CallDetails, CallIdentity, CallStatus, SeenBy, SlowFirstToken};
+use crate::model::SlowFirstToken;
+use crate::model::{Call, CallDetails, CallIdentity, CallStatus, PromptTruncation, SeenBy};
 use crate::model::{ContextUse, DraftCounts, EngineEvent, Phase, PromptTruncated, StartKind, Wait};
 use crate::tokens::TokenEstimator;
 
@@ -275,6 +277,29 @@ impl CallActor {
                 seq: self.setup.seq,
             });
         }
+        let ending = self.ending(&report);
+        let details = self.details(&report, &ending);
+        self.learn(
+            &report,
+            ending.server_prompt,
+            ending.truncated.is_some(),
+            ending.start,
+        );
+        if let Some(cut) = &ending.truncated {
+            self.announce_truncation(cut);
+        }
+        let status = self.status(report.outcome);
+        let call = self.record(status, report.snapshot, report.input_tokens, details);
+        self.setup.supervisor.do_send(CallClosed {
+            seq: self.setup.seq,
+            call,
+            calibration_ratio: report.calibration_ratio,
+        });
+    }
+
+    /// What the end of the call says about its prompt and its start, from
+    /// the server's timings and what it said about the model.
+    fn ending(&self, report: &CallReport) -> Ending {
         let timings = report.server_timings.clone().unwrap_or_default();
         // The server's whole prompt count: processed plus cached.
         let server_prompt = timings
@@ -299,15 +324,28 @@ impl CallActor {
                 }
             }),
         };
+        Ending {
+            timings,
+            server_prompt,
+            estimate,
+            truncated,
+            start,
+        }
+    }
+
+    /// The settled call's details. Takes the kept error body: read here
+    /// for a refusal's cause, then let go.
+    fn details(&mut self, report: &CallReport, ending: &Ending) -> CallDetails {
         let error = (!(200..300).contains(&self.http_status.unwrap_or(200)))
             .then(|| details::context_refusal(&self.error_body))
             .flatten();
         self.error_body = Vec::new();
-        let context = server_prompt.map(|prompt| ContextUse {
+        let context = ending.server_prompt.map(|prompt| ContextUse {
             size: self.facts.context_size,
             used: prompt + report.snapshot.output_tokens,
         });
-        let details = CallDetails {
+        let timings = &ending.timings;
+        CallDetails {
             client: self.setup.client.clone(),
             ttft_breakdown: report
                 .server_timings
@@ -322,7 +360,7 @@ impl CallActor {
             seen_by: self.setup.seen_by,
             capture_gap: self.capture_gap,
             wait: self.known_wait.clone().or_else(|| self.wait.clone()),
-            prompt_truncated: truncated.clone(),
+            prompt_truncated: ending.truncated.clone(),
             context,
             draft: match (timings.draft_tokens, timings.draft_accepted) {
                 (Some(drafted), Some(accepted)) => Some(DraftCounts { drafted, accepted }),
@@ -331,41 +369,60 @@ impl CallActor {
             placement: self.facts.placement,
             model_bytes: self.facts.model_bytes,
             vram_bytes: self.facts.vram_bytes,
-            start,
+            start: ending.start,
             error,
-            prompt_tokens_estimated: estimate.filter(|n| *n > 0),
-        };
-        self.learn(&report, server_prompt, truncated.is_some(), start);
-        if let (Some(cut), Some(model)) = (&truncated, &self.setup.identity.model) {
-            let first = self
-                .setup
-                .normals
-                .write()
-                .map(|mut n| n.first_truncation(&self.setup.identity.route, model))
-                .unwrap_or(false);
-            if first {
-                self.setup
-                    .supervisor
-                    .do_send(Broadcast(EngineEvent::PromptTruncated(PromptTruncated {
-                        call: self.setup.identity.clone(),
-                        request_tokens: cut.request_tokens,
-                        server_tokens: cut.server_tokens,
-                        context_size: cut.context_size,
-                    })));
-            }
+            prompt_tokens_estimated: ending.estimate.filter(|n| *n > 0),
         }
-        let status = if self.unreachable {
+    }
+
+    /// Tells subscribers the route's server cut this model's prompt, the
+    /// first time it does (one event per route and model, not per call).
+    fn announce_truncation(&self, cut: &PromptTruncation) {
+        let Some(model) = &self.setup.identity.model else {
+            return;
+        };
+        let first = self
+            .setup
+            .normals
+            .write()
+            .map(|mut n| n.first_truncation(&self.setup.identity.route, model))
+            .unwrap_or(false);
+        if first {
+            self.setup
+                .supervisor
+                .do_send(Broadcast(EngineEvent::PromptTruncated(PromptTruncated {
+                    call: self.setup.identity.clone(),
+                    request_tokens: cut.request_tokens,
+                    server_tokens: cut.server_tokens,
+                    context_size: cut.context_size,
+                })));
+        }
+    }
+
+    /// The call's status: an unreachable upstream or a body not metered
+    /// say more than how the meter saw the stream end.
+    fn status(&self, outcome: Outcome) -> CallStatus {
+        if self.unreachable {
             CallStatus::UpstreamError
         } else if self.unmetered {
             CallStatus::Unmetered
         } else {
-            match report.outcome {
+            match outcome {
                 Outcome::Ok => CallStatus::Ok,
                 Outcome::Abandoned => CallStatus::Abandoned,
                 Outcome::UpstreamError => CallStatus::UpstreamError,
             }
-        };
-        let mut snapshot = report.snapshot;
+        }
+    }
+
+    /// The call's record, with its final snapshot (none when unmetered).
+    fn record(
+        &self,
+        status: CallStatus,
+        mut snapshot: crate::model::Snapshot,
+        input_tokens: Option<u64>,
+        details: CallDetails,
+    ) -> Call {
         // A capture gap: bytes of the response (or request) never reached
         // the meter, so the token count and the span the rate divides by
         // may both be off, in either direction. A wrong rate is worse than
@@ -374,7 +431,7 @@ impl CallActor {
         if self.capture_gap {
             snapshot.output_tokens_per_second = None;
         }
-        let call = Call {
+        Call {
             identity: self.setup.identity.clone(),
             status,
             http_status: self.http_status,
@@ -383,22 +440,30 @@ impl CallActor {
             } else {
                 Some(snapshot)
             },
-            input_tokens: report.input_tokens,
+            input_tokens,
             details,
-        };
-        self.setup.supervisor.do_send(CallClosed {
-            seq: self.setup.seq,
-            call,
-            calibration_ratio: report.calibration_ratio,
-        });
+        }
     }
+}
+
+/// What a call's end says beyond its snapshot, read once from its final
+/// report and used by its details, the route's normals and the
+/// truncation event.
+struct Ending {
+    timings: ServerTimings,
+    /// The server's whole prompt count: processed plus cached.
+    server_prompt: Option<u64>,
+    /// Our calibrated estimate of the prompt, from the request body.
+    estimate: Option<u64>,
+    truncated: Option<PromptTruncation>,
+    start: Option<StartKind>,
 }
 
 impl CallActor {
     /// Teaches the route's normal from a call that ended well.
     fn learn(
         &self,
-        report: &crate::metering::CallReport,
+        report: &CallReport,
         server_prompt: Option<u64>,
         truncated: bool,
         start: Option<StartKind>,

@@ -1,8 +1,19 @@
-//! The engine: proxy listeners, the actors that meter each call, and the
-//! records and events front ends consume.
+//! The engine: the two interceptors, the actors that meter each call, and
+//! the records and events front ends consume.
 //!
-//! Data flow: a route's [`proxy`] starts a [`call_actor::CallActor`] per
-//! metered request and feeds it frames through a tap; call actors publish
+//! Two interceptors sit side by side and see calls two ways: a route's
+//! [`proxy`] forwards the client's requests to the model server and taps
+//! the bytes on their way; the [`capture`] reads the loopback traffic to
+//! the model server's own port. Neither knows the other: both start calls
+//! through the [`link`] ([`link::EngineLink::start_call`]: one call setup,
+//! one id sequence, shared telemetry pollers) and read response heads by
+//! one rule ([`http_meta`]); the proxy tells the capture, through the
+//! link, which upstream connections are its own, so no call is recorded
+//! twice.
+//!
+//! Data flow: an interceptor starts a [`call_actor::CallActor`] per
+//! metered request and feeds it frames (the proxy through a tap, the
+//! capture from its packets), with the same messages; call actors publish
 //! snapshots to the [`supervisor::Supervisor`], which keeps the active and
 //! recent calls, the global meter and calibration, and fans events out to
 //! subscribers; the [`notifier::Notifier`] turns late first tokens into
@@ -13,6 +24,8 @@
 pub mod call_actor;
 pub mod capture;
 pub mod details;
+pub mod http_meta;
+pub mod link;
 pub mod messages;
 pub mod metrics;
 pub mod notifier;

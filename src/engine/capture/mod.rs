@@ -1,25 +1,28 @@
 //! The capture interceptor: the second way calls reach the meter, beside
-//! the [`proxy`](super::proxy). It reads the loopback traffic to the
-//! routes' upstream ports (packets from [`crate::capture::source`]) and
-//! feeds the very same [`CallActor`]s, with the very same messages, as the
-//! proxy's taps do. Clients need no change: they keep calling the model
-//! server's own port.
+//! the [`proxy`](super::proxy); both start calls through the
+//! [`link`](super::link). It reads the loopback traffic to the routes'
+//! upstream ports (packets from [`crate::capture::source`]) and feeds the
+//! very same [`CallActor`](crate::engine::call_actor::CallActor)s, with the
+//! very same messages, as the proxy's taps do. Clients need no change:
+//! they keep calling the model server's own port.
 //!
 //! One task ([`CaptureTask::run`]) owns the packet receiver and the
 //! connection table ([`Flows`]): it parses each packet, feeds the table,
-//! and turns the HTTP events that come out into actor messages:
-//! - a request head on a path the decoders know ([`detect_request`], as
-//!   the proxy) starts a call actor with the same [`CallSetup`] the proxy
-//!   builds, `seen_by: capture`, dispatched at the head's packet time;
+//! and turns the HTTP events that come out into actor messages
+//! ([`exchange`]):
+//! - a request head on a path the decoders know (`detect_request`, as the
+//!   proxy) starts a call actor as the proxy does, with
+//!   `EngineLink::start_call`, `seen_by: capture`, dispatched at the
+//!   head's packet time;
 //! - request body bytes go through the same streaming scanner as the
-//!   proxy's ([`RequestScanner`]): `RequestFieldsSeen` each time a field is
+//!   proxy's (`RequestScanner`): `RequestFieldsSeen` each time a field is
 //!   found;
 //! - the response head becomes `ResponseStarted`, its content type decided
-//!   by the proxy's own rule ([`headers::tap_content_type`]: encoded bodies
-//!   are unmetered);
+//!   by the proxy's own rule ([`crate::engine::http_meta::tap_content_type`]:
+//!   encoded bodies are unmetered);
 //! - each response body piece becomes a `Frame` stamped with its packet's
 //!   monotonic instant, queued for the actor as the proxy's tap queues
-//!   them (one wake-up for a burst, [`FrameQueue`]);
+//!   them (one wake-up for a burst, `FrameQueue`);
 //! - the end: a complete body is `Complete`; one cut after the client
 //!   closed or reset its side is `ClientGone` (the proxy's hung-up client);
 //!   any other cut is `UpstreamCut`. Lost bytes send `CaptureGap` first.
@@ -34,34 +37,33 @@
 //! first) are dropped by [`Flows::ignore`], and any actor started for them
 //! is discarded without a record. Segments to or from one of speedtap's
 //! own listen ports are skipped too.
+//!
+//! This file holds the task and its packet loop (the clock, the ticks, the
+//! proxy's own connections); [`exchange`] turns one connection's HTTP
+//! events into its calls' messages.
+
+mod exchange;
+#[cfg(test)]
+mod rig;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use actix::{Actor, Addr};
-use http::{header, HeaderMap, HeaderValue};
+use actix::Addr;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::call_actor::{CallActor, CallSetup};
-use super::messages::{
-    BodyEnded, CaptureGap, Discard, Frame, FrameQueue, FramesQueued, RequestFieldsSeen,
-    ResponseStarted,
-};
-use super::proxy::{call_id, headers, EngineLink, OwnConnection};
+use super::link::{EngineLink, OwnConnection};
+use super::messages::Discard;
 use super::telemetry::TelemetryPoller;
-use crate::capture::flows::{CaptureEvent, ConnId, Flows, ServerPort};
-use crate::capture::http1::{Event, Headers};
+use crate::capture::flows::{ConnId, Flows, ServerPort};
 use crate::capture::packet::{self, LinkType};
 use crate::capture::source::{CaptureSource, SourcePacket};
 use crate::capture::Nanos;
-use crate::decode::detect::detect_request;
-use crate::decode::request_fields::RequestScanner;
-use crate::metering::StreamEnd;
-use crate::model::{ApiKind, CallIdentity, SeenBy, Upstream};
+use crate::model::Upstream;
+use exchange::Exchange;
 
 /// How often holes are given up and the source's loss counters read while
 /// there is something to do: a call in flight or a hole holding data back.
@@ -106,16 +108,6 @@ pub struct CaptureRoute {
 struct RouteEntry {
     name: String,
     telemetry: Option<Addr<TelemetryPoller>>,
-}
-
-/// One HTTP exchange being metered.
-struct Exchange {
-    actor: Addr<CallActor>,
-    scanner: RequestScanner,
-    /// Its response frames on their way to the actor: queued like the
-    /// proxy tap's, so a burst of packets wakes the actor once, not once
-    /// per packet (see [`FrameQueue`]).
-    frames: Arc<FrameQueue>,
 }
 
 /// The task's state: the connection table and the calls it feeds.
@@ -321,355 +313,20 @@ impl CaptureTask {
         }
     }
 
-    fn handle(&mut self, events: Vec<CaptureEvent>) {
-        for ev in events {
-            let at = self.instant(ev.at);
-            self.event(ev.conn, ev.event, at);
-        }
-    }
-
-    fn event(&mut self, conn: ConnId, event: Event, at: Instant) {
-        match event {
-            Event::RequestHead {
-                exchange,
-                method,
-                path,
-                headers,
-            } => self.start_call(conn, exchange, &method, &path, &headers, at),
-            Event::RequestBody { exchange, bytes } => {
-                if let Some(ex) = self.exchanges.get_mut(&(conn, exchange)) {
-                    if !ex.scanner.is_finished() && ex.scanner.feed(&bytes) {
-                        ex.actor
-                            .do_send(RequestFieldsSeen(ex.scanner.fields().clone()));
-                    }
-                }
-            }
-            Event::RequestEnd { .. } => {}
-            Event::ResponseHead {
-                exchange,
-                status,
-                headers,
-            } => {
-                if let Some(ex) = self.exchanges.get(&(conn, exchange)) {
-                    ex.actor.do_send(ResponseStarted {
-                        status,
-                        content_type: tap_content_type(&headers),
-                        at,
-                    });
-                }
-            }
-            Event::ResponseBody { exchange, bytes } => {
-                if let Some(ex) = self.exchanges.get(&(conn, exchange)) {
-                    if ex.frames.push(Frame { bytes, at }) {
-                        ex.actor.do_send(FramesQueued(ex.frames.clone()));
-                    }
-                }
-            }
-            Event::ResponseEnd {
-                exchange,
-                complete,
-                gap,
-            } => {
-                if let Some(ex) = self.exchanges.remove(&(conn, exchange)) {
-                    if gap {
-                        ex.actor.do_send(CaptureGap);
-                    }
-                    let end = if complete {
-                        StreamEnd::Complete
-                    } else if self.client_closed.contains(&(conn.client, conn.server)) {
-                        StreamEnd::ClientGone
-                    } else {
-                        StreamEnd::UpstreamCut
-                    };
-                    ex.actor.do_send(BodyEnded { end, at });
-                }
-            }
-            Event::Gap {
-                exchange: Some(exchange),
-                ..
-            } => {
-                if let Some(ex) = self.exchanges.get(&(conn, exchange)) {
-                    ex.actor.do_send(CaptureGap);
-                }
-            }
-            Event::Gap { exchange: None, .. } => {}
-        }
-    }
-
-    /// Starts a call actor for a request the decoders know, exactly as the
-    /// proxy does (same setup, the route's name, `seen_by: capture`).
-    fn start_call(
-        &mut self,
-        conn: ConnId,
-        exchange: u64,
-        method: &str,
-        path: &str,
-        headers: &Headers,
-        at: Instant,
-    ) {
-        let api = detect_request(method, path, b"").api;
-        if api == ApiKind::Unknown {
-            return;
-        }
-        let Some(route) = self.routes.get(&conn.server.port()) else {
-            return;
-        };
-        let link = &self.engine;
-        let seq = link.next_seq();
-        let identity = CallIdentity {
-            id: call_id(seq),
-            route: route.name.clone(),
-            api,
-            model: None,
-            started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-        };
-        let setup = CallSetup {
-            seq,
-            identity,
-            method: method.to_owned(),
-            path: path.to_owned(),
-            dispatched_at: at,
-            slow_ttft: Duration::from_millis(link.slow_ttft_ms.load(Ordering::Relaxed)),
-            estimator: link.estimator.clone(),
-            calibration: link.calibration.clone(),
-            supervisor: link.supervisor.clone(),
-            notifier: link.notifier.clone(),
-            client: headers
-                .user_agent
-                .as_deref()
-                .and_then(super::details::client_app),
-            seen_by: SeenBy::Capture,
-            normals: link.normals.clone(),
-            // The route's poller (shared with its proxy, if it has one):
-            // a captured call's wait is explained like a proxied one's.
-            telemetry: route.telemetry.clone(),
-        };
-        let actor = CallActor::start_in_arbiter(link.arbiter(), move |_| CallActor::new(setup));
-        self.exchanges.insert(
-            (conn, exchange),
-            Exchange {
-                actor,
-                scanner: RequestScanner::default(),
-                frames: Arc::default(),
-            },
-        );
-    }
-
     /// Exchanges being metered now.
     pub fn open_calls(&self) -> usize {
         self.exchanges.len()
     }
 }
 
-/// The proxy's content-type rule ([`headers::tap_content_type`]) applied to
-/// the captured header values: an encoded body reads as opaque bytes.
-fn tap_content_type(h: &Headers) -> Option<String> {
-    let mut map = HeaderMap::new();
-    if let Some(v) = h
-        .content_type
-        .as_deref()
-        .and_then(|v| HeaderValue::from_str(v).ok())
-    {
-        map.insert(header::CONTENT_TYPE, v);
-    }
-    if let Some(v) = h
-        .content_encoding
-        .as_deref()
-        .and_then(|v| HeaderValue::from_str(v).ok())
-    {
-        map.insert(header::CONTENT_ENCODING, v);
-    }
-    headers::tap_content_type(&map)
-}
-
-/// The capture task fed with hand-built packets (no socket): the same
-/// actors and supervisor as in the engine.
+/// The task fed with hand-built packets (no socket): its own connections,
+/// its own ports and its ticks.
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU64, AtomicUsize};
-    use std::sync::RwLock;
-
-    use actix::Arbiter;
-    use bytes::Bytes;
-
+    use super::rig::{head, lines, play, request, Rig, SERVER};
     use super::*;
-    use crate::capture::feed::CapturedPacket;
     use crate::capture::flows::script::Talk;
-    use crate::capture::packet::{build, Segment};
-    use crate::engine::messages::Subscribe;
-    use crate::engine::metrics::Metrics;
-    use crate::engine::notifier::Notifier;
-    use crate::engine::proxy::limits::ProxyLimits;
-    use crate::engine::supervisor::Supervisor;
-    use crate::meter::calibration::CalibrationTable;
-    use crate::model::{Call, CallStatus, EngineEvent};
-    use crate::tokens::WordCounter;
-
-    const SERVER: &str = "127.0.0.1:11434";
-
-    struct Rig {
-        task: CaptureTask,
-        events: mpsc::Receiver<EngineEvent>,
-        base: Instant,
-        ts: Nanos,
-    }
-
-    impl Rig {
-        async fn new() -> Self {
-            let calibration = Arc::new(RwLock::new(CalibrationTable::new()));
-            let supervisor = Supervisor::new(calibration.clone(), Arc::new(Metrics::new())).start();
-            let events = supervisor
-                .send(Subscribe { capacity: 4_096 })
-                .await
-                .expect("supervisor");
-            let notifier = Notifier::new(supervisor.clone().recipient(), Vec::new()).start();
-            let link = Arc::new(EngineLink {
-                supervisor,
-                notifier: notifier.recipient(),
-                arbiters: vec![Arbiter::current()],
-                next_arbiter: AtomicUsize::new(0),
-                seq: AtomicU64::new(0),
-                calibration,
-                estimator: Arc::new(WordCounter),
-                slow_ttft_ms: AtomicU64::new(60_000),
-                limits: ProxyLimits::default(),
-                own_connections: std::sync::OnceLock::new(),
-                normals: Default::default(),
-                telemetry: false,
-                pollers: Default::default(),
-            });
-            let routes = [CaptureRoute {
-                name: "ollama".into(),
-                port: 11434,
-                upstream: Upstream::parse("http://127.0.0.1:11434").expect("upstream"),
-            }];
-            Rig {
-                task: CaptureTask::new(link, &routes, [11435], LinkType::Ethernet),
-                events,
-                base: Instant::now(),
-                ts: 1_000_000_000,
-            }
-        }
-
-        /// Feeds one segment captured `after_ms` after the previous one.
-        fn feed(&mut self, seg: Segment, after_ms: u64) {
-            self.ts += after_ms * 1_000_000;
-            let data: Bytes = build::ethernet(&seg);
-            self.task.packet(SourcePacket {
-                at: self.base + Duration::from_nanos(self.ts),
-                packet: CapturedPacket {
-                    ts_ns: self.ts,
-                    orig_len: data.len() as u32,
-                    data,
-                },
-            });
-        }
-
-        /// The next settled call, within a few seconds.
-        async fn settled(&mut self) -> Call {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match tokio::time::timeout(left, self.events.recv()).await {
-                    Ok(Some(EngineEvent::Settled(call))) => return call,
-                    Ok(Some(_)) => {}
-                    _ => panic!("no call settled"),
-                }
-            }
-        }
-    }
-
-    const REQUEST_BODY: &str = r#"{"model":"m","prompt":"hi","stream":true}"#;
-
-    fn request() -> Vec<u8> {
-        format!(
-            "POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1:11434\r\nUser-Agent: curl/8.5\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{REQUEST_BODY}",
-            REQUEST_BODY.len()
-        )
-        .into_bytes()
-    }
-
-    /// Thirty NDJSON lines of one word each (enough for a settled rate), then the final line with the
-    /// server's counts.
-    fn lines() -> Vec<String> {
-        let mut lines: Vec<String> = (0..30)
-            .map(|i| format!("{{\"model\":\"m\",\"response\":\" w{i}\",\"done\":false}}\n"))
-            .collect();
-        lines.push(
-            "{\"model\":\"m\",\"response\":\"\",\"done\":true,\"prompt_eval_count\":7,\"eval_count\":30}\n"
-                .into(),
-        );
-        lines
-    }
-
-    fn head(body_len: usize) -> Vec<u8> {
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nContent-Length: {body_len}\r\n\r\n"
-        )
-        .into_bytes()
-    }
-
-    /// Plays one call; the response line at `lose` (if any) is never
-    /// captured.
-    async fn play(rig: &mut Rig, client: &str, lose: Option<usize>) {
-        let mut talk = Talk::new(client, SERVER, 7_000, 90_000);
-        for seg in talk.handshake() {
-            rig.feed(seg, 0);
-        }
-        let seg = talk.client(&request());
-        rig.feed(seg, 1);
-        let lines = lines();
-        let len = lines.iter().map(String::len).sum();
-        let seg = talk.server(&head(len));
-        rig.feed(seg, 100);
-        for (i, line) in lines.iter().enumerate() {
-            let seg = talk.server(line.as_bytes());
-            if lose != Some(i) {
-                rig.feed(seg, 50);
-            }
-        }
-        let seg = talk.fin(false);
-        rig.feed(seg, 1);
-        let seg = talk.fin(true);
-        rig.feed(seg, 1);
-    }
-
-    #[actix::test]
-    async fn a_clean_captured_call_is_metered_like_a_proxied_one_and_says_capture() {
-        let mut rig = Rig::new().await;
-        play(&mut rig, "127.0.0.1:50000", None).await;
-        let call = rig.settled().await;
-        assert_eq!(call.status, CallStatus::Ok, "{call:?}");
-        assert_eq!(call.identity.route, "ollama");
-        assert_eq!(call.identity.model.as_deref(), Some("m"));
-        assert_eq!(call.identity.api, ApiKind::OllamaGenerate);
-        assert_eq!(call.details.seen_by, SeenBy::Capture);
-        assert_eq!(call.details.client.as_deref(), Some("curl"));
-        assert!(!call.details.capture_gap);
-        let speed = call.speed.expect("a snapshot");
-        // Head 101 ms after the request, first line 50 ms later.
-        assert_eq!(speed.time_to_first_token_ms, Some(150));
-        assert_eq!(speed.output_tokens, 30);
-        // 29 tokens after the first over 29 × 50 ms.
-        assert_eq!(speed.output_tokens_per_second, Some(20.0));
-    }
-
-    #[actix::test]
-    async fn a_lost_segment_flags_the_call_capture_gap_keeps_the_counts_and_shows_no_rate() {
-        let mut rig = Rig::new().await;
-        play(&mut rig, "127.0.0.1:50001", Some(4)).await;
-        // The hole is given up after HOLE_WAIT.
-        let later = rig.base + Duration::from_nanos(rig.ts) + HOLE_WAIT * 2;
-        rig.task.tick(later);
-        let call = rig.settled().await;
-        assert!(call.details.capture_gap, "{call:?}");
-        assert_eq!(call.details.seen_by, SeenBy::Capture);
-        let speed = call.speed.expect("a snapshot");
-        assert_eq!(speed.output_tokens_per_second, None);
-        assert_eq!(speed.output_tokens, 30, "the server's count is kept");
-        assert_eq!(call.input_tokens, Some(7));
-    }
+    use crate::model::CallStatus;
 
     #[actix::test]
     async fn the_proxys_own_upstream_connection_is_never_recorded() {

@@ -1,4 +1,6 @@
-//! Header handling for the forwarding hop (RFC 9110 §7.6.1).
+//! Header handling for the forwarding hop (RFC 9110 §7.6.1). The media
+//! type a response is metered as is read alike by both interceptors, in
+//! [`crate::engine::http_meta`].
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -40,33 +42,6 @@ pub fn accepts_trailers(headers: &HeaderMap) -> bool {
 /// may make the same promise on its own hop (RFC 9110 §10.1.4).
 pub fn request_trailers(headers: &mut HeaderMap) {
     headers.insert(header::TE, HeaderValue::from_static("trailers"));
-}
-
-/// The media type the response tap should decode the body as.
-///
-/// A body with a `Content-Encoding` other than `identity` (gzip, br...) is
-/// opaque bytes to the decoders, whatever its `Content-Type` says. It is
-/// reported as `application/octet-stream`, which the metering classes as
-/// not understood: the bytes pass through untouched and the call is listed
-/// `unmetered`. Decompressing in the tap was the alternative; it was not
-/// chosen because a compressed stream only decodes at the compressor's
-/// flush points, which would distort the very timings measured, and metered
-/// requests already ask for `identity` ([`request_identity_encoding`]).
-pub fn tap_content_type(headers: &HeaderMap) -> Option<String> {
-    let encoded = headers
-        .get_all(header::CONTENT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .any(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"));
-    if encoded {
-        return Some("application/octet-stream".to_owned());
-    }
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 /// Removes hop-by-hop headers, including any the `Connection` header names.
@@ -138,22 +113,5 @@ mod tests {
         assert!(!accepts_trailers(&h));
         h.insert("te", HeaderValue::from_static("deflate"));
         assert!(!accepts_trailers(&h));
-    }
-
-    #[test]
-    fn an_encoded_body_is_opaque_to_the_tap() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "content-type",
-            HeaderValue::from_static("text/event-stream"),
-        );
-        assert_eq!(tap_content_type(&h).as_deref(), Some("text/event-stream"));
-        h.insert("content-encoding", HeaderValue::from_static("identity"));
-        assert_eq!(tap_content_type(&h).as_deref(), Some("text/event-stream"));
-        h.insert("content-encoding", HeaderValue::from_static("gzip"));
-        assert_eq!(
-            tap_content_type(&h).as_deref(),
-            Some("application/octet-stream")
-        );
     }
 }

@@ -1,0 +1,209 @@
+//! The link between the engine and its two interceptors, the
+//! [`proxy`](super::proxy) and the [`capture`](super::capture): what both
+//! need to turn a request they saw into a metered call.
+//!
+//! It holds the shared [`EngineLink`] (where call actors start and where
+//! they report), the call ids both interceptors draw from (so ids stay
+//! unique whichever one saw a call), the telemetry pollers they share,
+//! and the one way to start a call, [`EngineLink::start_call`]: each
+//! interceptor says what differs ([`CallStart`]: route, API, seen by,
+//! request line, client, times) and gets the running [`CallActor`] back,
+//! so the proxy and the capture build the same [`CallSetup`] by
+//! construction, not by copy.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, SystemTime};
+
+use actix::{Actor, Addr, ArbiterHandle, Recipient, WeakAddr};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::call_actor::{CallActor, CallSetup};
+use super::messages::FirstTokenLate;
+use super::proxy::limits::ProxyLimits;
+use super::supervisor::Supervisor;
+use super::telemetry::TelemetryPoller;
+use crate::meter::calibration::CalibrationTable;
+use crate::meter::normals::Normals;
+use crate::model::{ApiKind, CallIdentity, SeenBy, Upstream};
+use crate::tokens::TokenEstimator;
+
+/// What the interceptors need from the engine: where to start call actors
+/// and where to report. Shared by every route and by the capture.
+pub struct EngineLink {
+    pub supervisor: Addr<Supervisor>,
+    pub notifier: Recipient<FirstTokenLate>,
+    pub arbiters: Vec<ArbiterHandle>,
+    pub next_arbiter: AtomicUsize,
+    pub seq: AtomicU64,
+    pub calibration: Arc<RwLock<CalibrationTable>>,
+    pub estimator: Arc<dyn TokenEstimator>,
+    /// The slow-first-token threshold in ms; settings may change it live.
+    pub slow_ttft_ms: AtomicU64,
+    /// Per-connection limits and the optional idle timeout.
+    pub limits: ProxyLimits,
+    /// Where the proxy reports the local address of each upstream
+    /// connection it opens, once the capture runs: the capture ignores
+    /// those connections, so a proxied call is recorded once (by the
+    /// proxy). Unset, nothing is reported.
+    pub own_connections: OnceLock<mpsc::UnboundedSender<OwnConnection>>,
+    /// Every route's normals (usual TTFT, load time, prompt factor).
+    pub normals: Arc<RwLock<Normals>>,
+    /// Start a telemetry poller per route (off in tests that count the
+    /// upstream's requests).
+    pub telemetry: bool,
+    /// The live telemetry poller of each (route, upstream base URL), held
+    /// weakly: see [`EngineLink::telemetry_for`].
+    pub pollers: Mutex<HashMap<(String, String), WeakAddr<TelemetryPoller>>>,
+}
+
+/// One of the proxy's own upstream connections: its local address, and
+/// when the connect returned (a SYN from that address captured later is a
+/// new connection that merely reuses the port).
+#[derive(Clone, Copy, Debug)]
+pub struct OwnConnection {
+    pub local: SocketAddr,
+    pub at: Instant,
+}
+
+/// What differs between two calls as an interceptor starts one: the rest
+/// of the call's setup comes from the [`EngineLink`].
+pub(crate) struct CallStart {
+    /// From [`EngineLink::next_seq`].
+    pub seq: u64,
+    /// The route's name, which the call is listed under.
+    pub route: String,
+    /// The API the request line names (never `Unknown` for a started call).
+    pub api: ApiKind,
+    /// When the request was seen, as the wall clock says.
+    pub started_at: SystemTime,
+    pub method: String,
+    pub path: String,
+    /// When the request went (or was seen going) to the model server: the
+    /// TTFT and the slow alarm count from here.
+    pub dispatched_at: Instant,
+    /// The app that made the call (from its User-Agent).
+    pub client: Option<String>,
+    /// Which interceptor saw the call.
+    pub seen_by: SeenBy,
+    /// The route's poller (shared by both interceptors, see
+    /// [`EngineLink::telemetry_for`]): a call's wait is explained alike
+    /// whichever interceptor saw it.
+    pub telemetry: Option<Addr<TelemetryPoller>>,
+}
+
+impl CallStart {
+    /// The call's identity as the API lists it; its model is learned later
+    /// from the request body.
+    pub(crate) fn identity(&self) -> CallIdentity {
+        CallIdentity {
+            id: call_id(self.seq),
+            route: self.route.clone(),
+            api: self.api,
+            model: None,
+            started_at: humantime::format_rfc3339_millis(self.started_at).to_string(),
+        }
+    }
+}
+
+impl EngineLink {
+    /// The next call's sequence number (shared by both interceptors, so
+    /// ids stay unique).
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Starts the call actor for `call` on a metering arbiter (never on
+    /// the interceptor's threads): the one place either interceptor starts
+    /// a call, so both set calls up alike.
+    pub(crate) fn start_call(&self, call: CallStart) -> Addr<CallActor> {
+        let setup = CallSetup {
+            seq: call.seq,
+            identity: call.identity(),
+            method: call.method,
+            path: call.path,
+            dispatched_at: call.dispatched_at,
+            slow_ttft: Duration::from_millis(self.slow_ttft_ms.load(Ordering::Relaxed)),
+            estimator: self.estimator.clone(),
+            calibration: self.calibration.clone(),
+            supervisor: self.supervisor.clone(),
+            notifier: self.notifier.clone(),
+            client: call.client,
+            seen_by: call.seen_by,
+            normals: self.normals.clone(),
+            telemetry: call.telemetry,
+        };
+        CallActor::start_in_arbiter(self.arbiter(), move |_| CallActor::new(setup))
+    }
+
+    /// The telemetry poller for `route`'s calls to `upstream`, started on
+    /// first use: the proxy route and the capture, which may both see
+    /// calls to the same server under the same route name, report them to
+    /// one poller, so a call's queue position counts the calls ahead of it
+    /// whichever interceptor saw them, and the server is asked once per
+    /// look, not once per interceptor. Held weakly here: the poller stops
+    /// when the last of its route's holders (the route's proxy, the
+    /// capture task, a call still in flight) lets go. `None` with
+    /// telemetry off.
+    pub(crate) fn telemetry_for(
+        &self,
+        route: &str,
+        upstream: &Upstream,
+    ) -> Option<Addr<TelemetryPoller>> {
+        if !self.telemetry {
+            return None;
+        }
+        let mut pollers = self.pollers.lock().unwrap_or_else(PoisonError::into_inner);
+        pollers.retain(|_, poller| poller.upgrade().is_some());
+        let key = (route.to_owned(), upstream.base_url());
+        if let Some(live) = pollers.get(&key).and_then(WeakAddr::upgrade) {
+            return Some(live);
+        }
+        let (name, up, normals) = (route.to_owned(), upstream.clone(), self.normals.clone());
+        // On a metering arbiter, off the proxy's threads.
+        let poller = TelemetryPoller::start_in_arbiter(self.arbiter(), move |_| {
+            TelemetryPoller::new(name, up, normals)
+        });
+        pollers.insert(key, poller.downgrade());
+        Some(poller)
+    }
+
+    /// The metering arbiter for the next call actor, round robin.
+    pub(crate) fn arbiter(&self) -> &ArbiterHandle {
+        let i = self.next_arbiter.fetch_add(1, Ordering::Relaxed);
+        &self.arbiters[i % self.arbiters.len()]
+    }
+
+    /// A link for unit tests: everything on the current arbiter, default
+    /// limits, telemetry off, a 60 s slow threshold.
+    #[cfg(test)]
+    pub(crate) fn on_current_arbiter(
+        supervisor: Addr<Supervisor>,
+        notifier: Recipient<FirstTokenLate>,
+        calibration: Arc<RwLock<CalibrationTable>>,
+    ) -> Self {
+        EngineLink {
+            supervisor,
+            notifier,
+            arbiters: vec![actix::Arbiter::current()],
+            next_arbiter: AtomicUsize::new(0),
+            seq: AtomicU64::new(0),
+            calibration,
+            estimator: Arc::new(crate::tokens::WordCounter),
+            slow_ttft_ms: AtomicU64::new(60_000),
+            limits: ProxyLimits::default(),
+            own_connections: OnceLock::new(),
+            normals: Default::default(),
+            telemetry: false,
+            pollers: Default::default(),
+        }
+    }
+}
+
+/// The id a call is known by in the API: `c-000042`.
+pub fn call_id(seq: u64) -> String {
+    format!("c-{seq:06}")
+}

@@ -1,0 +1,101 @@
+//! The middle phase of a proxied call: the upstream connection and the
+//! client that sends the request over it.
+//!
+//! Every call opens a fresh connection (no idle pool: see the
+//! [module doc](super)), and each connection's local address is reported
+//! to the capture before the request is written, so the capture never
+//! records a proxied call a second time.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::combinators::BoxBody;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::time::Instant;
+
+use crate::engine::link::{EngineLink, OwnConnection};
+
+/// The client a route forwards through: one fresh connection per call.
+pub(super) fn upstream_client(
+    link: &Arc<EngineLink>,
+) -> Client<ReportingConnector, BoxBody<Bytes, hyper::Error>> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    // No idle pool: see the module doc (a reused connection can race
+    // the server's close and turn a good call into a 502).
+    let connector = ReportingConnector {
+        inner: connector,
+        link: link.clone(),
+    };
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(connector)
+}
+
+/// The proxy's connector: hyper's, plus one report per connection of the
+/// socket's local address to the capture (see
+/// [`EngineLink::own_connections`]). The report goes out after the connect
+/// and before hyper writes the request, so the capture learns to ignore the
+/// connection before any of its HTTP is on the wire.
+#[derive(Clone)]
+pub struct ReportingConnector {
+    inner: HttpConnector,
+    link: Arc<EngineLink>,
+}
+
+type ConnectFuture = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<
+                    TokioIo<tokio::net::TcpStream>,
+                    <HttpConnector as tower_service::Service<Uri>>::Error,
+                >,
+            > + Send,
+    >,
+>;
+
+impl tower_service::Service<Uri> for ReportingConnector {
+    type Response = TokioIo<tokio::net::TcpStream>;
+    type Error = <HttpConnector as tower_service::Service<Uri>>::Error;
+    type Future = ConnectFuture;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let link = self.link.clone();
+        Box::pin(async move {
+            let io = connecting.await?;
+            if let (Some(tx), Ok(local)) = (link.own_connections.get(), io.inner().local_addr()) {
+                let _ = tx.send(OwnConnection {
+                    local,
+                    at: Instant::now(),
+                });
+            }
+            Ok(io)
+        })
+    }
+}
+
+/// "client error (Connect): tcp connect error: Connection refused (os error 111)"
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,65 @@
+//! The last phase of a proxied call: the upstream's answer relayed to the
+//! client, frame by frame, through the call's [`CallSink`] (the tap when
+//! metered), and the responses the proxy makes itself (a 502 naming the
+//! upstream when it can't be reached).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+
+use super::headers;
+use super::idle::IdleTimeout;
+use super::sink::CallSink;
+use super::{ProxyBody, RouteProxy};
+
+/// The upstream's response as the client gets it: hop-by-hop headers
+/// dropped, the body cut after `idle_timeout` of silence (when set), and
+/// tapped for the call's actor when metered.
+pub fn relay(
+    resp: Response<Incoming>,
+    sink: CallSink,
+    idle_timeout: Option<Duration>,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers);
+    // The version is hop-by-hop too (RFC 9110 §6.2): the client gets our
+    // own, so an HTTP/1.0 upstream's close-delimited body reaches an
+    // HTTP/1.1 client chunked, on a connection that stays open, instead of
+    // ending it.
+    parts.version = http::Version::default();
+    let body = IdleTimeout::new(body, idle_timeout);
+    let body = sink.response_body(&parts, body);
+    Response::from_parts(parts, body)
+}
+
+impl RouteProxy {
+    /// `502 Bad Gateway` with a JSON body saying which upstream failed and
+    /// why, so a user sees at once which server is down.
+    pub(super) fn bad_gateway(&self, cause: &str) -> Response<ProxyBody> {
+        let body = serde_json::json!({
+            "error": "upstream unreachable",
+            "route": self.name,
+            "upstream": self.upstream.base_url(),
+            "cause": cause,
+        });
+        json_response(StatusCode::BAD_GATEWAY, &body)
+    }
+}
+
+/// A JSON response with the given status.
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ProxyBody> {
+    let mut resp = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
