@@ -237,62 +237,12 @@ impl EngineQueries for EngineHandle {
     /// the threshold and notification switches at once; route changes are
     /// saved for the next start (rebinding live would cut calls in flight).
     async fn save_settings(&self, doc: SettingsDoc) -> Result<SaveOutcome, QueryError> {
-        let mut routes = Vec::new();
-        for (i, r) in doc.routes.iter().enumerate() {
-            let spec = RouteSpec::new(&r.name, &r.listen, &r.upstream)
-                .map_err(|e| QueryError::BadInput(format!("routes[{i}] ({}): {e}", r.name)))?;
-            if routes.iter().any(|o: &RouteSpec| o.name == spec.name) {
-                return Err(QueryError::BadInput(format!(
-                    "routes[{i}]: the name {:?} is used twice",
-                    spec.name
-                )));
-            }
-            routes.push(spec);
-        }
-        if doc.slow_ttft_ms == 0 {
-            return Err(QueryError::BadInput(
-                "slow_ttft_ms: must be at least 1".into(),
-            ));
-        }
+        let routes = routes_of(&doc)?;
+        config::values::at_least_one(doc.slow_ttft_ms)
+            .map_err(|e| QueryError::BadInput(format!("slow_ttft_ms: {e}")))?;
         let path = self.shared.config_path.clone();
-        let mut file = if path.exists() {
-            config::load_config(&path).map_err(|e| match e {
-                // The file is there but can't be read: the engine's side.
-                config::ConfigError::Io { .. } => QueryError::Io(e.to_string()),
-                // It doesn't parse: saving over it would lose what it says.
-                _ => QueryError::Conflict(e.to_string()),
-            })?
-        } else {
-            ConfigFile::default()
-        };
-        file.routes = routes.clone();
-        file.slow_ttft_ms = Some(doc.slow_ttft_ms);
-        file.notifications = Some(doc.notifications);
-        file.notify_settled = Some(doc.notify_settled);
-        if let Some(capture) = doc.capture {
-            file.capture = Some(capture);
-        }
-        config::save_config(&path, &file)
-            .map_err(|e| QueryError::Io(format!("cannot write {}: {e}", path.display())))?;
-
-        self.shared
-            .link
-            .slow_ttft_ms
-            .store(doc.slow_ttft_ms, Ordering::Relaxed);
-        let restart_required = {
-            let mut live = write(&self.shared.settings);
-            let mut changed = live.routes != routes;
-            if let Some(capture) = doc.capture {
-                // The capture starts with the engine: a change waits for
-                // the next start, like the routes.
-                changed |= live.capture != capture;
-                live.capture = capture;
-            }
-            live.routes = routes;
-            live.notifications = doc.notifications;
-            live.notify_settled = doc.notify_settled;
-            changed
-        };
+        save_to_file(&path, &doc, &routes)?;
+        let restart_required = self.apply_live(&doc, routes);
         Ok(SaveOutcome {
             saved: true,
             restart_required,
@@ -368,6 +318,76 @@ impl EngineQueries for EngineHandle {
             route: RouteInfo::from(&state.route),
         })
     }
+}
+
+impl EngineHandle {
+    /// Applies saved settings that take effect at once (the threshold and
+    /// the notification switches); returns whether the rest (routes,
+    /// capture) waits for a restart.
+    fn apply_live(&self, doc: &SettingsDoc, routes: Vec<RouteSpec>) -> bool {
+        self.shared
+            .link
+            .slow_ttft_ms
+            .store(doc.slow_ttft_ms, Ordering::Relaxed);
+        let mut live = write(&self.shared.settings);
+        let mut changed = live.routes != routes;
+        if let Some(capture) = doc.capture {
+            // The capture starts with the engine: a change waits for
+            // the next start, like the routes.
+            changed |= live.capture != capture;
+            live.capture = capture;
+        }
+        live.routes = routes;
+        live.notifications = doc.notifications;
+        live.notify_settled = doc.notify_settled;
+        changed
+    }
+}
+
+/// The form's routes, each checked by the routes' rules, no name twice.
+fn routes_of(doc: &SettingsDoc) -> Result<Vec<RouteSpec>, QueryError> {
+    let mut routes = Vec::new();
+    for (i, r) in doc.routes.iter().enumerate() {
+        let spec = RouteSpec::new(&r.name, &r.listen, &r.upstream)
+            .map_err(|e| QueryError::BadInput(format!("routes[{i}] ({}): {e}", r.name)))?;
+        if routes.iter().any(|o: &RouteSpec| o.name == spec.name) {
+            return Err(QueryError::BadInput(format!(
+                "routes[{i}]: the name {:?} is used twice",
+                spec.name
+            )));
+        }
+        routes.push(spec);
+    }
+    Ok(routes)
+}
+
+/// Writes the form's settings into the config file at `path`, keeping the
+/// file's other keys. A file that is there but doesn't parse is left alone
+/// (saving over it would lose what it says).
+fn save_to_file(
+    path: &std::path::Path,
+    doc: &SettingsDoc,
+    routes: &[RouteSpec],
+) -> Result<(), QueryError> {
+    let mut file = if path.exists() {
+        config::load_config(path).map_err(|e| match e {
+            // The file is there but can't be read: the engine's side.
+            config::ConfigError::Io { .. } => QueryError::Io(e.to_string()),
+            // It doesn't parse: saving over it would lose what it says.
+            _ => QueryError::Conflict(e.to_string()),
+        })?
+    } else {
+        ConfigFile::default()
+    };
+    file.routes = routes.to_vec();
+    file.slow_ttft_ms = Some(doc.slow_ttft_ms);
+    file.notifications = Some(doc.notifications);
+    file.notify_settled = Some(doc.notify_settled);
+    if let Some(capture) = doc.capture {
+        file.capture = Some(capture);
+    }
+    config::save_config(path, &file)
+        .map_err(|e| QueryError::Io(format!("cannot write {}: {e}", path.display())))
 }
 
 pub(super) async fn bind_route(route: &RouteSpec) -> Result<TcpListener, EngineError> {

@@ -17,6 +17,7 @@ mod options;
 pub mod settings;
 mod shutdown;
 mod start;
+mod summary;
 
 pub use capture::capture_permitted;
 pub use handle::EngineHandle;
