@@ -1,7 +1,8 @@
 //! Capture start-up: the helper's permission check and the capture task
 //! for every route whose upstream is on this machine.
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
@@ -21,11 +22,77 @@ pub(super) fn is_loopback_host(host: &str) -> bool {
 }
 
 /// Whether the capture helper is there and may open the packet socket on
-/// `interface` (it is run once to check). The error names the command that
-/// grants the permission when that is what is missing.
+/// `interface` (it is run to check, each time: the control API's
+/// `capture` query asks afresh, as a permission may be granted while
+/// running). The error names the command that grants the permission when
+/// that is what is missing.
 pub fn capture_permitted(interface: &str) -> Result<(), CaptureError> {
+    find_and_check(interface).map(drop)
+}
+
+/// The helper found and its permission checked: the helper's path, or why
+/// the capture can't run.
+fn find_and_check(interface: &str) -> Result<PathBuf, CaptureError> {
     let helper = capture_source::find_helper()?;
-    capture_source::check(&helper, interface)
+    capture_source::check(&helper, interface)?;
+    Ok(helper)
+}
+
+/// One answer of [`find_and_check`], shared.
+pub(super) type Checked = Arc<Result<PathBuf, CaptureError>>;
+
+/// The check made while a front end prepares a start (the capture's
+/// default, whether discovered servers can be captured), for the interface
+/// it was made for. The next engine start takes it, so one start runs the
+/// helper's check once; a start without capture clears it, so it never
+/// outlives the start-up it was made for.
+static STARTUP_CHECK: Mutex<Option<(String, Checked)>> = Mutex::new(None);
+
+/// Whether the capture may run on `interface`, for the start-up being
+/// prepared: checked once, then remembered until the engine starts.
+pub fn startup_capture_permitted(interface: &str) -> bool {
+    let mut memo = STARTUP_CHECK.lock().unwrap_or_else(|p| p.into_inner());
+    match memo.as_ref() {
+        Some((checked_for, checked)) if checked_for == interface => checked.is_ok(),
+        _ => {
+            let checked = Arc::new(find_and_check(interface));
+            let ok = checked.is_ok();
+            *memo = Some((interface.to_owned(), checked));
+            ok
+        }
+    }
+}
+
+/// Takes the start-up's check if it was made for `interface` (and clears
+/// it either way): the engine's start uses it instead of checking again.
+fn take_startup_check(interface: &str) -> Option<Checked> {
+    let taken = STARTUP_CHECK
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    taken.and_then(|(checked_for, checked)| (checked_for == interface).then_some(checked))
+}
+
+/// Starts the capture as `options` say, or not at all, and records how it
+/// went for the UI's document. Ends the start-up's permission memo.
+pub(super) async fn start(
+    shared: &Arc<Shared>,
+    specs: &[RouteSpec],
+    bound: &[BoundRoute],
+    options: Option<CaptureOptions>,
+) -> CaptureStatus {
+    let interface = options.as_ref().map_or("", |o| o.interface.as_str());
+    let checked = take_startup_check(interface);
+    let Some(options) = options else {
+        return CaptureStatus::Off;
+    };
+    let interface = options.interface.clone();
+    let (status, doc) = start_capture(shared, specs, bound, options, checked).await;
+    *write(&shared.capture) = CaptureDoc {
+        interface: Some(interface),
+        ..doc
+    };
+    status
 }
 
 /// Starts the capture task for every route whose upstream is on this
@@ -37,6 +104,7 @@ pub(super) async fn start_capture(
     specs: &[RouteSpec],
     bound: &[BoundRoute],
     options: CaptureOptions,
+    checked: Option<Checked>,
 ) -> (CaptureStatus, CaptureDoc) {
     let unavailable = |why: String, grant: Option<String>| {
         let doc = CaptureDoc {
@@ -71,14 +139,20 @@ pub(super) async fn start_capture(
         ..CaptureConfig::default()
     };
     let (tx, packets) = mpsc::channel(CAPTURE_QUEUE);
-    // Finding the helper and checking its permission run it once: blocking.
-    let opened = tokio::task::spawn_blocking(move || CaptureSource::open(&config, tx)).await;
+    // The start-up's check if one ran, else one now: a start checks the
+    // helper's permission once. Running the helper blocks.
+    let opened = tokio::task::spawn_blocking(move || {
+        let checked = checked.unwrap_or_else(|| Arc::new(find_and_check(&config.interface)));
+        match checked.as_ref() {
+            Ok(helper) => CaptureSource::start(helper, &config, tx)
+                .map_err(|e| (e.to_string(), e.grant_command().map(str::to_owned))),
+            Err(e) => Err((e.to_string(), e.grant_command().map(str::to_owned))),
+        }
+    })
+    .await;
     let source = match opened {
         Ok(Ok(source)) => source,
-        Ok(Err(e)) => {
-            let grant = e.grant_command().map(str::to_owned);
-            return unavailable(e.to_string(), grant);
-        }
+        Ok(Err((why, grant))) => return unavailable(why, grant),
         Err(e) => return unavailable(e.to_string(), None),
     };
     let Some(link) = LinkType::from_linktype(source.link_type().0) else {

@@ -10,7 +10,7 @@
 //! which settles whatever is still open.
 
 pub mod args;
-mod capture;
+pub mod capture;
 pub mod demo;
 mod handle;
 mod options;
@@ -28,5 +28,4 @@ pub use options::{
 pub use shutdown::SETTLE_WAIT;
 pub use start::{Engine, RunningEngine, PRUNE_EVERY};
 
-use capture::start_capture;
 use handle::{bind_route, spawn_route, unix_ms_now, write, LiveSettings, Shared};
