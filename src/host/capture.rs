@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 
 use crate::capture::packet::LinkType;
 use crate::capture::source::{self as capture_source, CaptureConfig, CaptureError, CaptureSource};
+use crate::config::CaptureOnlyRoute;
 use crate::engine::capture::{CaptureRoute, CaptureTask};
 use crate::model::{BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, RouteSpec};
 
@@ -115,20 +116,7 @@ pub(super) async fn start_capture(
         };
         (CaptureStatus::Unavailable(why), doc)
     };
-    let mut routes: Vec<CaptureRoute> = Vec::new();
-    let upstreams = specs
-        .iter()
-        .map(|r| (&r.name, &r.upstream))
-        .chain(options.capture_only.iter().map(|r| (&r.name, &r.upstream)));
-    for (name, upstream) in upstreams {
-        if is_loopback_host(&upstream.host) && !routes.iter().any(|r| r.port == upstream.port) {
-            routes.push(CaptureRoute {
-                name: name.clone(),
-                port: upstream.port,
-                upstream: upstream.clone(),
-            });
-        }
-    }
+    let routes = capture_routes(specs, &options.capture_only);
     if routes.is_empty() {
         return unavailable("no route has an upstream on this machine".into(), None);
     }
@@ -190,6 +178,56 @@ pub(super) async fn start_capture(
     (CaptureStatus::On { ports }, doc)
 }
 
+/// What to capture: each route's upstream on this machine, then each
+/// capture-only route's, one per port.
+fn capture_routes(specs: &[RouteSpec], capture_only: &[CaptureOnlyRoute]) -> Vec<CaptureRoute> {
+    let mut routes: Vec<CaptureRoute> = Vec::new();
+    let upstreams = specs
+        .iter()
+        .map(|r| (&r.name, &r.upstream))
+        .chain(capture_only.iter().map(|r| (&r.name, &r.upstream)));
+    for (name, upstream) in upstreams {
+        if is_loopback_host(&upstream.host) && !routes.iter().any(|r| r.port == upstream.port) {
+            routes.push(CaptureRoute {
+                name: name.clone(),
+                port: upstream.port,
+                upstream: upstream.clone(),
+            });
+        }
+    }
+    routes
+}
+
 /// Packets queued between the capture's reader and its task; beyond this
 /// they are dropped and counted (the reader never waits).
 const CAPTURE_QUEUE: usize = 65_536;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_upstreams_on_this_machine_are_captured_once_per_port() {
+        let specs = [
+            RouteSpec::new("a", "127.0.0.1:0", "http://127.0.0.1:11434").unwrap(),
+            RouteSpec::new("b", "127.0.0.1:0", "http://localhost:11434").unwrap(),
+            RouteSpec::new("c", "127.0.0.1:0", "http://10.0.0.5:8080").unwrap(),
+        ];
+        let only = [
+            crate::config::parse_capture_route_flag("d=http://[::1]:8000")
+                .unwrap()
+                .unwrap(),
+        ];
+        let ports: Vec<(String, u16)> = capture_routes(&specs, &only)
+            .into_iter()
+            .map(|r| (r.name, r.port))
+            .collect();
+        assert_eq!(ports, [("a".to_owned(), 11434), ("d".to_owned(), 8000)]);
+    }
+
+    #[test]
+    fn loopback_hosts_are_named_or_numbered() {
+        assert!(is_loopback_host("LOCALHOST") && is_loopback_host("::1"));
+        assert!(is_loopback_host("127.0.0.2") && !is_loopback_host("10.0.0.1"));
+    }
+}
