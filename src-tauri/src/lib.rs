@@ -131,7 +131,9 @@ pub fn run() {
     let (engine, conflicts) =
         tauri::async_runtime::block_on(start_engine(&args.run, settings.clone(), &notifications))
             .unwrap_or_else(|e| exit_with(e));
-    announce(&engine);
+    for line in engine.summary() {
+        eprintln!("speedtap-desktop: {line}");
+    }
     for conflict in &conflicts {
         eprintln!("speedtap-desktop: warning: {}", conflict.sentence());
     }
@@ -351,36 +353,6 @@ pub async fn start_engine(
                 conflicts.push(PortConflict::find(&what, addr, &source, spec));
             }
             Err(e) => return Err(RunError::Runtime(e.to_string())),
-        }
-    }
-}
-
-fn announce(engine: &RunningEngine) {
-    for route in &engine.routes {
-        eprintln!(
-            "speedtap-desktop: route {}: {} -> {}",
-            route.name,
-            route.proxy_url(),
-            route.upstream
-        );
-    }
-    if let Some(api) = engine.api {
-        eprintln!("speedtap-desktop: dashboard and control API on http://{api}/");
-    }
-    if let Some(url) = engine.otlp_url() {
-        eprintln!("speedtap-desktop: pushing metrics to {url}");
-    }
-    match &engine.capture {
-        speedtap::host::CaptureStatus::Off => {}
-        speedtap::host::CaptureStatus::On { ports } => {
-            let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
-            eprintln!(
-                "speedtap-desktop: capturing calls to port {} (no client changes needed)",
-                ports.join(", ")
-            );
-        }
-        speedtap::host::CaptureStatus::Unavailable(why) => {
-            eprintln!("speedtap-desktop: warning: capture is off: {why}");
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::host::args::RunArgs;
 use crate::host::settings::{
     discover_routes, engine_options, resolve_settings, RunError, SHUTDOWN_GRACE,
 };
-use crate::host::{CaptureStatus, Engine, RunningEngine};
+use crate::host::Engine;
 use crate::model::{json_line, EngineEvent, EngineQueries};
 
 use super::view::TerminalView;
@@ -32,7 +32,9 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let json = settings.json || !std::io::stdout().is_terminal();
     let events = engine.handle.subscribe().await;
     let printer = tokio::spawn(print_events(events, json));
-    announce(&engine);
+    for line in engine.summary() {
+        eprintln!("speedtap: {line}");
+    }
     // The tokenizer's tables are built when the first metered call starts
     // (`TokenEstimator::prepare`), not here: an idle speedtap stays small.
 
@@ -41,37 +43,6 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     engine.shutdown(SHUTDOWN_GRACE).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), printer).await;
     Ok(())
-}
-
-fn announce(engine: &RunningEngine) {
-    for route in &engine.routes {
-        eprintln!(
-            "speedtap: route {}: {} -> {}",
-            route.name,
-            route.proxy_url(),
-            route.upstream
-        );
-    }
-    if let Some(api) = engine.api {
-        eprintln!("speedtap: dashboard and control API on http://{api}/");
-    }
-    if let Some(url) = engine.otlp_url() {
-        eprintln!("speedtap: pushing metrics to {url}");
-    }
-    match &engine.capture {
-        CaptureStatus::Off => {}
-        CaptureStatus::On { ports } => {
-            let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
-            eprintln!(
-                "speedtap: capturing calls to port {} (no client changes needed)",
-                ports.join(", ")
-            );
-        }
-        // One line; the proxy keeps running and the exit code is unchanged.
-        CaptureStatus::Unavailable(why) => {
-            eprintln!("speedtap: warning: capture is off: {why}")
-        }
-    }
 }
 
 /// Writes every event: JSON lines, or the live terminal view on a TTY.

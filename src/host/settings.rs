@@ -72,7 +72,7 @@ fn capture_default(interface: &str) -> bool {
     if std::env::var("SPEEDTAP_CAPTURE").is_ok_and(|v| v == "0") {
         return false;
     }
-    super::capture_permitted(interface).is_ok()
+    super::capture::startup_capture_permitted(interface)
 }
 
 fn load_file(args: &RunArgs) -> Result<Option<config::ConfigFile>, RunError> {
@@ -202,7 +202,7 @@ async fn capture_can_run(settings: &Settings) -> bool {
         return false;
     }
     let interface = settings.capture_interface.clone();
-    tokio::task::spawn_blocking(move || super::capture_permitted(&interface).is_ok())
+    tokio::task::spawn_blocking(move || super::capture::startup_capture_permitted(&interface))
         .await
         .unwrap_or(false)
 }

@@ -1,0 +1,423 @@
+//! The config file: reading it ([`parse_config`], [`load_config`]) into the
+//! typed [`ConfigFile`], and writing it back ([`save_config`]) when the tray
+//! saves its settings view.
+//!
+//! The TOML is read through the private [`FileKeys`], whose values check
+//! themselves as serde reads them (see [`super::values`]), so toml places
+//! every error at its line; routes and the `api` address keep their
+//! [`toml::Spanned`] lines, because [`super::resolve`] checks them again
+//! against the flags and still has to name the line.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize, Serializer};
+use toml::Spanned;
+
+use super::error::line_of;
+use super::paths::{anchor_path, env_var};
+use super::values::{self, DbSetting, ProxySettings, AT_LEAST_ONE, DB_SHAPE};
+use super::ConfigError;
+use crate::model::route::{check_route_name, parse_listen, RouteSpec, Upstream};
+
+/// The config file's contents, typed and validated. Every field is optional:
+/// absent means "not set here", so a lower layer (the defaults) applies.
+///
+/// Build one with `ConfigFile::default()` and set fields; [`parse_config`]
+/// also remembers the file name and lines, so [`super::resolve`] can name
+/// them. Equality compares the settings only, not where they came from.
+/// Serialised as the file is written: `None` keys are left out (toml skips
+/// them), the proxy limits are top-level keys, routes are `[[route]]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ConfigFile {
+    pub slow_ttft_ms: Option<u64>,
+    pub api: Option<SocketAddr>,
+    pub db: Option<DbSetting>,
+    pub allow_remote: Option<bool>,
+    pub notifications: Option<bool>,
+    pub notify_settled: Option<bool>,
+    #[serde(serialize_with = "values::humantime_opt")]
+    pub idle_timeout: Option<Duration>,
+    pub retention_days: Option<u64>,
+    pub max_db_mb: Option<u64>,
+    pub otlp_endpoint: Option<String>,
+    #[serde(flatten)]
+    pub proxy: ProxySettings,
+    pub capture: Option<bool>,
+    pub capture_interface: Option<String>,
+    #[serde(
+        rename = "route",
+        serialize_with = "write_routes",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub routes: Vec<RouteSpec>,
+    #[serde(skip)]
+    pub(super) origin: Origin,
+}
+
+impl ConfigFile {
+    /// The name the file was parsed under, if it was parsed.
+    pub fn file_name(&self) -> Option<&str> {
+        self.origin.0.as_ref().map(|o| o.file.as_str())
+    }
+
+    /// Serialises to the TOML [`save_config`] writes (and [`parse_config`]
+    /// reads back to an equal value).
+    pub fn to_toml(&self) -> String {
+        // Only strings, integers, booleans and tables: serialising can't fail.
+        toml::to_string(self).unwrap_or_default()
+    }
+}
+
+/// Where a parsed file's values came from, for [`super::resolve`]'s
+/// messages. Never makes two files differ: equality is about settings.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Origin(pub(super) Option<Lines>);
+
+impl PartialEq for Origin {
+    fn eq(&self, _: &Origin) -> bool {
+        true
+    }
+}
+
+/// The file's name and the lines of the values resolve checks again.
+#[derive(Clone, Debug)]
+pub(super) struct Lines {
+    pub(super) file: String,
+    pub(super) api_line: Option<usize>,
+    /// Each parsed route with its lines. Looked up by value, so routes the
+    /// tray added or edited since simply have no line.
+    pub(super) routes: Vec<(RouteSpec, RouteLines)>,
+}
+
+/// Lines of one route's entries, for errors found in [`super::resolve`].
+#[derive(Clone, Debug)]
+pub(super) struct RouteLines {
+    pub(super) name: usize,
+    pub(super) listen: usize,
+}
+
+/// The file as serde reads it: the TOML's own shape (flat keys, `route` a
+/// list of tables), each value checked by its rule in [`super::values`]
+/// as it is read. Private: callers get [`ConfigFile`].
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileKeys {
+    #[serde(deserialize_with = "values::de_count")]
+    slow_ttft_ms: Option<u64>,
+    api: Option<Spanned<ListenAddr>>,
+    /// `"path"`, `false` (memory only) or `true` (the default file).
+    db: Option<DbSetting>,
+    allow_remote: Option<bool>,
+    notifications: Option<bool>,
+    notify_settled: Option<bool>,
+    /// A duration such as `"90s"` or `"5m"` (humantime).
+    #[serde(deserialize_with = "values::de_idle_timeout")]
+    idle_timeout: Option<Duration>,
+    #[serde(deserialize_with = "values::de_count")]
+    retention_days: Option<u64>,
+    #[serde(deserialize_with = "values::de_count")]
+    max_db_mb: Option<u64>,
+    #[serde(deserialize_with = "values::de_otlp_endpoint")]
+    otlp_endpoint: Option<String>,
+    /// A duration, like `idle_timeout`.
+    #[serde(deserialize_with = "values::de_head_timeout")]
+    head_timeout: Option<Duration>,
+    #[serde(deserialize_with = "values::de_count")]
+    max_head_kib: Option<u64>,
+    #[serde(deserialize_with = "values::de_count")]
+    max_connections: Option<u64>,
+    capture: Option<bool>,
+    #[serde(deserialize_with = "values::de_interface")]
+    capture_interface: Option<String>,
+    route: Vec<Spanned<RouteEntry>>,
+}
+
+/// A listen address read by the routes' rule (`api`).
+struct ListenAddr(SocketAddr);
+
+impl<'de> Deserialize<'de> for ListenAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        values::de_listen(d).map(ListenAddr)
+    }
+}
+
+/// One `[[route]]` as written; checked in [`read_routes`], which names the
+/// route in its messages.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteEntry {
+    name: Spanned<String>,
+    listen: Spanned<String>,
+    upstream: Spanned<String>,
+}
+
+/// One `[[route]]` as [`save_config`] writes it.
+#[derive(Serialize)]
+struct SavedRoute {
+    name: String,
+    listen: String,
+    upstream: String,
+}
+
+fn write_routes<S: Serializer>(routes: &[RouteSpec], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(routes.iter().map(|r| SavedRoute {
+        name: r.name.clone(),
+        listen: r.listen.to_string(),
+        upstream: r.upstream.base_url(),
+    }))
+}
+
+impl FileKeys {
+    /// The typed file, remembering where its values came from.
+    fn into_file(self, routes: Vec<(RouteSpec, RouteLines)>, lines: Lines) -> ConfigFile {
+        ConfigFile {
+            slow_ttft_ms: self.slow_ttft_ms,
+            api: self.api.map(|a| a.into_inner().0),
+            db: self.db,
+            allow_remote: self.allow_remote,
+            notifications: self.notifications,
+            notify_settled: self.notify_settled,
+            idle_timeout: self.idle_timeout,
+            retention_days: self.retention_days,
+            max_db_mb: self.max_db_mb,
+            otlp_endpoint: self.otlp_endpoint,
+            proxy: ProxySettings {
+                head_timeout: self.head_timeout,
+                max_head_kib: self.max_head_kib,
+                max_connections: self.max_connections,
+            },
+            capture: self.capture,
+            capture_interface: self.capture_interface,
+            routes: routes.iter().map(|(r, _)| r.clone()).collect(),
+            origin: Origin(Some(Lines { routes, ..lines })),
+        }
+    }
+}
+
+/// Parses and validates config text. Pure; `file_name` is only used in
+/// messages. A relative `db` path is returned as written ([`load_config`]
+/// anchors it to the file's directory).
+pub fn parse_config(text: &str, file_name: &str) -> Result<ConfigFile, ConfigError> {
+    let at = |offset: usize, message: String| ConfigError::AtLine {
+        file: file_name.to_string(),
+        line: line_of(text, offset),
+        message,
+    };
+    let mut keys: FileKeys = toml::from_str(text).map_err(|e| match e.span() {
+        Some(span) => at(span.start, with_key(text, span.start, e.message().trim())),
+        None => ConfigError::InFile {
+            file: file_name.to_string(),
+            message: e.message().trim().to_string(),
+        },
+    })?;
+    let routes = read_routes(std::mem::take(&mut keys.route), text, &at)?;
+    let lines = Lines {
+        file: file_name.to_string(),
+        api_line: keys.api.as_ref().map(|a| line_of(text, a.span().start)),
+        routes: Vec::new(),
+    };
+    Ok(keys.into_file(routes, lines))
+}
+
+/// Checks each `[[route]]` (name, listen address, upstream, a name used
+/// twice), naming the route and the line of the offending entry.
+fn read_routes(
+    entries: Vec<Spanned<RouteEntry>>,
+    text: &str,
+    at: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<Vec<(RouteSpec, RouteLines)>, ConfigError> {
+    let mut routes: Vec<(RouteSpec, RouteLines)> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let r = entry.into_inner();
+        let name = r.name.get_ref().clone();
+        check_route_name(&name).map_err(|e| at(r.name.span().start, e))?;
+        let listen = parse_listen(r.listen.get_ref())
+            .map_err(|e| at(r.listen.span().start, format!("route {name:?}: listen {e}")))?;
+        let upstream = Upstream::parse(r.upstream.get_ref())
+            .map_err(|e| at(r.upstream.span().start, format!("route {name:?}: {e}")))?;
+        if routes.iter().any(|(o, _)| o.name == name) {
+            return Err(at(
+                r.name.span().start,
+                format!("route name {name:?} is used twice"),
+            ));
+        }
+        let lines = RouteLines {
+            name: line_of(text, r.name.span().start),
+            listen: line_of(text, r.listen.span().start),
+        };
+        let spec = RouteSpec {
+            name,
+            listen,
+            upstream,
+        };
+        routes.push((spec, lines));
+    }
+    Ok(routes)
+}
+
+/// Puts the key (or table header) of the offending line in front of a TOML
+/// parser message that doesn't name it, so "invalid type: string \"yes\",
+/// expected a boolean" reads "notifications: invalid type: ...". A single
+/// `[route]` table gets a hint, since `[[route]]` is what was meant. The
+/// checks that read as the end of a sentence ([`AT_LEAST_ONE`],
+/// [`DB_SHAPE`]) follow the key without a colon: "max_db_mb must be at
+/// least 1".
+fn with_key(text: &str, offset: usize, message: &str) -> String {
+    let start = text[..offset.min(text.len())]
+        .rfind('\n')
+        .map_or(0, |i| i + 1);
+    let line = text[start..].lines().next().unwrap_or("").trim();
+    if line == "[route]" {
+        return "write [[route]] (double brackets): each route is one entry of a list".into();
+    }
+    let context = if line.starts_with('#') {
+        String::new()
+    } else if line.starts_with('[') {
+        line.rfind(']')
+            .map_or(line, |end| &line[..=end])
+            .to_string()
+    } else if let Some((key, _)) = line.split_once('=') {
+        key.trim().trim_matches('"').to_string()
+    } else {
+        String::new()
+    };
+    // serde speaks Rust types; users read TOML.
+    let message = message.replace("expected u64", "expected a whole number of 0 or more");
+    if context.is_empty() || message.contains(&format!("`{context}`")) {
+        message
+    } else if message == AT_LEAST_ONE || message == DB_SHAPE {
+        format!("{context} {message}")
+    } else {
+        format!("{context}: {message}")
+    }
+}
+
+/// Reads and parses a config file. A relative `db` path is taken relative
+/// to the config file's directory (where a user reading the file expects it),
+/// and a leading `~/` means the home directory.
+pub fn load_config(path: &Path) -> Result<ConfigFile, ConfigError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        file: name.clone(),
+        source,
+    })?;
+    let mut file = parse_config(&text, &name)?;
+    if let Some(DbSetting::File(p)) = &mut file.db {
+        *p = anchor_path(
+            p,
+            path.parent(),
+            env_var("HOME").map(PathBuf::from).as_deref(),
+        );
+    }
+    Ok(file)
+}
+
+/// Writes the config file (the tray's settings view saves here): every field
+/// that is set, routes as `[[route]]` tables. Comments in an existing file
+/// are not preserved. The parent directory is created if needed; the file is
+/// written beside the target and renamed over it (so a crash never leaves a
+/// half-written config) with user-only permissions (0600 on unix), because
+/// it describes the user's local setup.
+pub fn save_config(path: &Path, file: &ConfigFile) -> std::io::Result<()> {
+    let text = format!(
+        "# speedtap configuration (written by speedtap; comments are not kept)\n{}",
+        file.to_toml()
+    );
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    create_user_dir(&dir)?;
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(file_name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+
+    let result = write_user_file(&tmp, text.as_bytes()).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Creates `dir` and its parents; directories it creates are user-only
+/// (0700), as the data dir is.
+fn create_user_dir(dir: &Path) -> std::io::Result<()> {
+    let mut dir_builder = std::fs::DirBuilder::new();
+    dir_builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        dir_builder.mode(0o700);
+    }
+    dir_builder.create(dir)
+}
+
+/// Writes `bytes` to `path` (replaced), user-only (0600), synced to disk.
+fn write_user_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut f = options.open(path)?;
+    #[cfg(unix)]
+    {
+        // `mode` only applies when the file is created; a stale temp file
+        // could have other bits.
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_that_end_a_sentence_follow_the_key_without_a_colon() {
+        let e = parse_config("\nmax_db_mb = 0\n", "s.toml").unwrap_err();
+        assert_eq!(e.to_string(), "s.toml line 2: max_db_mb must be at least 1");
+        let e = parse_config("db = 5\n", "s.toml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.toml line 1: db must be a file path, or false for memory only"
+        );
+        let e = parse_config("idle_timeout = \"0s\"\n", "s.toml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.toml line 1: idle_timeout: must be above zero (leave it out to never cut a stream)"
+        );
+        let e = parse_config("capture_interface = \" \"\n", "s.toml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "s.toml line 1: capture_interface: must name an interface (lo, any, eth0...)"
+        );
+        let e = parse_config("\n\napi = \"nowhere\"\n", "s.toml").unwrap_err();
+        assert!(e.to_string().starts_with("s.toml line 3: api: "), "{e}");
+    }
+
+    #[test]
+    fn saved_keys_keep_the_documented_order() {
+        let mut file = parse_config(
+            "capture = true\nmax_connections = 7\nslow_ttft_ms = 9\nidle_timeout = \"5m\"\n",
+            "s.toml",
+        )
+        .unwrap();
+        file.db = Some(DbSetting::None);
+        assert_eq!(
+            file.to_toml(),
+            "slow_ttft_ms = 9\ndb = false\nidle_timeout = \"5m\"\nmax_connections = 7\ncapture = true\n"
+        );
+    }
+}

@@ -1,0 +1,404 @@
+//! From the layers to the settings the engine runs with: built-in defaults
+//! < config file < flags ([`resolve`]), and the checks that need more than
+//! one value (addresses that collide, remote addresses without
+//! `allow_remote`), naming the flag or the file's line to fix.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use super::file::{ConfigFile, Lines, RouteLines};
+use super::values::{at_least_one, check_otlp_endpoint, DbSetting, Millis, ProxySettings};
+use super::{
+    ConfigError, DEFAULT_API, DEFAULT_CAPTURE_INTERFACE, DEFAULT_MAX_DB_MB, DEFAULT_RETENTION_DAYS,
+    DEFAULT_SLOW_TTFT_MS,
+};
+use crate::model::route::{CaptureOnlyRoute, RouteSpec};
+
+/// The resolved settings the engine runs with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub routes: Vec<RouteSpec>,
+    /// Control API and dashboard address (default 127.0.0.1:7878).
+    pub api: SocketAddr,
+    pub db: DbSetting,
+    /// Slow-first-token threshold (default 5000 ms).
+    pub slow_ttft_ms: Millis,
+    /// One JSON line per snapshot instead of the live view (flag only).
+    pub json: bool,
+    /// Non-loopback listen/API addresses are allowed.
+    pub allow_remote: bool,
+    /// Notify (tray) when a call settles (default false).
+    pub notify_settled: bool,
+    /// Desktop notifications at all (default true).
+    pub notifications: bool,
+    /// Cut a response whose upstream sends nothing for this long
+    /// (`idle_timeout`, `--idle-timeout`); `None`, the default, never does.
+    pub idle_timeout: Option<std::time::Duration>,
+    /// Keep settled calls this many days (`retention_days`, default 90).
+    pub retention_days: u64,
+    /// Cap the store at this many MB (`max_db_mb`, default 1024).
+    pub max_db_mb: u64,
+    /// Push metrics by OTLP/HTTP to this collector (`otlp_endpoint`);
+    /// `None`, the default, pushes nothing.
+    pub otlp_endpoint: Option<String>,
+    /// The proxy's per-connection limits; each `None` is the engine's
+    /// default (documented on the engine's proxy limits).
+    pub proxy: ProxySettings,
+    /// Also measure calls made directly to each route's upstream port, by
+    /// passive capture of the loopback traffic (`capture`, `--capture`;
+    /// default false).
+    pub capture: bool,
+    /// The interface captured (`capture_interface`, `--capture-interface`;
+    /// default `lo`; `any` also sees clients in containers).
+    pub capture_interface: String,
+    /// Routes measured by capture alone (`--route NAME=UPSTREAM`).
+    pub capture_routes: Vec<CaptureOnlyRoute>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            routes: Vec::new(),
+            api: DEFAULT_API,
+            db: DbSetting::Default,
+            slow_ttft_ms: Millis::from_ms(DEFAULT_SLOW_TTFT_MS),
+            json: false,
+            allow_remote: false,
+            notify_settled: false,
+            notifications: true,
+            idle_timeout: None,
+            retention_days: DEFAULT_RETENTION_DAYS,
+            max_db_mb: DEFAULT_MAX_DB_MB,
+            otlp_endpoint: None,
+            proxy: ProxySettings::default(),
+            capture: false,
+            capture_interface: DEFAULT_CAPTURE_INTERFACE.to_owned(),
+            capture_routes: Vec::new(),
+        }
+    }
+}
+
+/// What the command line says; `None`/`false`/empty means "not given".
+/// The values are as typed; [`resolve`] checks them by the file's rules.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CliOverrides {
+    pub routes: Vec<RouteSpec>,
+    pub api: Option<SocketAddr>,
+    pub db: Option<PathBuf>,
+    pub no_db: bool,
+    pub slow_ttft_ms: Option<u64>,
+    pub json: bool,
+    pub allow_remote: bool,
+    pub idle_timeout: Option<std::time::Duration>,
+    pub retention_days: Option<u64>,
+    pub max_db_mb: Option<u64>,
+    pub otlp_endpoint: Option<String>,
+    pub proxy: ProxySettings,
+    pub capture: bool,
+    pub capture_interface: Option<String>,
+    pub capture_routes: Vec<CaptureOnlyRoute>,
+}
+
+/// Where a setting came from, for error messages.
+enum Source<'a> {
+    Flag(&'a str),
+    Line(usize),
+    Default,
+}
+
+/// Builds the errors of one resolution: a flag's, a line of the file's,
+/// or the file's as a whole (a default that clashes with what it says).
+struct Blame<'a> {
+    file_name: String,
+    lines: Option<&'a Lines>,
+}
+
+impl Blame<'_> {
+    fn at(&self, src: &Source<'_>, message: String) -> ConfigError {
+        match src {
+            Source::Flag(flag) => ConfigError::Flag {
+                flag: (*flag).to_string(),
+                message,
+            },
+            Source::Line(line) => ConfigError::AtLine {
+                file: self.file_name.clone(),
+                line: *line,
+                message,
+            },
+            Source::Default => ConfigError::InFile {
+                file: self.file_name.clone(),
+                message,
+            },
+        }
+    }
+
+    /// How a remote address is allowed: the flag, and the file when there
+    /// is one.
+    fn remote_hint(&self) -> &'static str {
+        if self.lines.is_some() {
+            " (or allow_remote = true in the config file)"
+        } else {
+            ""
+        }
+    }
+
+    /// The lines of a file route, when `route` came from the file as parsed.
+    fn route_lines(&self, route: &RouteSpec) -> Option<&RouteLines> {
+        self.lines
+            .and_then(|o| o.routes.iter().find(|(r, _)| r == route).map(|(_, l)| l))
+    }
+}
+
+/// Merges defaults < config file < flags and validates the result.
+///
+/// Choices:
+/// - Routes given as flags replace the file's routes rather than add to them,
+///   so a one-off `--route` isn't mixed with (and doesn't collide with) the
+///   file's.
+/// - `allow_remote` is on if either the flag or the file says so.
+/// - `--db` together with `--no-db` is a usage error.
+/// - Two listeners collide when their ports match and their addresses are
+///   equal or either is a wildcard (0.0.0.0 / ::), because binding would fail
+///   the same way. Port 0 ("any free port") never collides.
+pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings, ConfigError> {
+    let file = file.unwrap_or_default();
+    let blame = Blame {
+        file_name: file.file_name().unwrap_or("config").to_string(),
+        lines: file.origin.0.as_ref(),
+    };
+    check_flags(&flags)?;
+    let allow_remote = flags.allow_remote || file.allow_remote.unwrap_or(false);
+    let api = resolve_api(&flags, &file, &blame, allow_remote)?;
+    let flag_routes = !flags.routes.is_empty();
+    let routes = if flag_routes {
+        flags.routes.clone()
+    } else {
+        file.routes.clone()
+    };
+    check_routes(&routes, flag_routes, &blame, allow_remote, api)?;
+    let db = resolve_db(&flags, &file);
+    Ok(merge(file, flags, routes, api, db, allow_remote))
+}
+
+/// The flags' own checks, by the file's rules: a count of 0, a bad OTLP
+/// endpoint, `--db` with `--no-db`.
+fn check_flags(flags: &CliOverrides) -> Result<(), ConfigError> {
+    let flag_error = |flag: &str, message: String| ConfigError::Flag {
+        flag: flag.into(),
+        message,
+    };
+    if flags.no_db && flags.db.is_some() {
+        return Err(flag_error("--no-db", "can't be combined with --db".into()));
+    }
+    for (flag, value) in [
+        ("--slow-ttft-ms", flags.slow_ttft_ms),
+        ("--retention-days", flags.retention_days),
+        ("--max-db-mb", flags.max_db_mb),
+        ("--max-head-kib", flags.proxy.max_head_kib),
+        ("--max-connections", flags.proxy.max_connections),
+    ] {
+        if let Some(n) = value {
+            at_least_one(n).map_err(|e| flag_error(flag, e.into()))?;
+        }
+    }
+    if let Some(url) = &flags.otlp_endpoint {
+        check_otlp_endpoint(url).map_err(|e| flag_error("--otlp-endpoint", e))?;
+    }
+    Ok(())
+}
+
+/// The API address (flag, file, default), which must be loopback unless
+/// remote addresses are allowed.
+fn resolve_api(
+    flags: &CliOverrides,
+    file: &ConfigFile,
+    blame: &Blame<'_>,
+    allow_remote: bool,
+) -> Result<SocketAddr, ConfigError> {
+    let (api, api_src) = match (flags.api, file.api) {
+        (Some(a), _) => (a, Source::Flag("--api")),
+        (None, Some(a)) => (
+            a,
+            blame
+                .lines
+                .and_then(|o| o.api_line)
+                .map_or(Source::Default, Source::Line),
+        ),
+        (None, None) => (DEFAULT_API, Source::Default),
+    };
+    if !allow_remote && !api.ip().is_loopback() {
+        let hint = blame.remote_hint();
+        return Err(blame.at(
+            &api_src,
+            format!("api: listening on {api} needs --allow-remote{hint}"),
+        ));
+    }
+    Ok(api)
+}
+
+/// Each route against the others and the API: a name used twice, a remote
+/// listener not allowed, a listener on the API's or another route's
+/// address. Names the route's flag, or its line in the file.
+fn check_routes(
+    routes: &[RouteSpec],
+    flag_routes: bool,
+    blame: &Blame<'_>,
+    allow_remote: bool,
+    api: SocketAddr,
+) -> Result<(), ConfigError> {
+    for (i, route) in routes.iter().enumerate() {
+        let lines = if flag_routes {
+            None
+        } else {
+            blame.route_lines(route)
+        };
+        let flag = format!("--route {}", route.name);
+        let name_src = lines.map_or(Source::Flag(&flag), |l| Source::Line(l.name));
+        let listen_src = lines.map_or(Source::Flag(&flag), |l| Source::Line(l.listen));
+        let name = &route.name;
+        let listen = route.listen;
+
+        if routes[..i].iter().any(|r| r.name == *name) {
+            return Err(blame.at(&name_src, format!("route name {name:?} is used twice")));
+        }
+        if !allow_remote && !listen.ip().is_loopback() {
+            let hint = blame.remote_hint();
+            return Err(blame.at(
+                &listen_src,
+                format!("route {name:?}: listening on {listen} needs --allow-remote{hint}"),
+            ));
+        }
+        if collides(listen, api) {
+            return Err(blame.at(
+                &listen_src,
+                format!(
+                    "route {name:?}: listen address {listen} is the control API's address ({api})"
+                ),
+            ));
+        }
+        if let Some(other) = routes[..i].iter().find(|r| collides(r.listen, listen)) {
+            return Err(blame.at(
+                &listen_src,
+                format!(
+                    "route {name:?}: listen address {listen} is already used by route {:?}",
+                    other.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `--no-db` over `--db` over the file's `db` over the default file.
+fn resolve_db(flags: &CliOverrides, file: &ConfigFile) -> DbSetting {
+    if flags.no_db {
+        DbSetting::None
+    } else if let Some(p) = &flags.db {
+        DbSetting::File(p.clone())
+    } else {
+        file.db.clone().unwrap_or(DbSetting::Default)
+    }
+}
+
+/// Every other setting: the flag, else the file, else the default.
+fn merge(
+    file: ConfigFile,
+    flags: CliOverrides,
+    routes: Vec<RouteSpec>,
+    api: SocketAddr,
+    db: DbSetting,
+    allow_remote: bool,
+) -> Settings {
+    let defaults = Settings::default();
+    Settings {
+        routes,
+        api,
+        db,
+        slow_ttft_ms: flags
+            .slow_ttft_ms
+            .or(file.slow_ttft_ms)
+            .map_or(defaults.slow_ttft_ms, Millis::from_ms),
+        json: flags.json,
+        allow_remote,
+        notify_settled: file.notify_settled.unwrap_or(defaults.notify_settled),
+        notifications: file.notifications.unwrap_or(defaults.notifications),
+        idle_timeout: flags.idle_timeout.or(file.idle_timeout),
+        retention_days: flags
+            .retention_days
+            .or(file.retention_days)
+            .unwrap_or(defaults.retention_days),
+        max_db_mb: flags
+            .max_db_mb
+            .or(file.max_db_mb)
+            .unwrap_or(defaults.max_db_mb),
+        otlp_endpoint: flags.otlp_endpoint.or(file.otlp_endpoint),
+        proxy: flags.proxy.or(file.proxy),
+        capture: flags.capture || file.capture.unwrap_or(defaults.capture),
+        capture_interface: flags
+            .capture_interface
+            .or(file.capture_interface)
+            .unwrap_or(defaults.capture_interface),
+        capture_routes: flags.capture_routes,
+    }
+}
+
+/// Whether binding both addresses would clash. See [`resolve`].
+fn collides(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{parse_config, parse_route_flag};
+
+    #[test]
+    fn resolve_names_the_file_line_for_file_routes_and_the_flag_for_flag_routes() {
+        let text = "[[route]]\nname = \"a\"\nlisten = \"0.0.0.0:9001\"\nupstream = \"http://127.0.0.1:9000\"\n";
+        let file = parse_config(text, "s.toml").unwrap();
+        let e = resolve(Some(file), CliOverrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("s.toml line 3: "), "{e}");
+        assert!(
+            e.contains("listening on 0.0.0.0:9001 needs --allow-remote"),
+            "{e}"
+        );
+
+        let flags = CliOverrides {
+            routes: vec![parse_route_flag("b=0.0.0.0:9001=http://127.0.0.1:9000").unwrap()],
+            ..Default::default()
+        };
+        let e = resolve(None, flags).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "--route b: route \"b\": listening on 0.0.0.0:9001 needs --allow-remote"
+        );
+    }
+
+    #[test]
+    fn wildcard_listeners_collide_with_specific_ones_on_the_same_port() {
+        let a: SocketAddr = "0.0.0.0:80".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:80".parse().unwrap();
+        let c: SocketAddr = "127.0.0.2:80".parse().unwrap();
+        let z: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        assert!(collides(a, b) && collides(b, a));
+        assert!(!collides(b, c));
+        assert!(!collides(z, z));
+    }
+
+    #[test]
+    fn a_zero_flag_is_refused_by_the_files_rule_naming_the_flag() {
+        let flags = CliOverrides {
+            proxy: ProxySettings {
+                max_head_kib: Some(0),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = resolve(None, flags).unwrap_err().to_string();
+        assert_eq!(e, "--max-head-kib: must be at least 1");
+    }
+}
