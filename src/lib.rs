@@ -5,19 +5,23 @@
 //! The modules form layers; each imports only from the layers below it
 //! (`scripts/check-layers` checks it, `docs/architecture.md` explains it):
 //! - [`model`] holds the contract types: calls, snapshots, stats, history
-//!   filters, control documents and the engine-handle trait;
-//! - [`decode`] turns response bytes of any supported API into typed events;
+//!   filters, control documents and the engine-handle query trait;
 //! - [`tokens`] estimates token counts with tiktoken (o200k_base by default);
-//! - [`meter`] holds the pure metric maths: the per-call meter, route
-//!   calibration and the global meter;
-//! - [`metering`] is the glue: bytes and a clock in, snapshots out;
-//! - [`capture`] reads model servers' loopback packets (through the
+//!   [`decode`] turns response bytes of any supported API into typed events;
+//!   [`capture`] reads model servers' loopback packets (through the
 //!   `speedtap-capture` helper) and turns them into HTTP exchanges, for the
 //!   engine's capture interceptor;
-//! - [`engine`] runs the proxy listeners and the actors that meter calls;
-//!   [`store`] keeps settled calls in SQLite;
-//! - [`simulate`] is a scripted local model server for demos, tests and
-//!   benchmarks;
+//! - [`meter`] holds the pure metric maths (the per-call meter, the live
+//!   rate, route calibration and normals, the global meter) and its
+//!   pipeline, the glue: bytes and a clock in, snapshots out;
+//! - the running parts, side by side: [`engine`] runs the call actors and
+//!   the two interceptors that feed them, the forwarding proxy and the
+//!   passive capture, both starting calls through one link to the engine;
+//!   [`store`] keeps settled calls in SQLite; [`simulate`] is a scripted
+//!   local model server for demos, tests and benchmarks; [`discover`]
+//!   finds the model servers listening on their usual local ports;
+//!   [`config`] reads the config file and the flags and resolves them into
+//!   settings;
 //! - [`api`] serves the control API and the dashboard over the
 //!   engine-handle trait;
 //! - [`host`] is the composition root: it turns settings into a running
