@@ -10,6 +10,17 @@
 //! mistaken for anything.
 //!
 //! Only loopback is ever probed: discovery must not scan a network.
+//!
+//! Which listeners deserve a probe at all comes from the machine itself:
+//! [`listeners`] reads the kernel's table of listening sockets and says
+//! what changed, [`owner`] finds the process behind a socket, and
+//! [`known`] decides from the process and the port whether to ask, and
+//! [`registry`] keeps each server found under a name that never changes.
+
+pub mod known;
+pub mod listeners;
+pub mod owner;
+pub mod registry;
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
