@@ -33,6 +33,8 @@
 //! `cargo test --benches` (no `--bench` argument) a short smoke run is done
 //! instead of the full one.
 
+// The 80-line limit is for product code; a bench may read as one long script.
+#![allow(clippy::too_many_lines)]
 #![allow(clippy::unwrap_used)] // a test (or bench) may unwrap: a panic is its failure report
 
 use std::convert::Infallible;

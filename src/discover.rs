@@ -513,6 +513,10 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one scripted answer per kind, read top to bottom"
+    )]
     async fn each_kind_is_told_apart_by_its_own_endpoint() {
         let cases: Vec<(u16, HashMap<_, _>, ServerKind, Option<&str>)> = vec![
             (

@@ -39,7 +39,6 @@ pub mod discover;
 pub mod engine;
 pub mod host;
 pub mod meter;
-pub mod metering;
 #[deny(missing_docs)]
 pub mod model;
 pub mod simulate;

@@ -5,6 +5,8 @@
 //!
 //! Run one area with a filter: `cargo test --test tests proxy::`.
 
+// The 80-line limit is for product code; a test may read as one long script.
+#![allow(clippy::too_many_lines)]
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure report
 
 mod util;

@@ -23,7 +23,7 @@
 //!
 //! # What is compiled
 //!
-//! The code under test is speedtap's own `src/decode/` and `src/config.rs`
+//! The code under test is speedtap's own `src/decode/` and `src/config/`
 //! (with `src/model/`, the contract types both name),
 //! mounted here by `#[path]` rather than through a dependency on the
 //! speedtap crate (see Cargo.toml for why: build time). Both modules are
@@ -38,7 +38,7 @@ pub mod model;
 #[path = "../../src/decode/mod.rs"]
 pub mod decode;
 
-#[path = "../../src/config.rs"]
+#[path = "../../src/config/mod.rs"]
 pub mod config;
 
 use crate::decode::detect::BodyFraming;

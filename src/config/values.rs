@@ -157,11 +157,11 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// An OTLP/HTTP collector's base URL, checked by the exporter's own rule
-/// ([`crate::model::endpoint::otlp_metrics_url`]), so the file and
+/// ([`crate::model::otlp_endpoint::otlp_metrics_url`]), so the file and
 /// `--otlp-endpoint` refuse a bad endpoint before anything starts, naming
 /// the line or the flag. Returns the endpoint as written (trimmed).
 pub fn check_otlp_endpoint(text: &str) -> Result<String, String> {
-    crate::model::endpoint::otlp_metrics_url(text)?;
+    crate::model::otlp_endpoint::otlp_metrics_url(text)?;
     Ok(text.trim().to_string())
 }
 

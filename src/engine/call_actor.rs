@@ -29,7 +29,7 @@ use crate::decode::ServerTimings;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::limits::SNAPSHOT_INTERVAL;
 use crate::meter::normals::{Normals, Observation};
-use crate::metering::{CallMetering, CallReport, Outcome, ResponseHead, StreamEnd};
+use crate::meter::pipeline::{CallMetering, CallReport, Outcome, ResponseHead, StreamEnd};
 use crate::model::ApiKind;
 use crate::model::SlowFirstToken;
 use crate::model::{Call, CallDetails, CallIdentity, CallStatus, PromptTruncation, SeenBy};

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::decode::request_fields::RequestFields;
 use crate::meter::calibration::CalibrationTable;
-use crate::metering::StreamEnd;
+use crate::meter::pipeline::StreamEnd;
 use crate::model::CallsQuery;
 use crate::model::Snapshot;
 use crate::model::Stats;

@@ -12,16 +12,17 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::config::{self, ConfigFile};
+use crate::engine::link::EngineLink;
 use crate::engine::messages::{
     GetCalibration, GetCall, GetCalls, GetHistory, GetStats, SetNotificationsPaused, Subscribe,
 };
 use crate::engine::metrics::Metrics;
 use crate::engine::notifier::Notifier;
-use crate::engine::proxy::{listen, EngineLink, RouteProxy};
+use crate::engine::proxy::{listen, RouteProxy};
 use crate::engine::supervisor::{Supervisor, SUBSCRIBER_CAPACITY};
 use crate::meter::calibration::CalibrationTable;
 use crate::model::{
-    engine::NO_STORE, BoundRoute, Call, CallsQuery, CaptureDoc, CaptureState, DemoDoc,
+    queries::NO_STORE, BoundRoute, Call, CallsQuery, CaptureDoc, CaptureState, DemoDoc,
     DiscoveredDoc, EngineEvent, EngineQueries, ExportFormat, HistoryDoc, HistoryFilter,
     ModelSummary, QueryError, RouteDoc, RouteInfo, RouteSpec, RoutesDoc, SaveOutcome, ServerDoc,
     SettingsDoc, Stats,

@@ -14,11 +14,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::config::{self};
+use crate::engine::link::EngineLink;
 use crate::engine::messages::{AttachStore, Persisted};
 use crate::engine::metrics::otlp::{start_otlp_exporter, OtlpExporter};
 use crate::engine::metrics::Metrics;
 use crate::engine::notifier::{Notifier, SlowFirstTokenHook};
-use crate::engine::proxy::EngineLink;
 use crate::engine::supervisor::Supervisor;
 use crate::meter::calibration::CalibrationTable;
 use crate::model::{BoundRoute, CaptureDoc, RouteSpec};

@@ -12,4 +12,5 @@ pub mod call;
 pub mod global;
 pub mod limits;
 pub mod normals;
+pub mod pipeline;
 pub mod rate;

@@ -12,9 +12,9 @@
 pub mod api_kind;
 pub mod call;
 pub mod control;
-pub mod endpoint;
-pub mod engine;
 pub mod history;
+pub mod otlp_endpoint;
+pub mod queries;
 pub mod route;
 pub mod snapshot;
 pub mod stats;
@@ -30,11 +30,11 @@ pub use control::{
     BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, DemoDoc, DiscoveredDoc, HistoryDoc,
     HistoryPoint, RouteDoc, RouteInfo, RoutesDoc, SaveOutcome, ServerDoc, SettingsDoc,
 };
-pub use engine::{CallsQuery, EngineQueries, QueryError};
 pub use history::{
     time_bound, DepthDoc, DepthFit, DepthPoint, DepthQuery, ExportFormat, HistoryFilter,
     ModelSummary, MAX_LIMIT,
 };
+pub use queries::{CallsQuery, EngineQueries, QueryError};
 pub use route::{RouteSpec, Upstream};
 pub use snapshot::{Phase, Snapshot, TokenSource};
 pub use stats::Stats;

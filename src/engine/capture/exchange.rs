@@ -23,7 +23,7 @@ use crate::engine::link::CallStart;
 use crate::engine::messages::{
     BodyEnded, CaptureGap, Frame, FrameQueue, FramesQueued, RequestFieldsSeen, ResponseStarted,
 };
-use crate::metering::StreamEnd;
+use crate::meter::pipeline::StreamEnd;
 use crate::model::{ApiKind, SeenBy};
 
 /// One HTTP exchange being metered.

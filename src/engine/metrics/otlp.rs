@@ -68,7 +68,7 @@ impl std::fmt::Debug for OtlpExporter {
     }
 }
 
-pub use crate::model::endpoint::otlp_metrics_url as metrics_url;
+pub use crate::model::otlp_endpoint::otlp_metrics_url as metrics_url;
 
 /// Starts exporting `metrics` to the OTLP/HTTP collector at `endpoint`
 /// (e.g. `http://collector:4318`; metrics go to `/v1/metrics`) every

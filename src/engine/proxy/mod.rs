@@ -55,6 +55,7 @@ use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 
+use super::link::EngineLink;
 use super::telemetry::TelemetryPoller;
 use crate::model::Upstream;
 use forward::ReportingConnector;
@@ -62,9 +63,6 @@ use request::Outgoing;
 use tap::{ClientBodyFailed, Observed};
 
 pub use response::json_response;
-
-// For the host, which still imports them from here; removed once it names `engine::link`.
-pub use crate::engine::link::{EngineLink, OwnConnection};
 
 /// Any error a body may carry on its way through.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -21,7 +21,7 @@ use crate::engine::http_meta::tap_content_type;
 use crate::engine::link::CallStart;
 use crate::engine::messages::{BodyEnded, PassedThrough, ResponseStarted, UpstreamFailed};
 use crate::engine::supervisor::Supervisor;
-use crate::metering::StreamEnd;
+use crate::meter::pipeline::StreamEnd;
 use crate::model::{Call, CallDetails, CallIdentity, CallStatus};
 
 /// Where one proxied call is reported.

@@ -34,7 +34,7 @@ use crate::decode::request_fields::RequestScanner;
 use crate::engine::call_actor::CallActor;
 use crate::engine::messages::{BodyEnded, Frame, FrameQueue, FramesQueued, RequestFieldsSeen};
 use crate::engine::metrics::record_proxy_latency;
-use crate::metering::StreamEnd;
+use crate::meter::pipeline::StreamEnd;
 
 /// A call actor's inbox as the response tap sees it: the queue frames go
 /// to, where its wake-ups go and where the one end report goes
