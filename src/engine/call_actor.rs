@@ -250,6 +250,19 @@ impl CallActor {
         false
     }
 
+    /// The latest snapshot to publish again (its model or its wait
+    /// changed). A call still waiting has no newer reading of its own, so
+    /// its elapsed time is brought up to now: republished as it was, it
+    /// would go back behind a wait already published with the time then.
+    fn latest_now(&self) -> crate::model::Snapshot {
+        let mut speed = self.metering.latest().clone();
+        if speed.phase == Phase::AwaitingFirstToken && !speed.is_final {
+            let waited = Instant::now().saturating_duration_since(self.setup.dispatched_at);
+            speed.elapsed_ms = speed.elapsed_ms.max(waited.as_millis() as u64);
+        }
+        speed
+    }
+
     fn publish(&self, mut speed: crate::model::Snapshot) {
         if speed.phase == Phase::AwaitingFirstToken && !speed.is_final {
             speed.wait = self.wait.clone();
@@ -571,7 +584,7 @@ impl Handler<RequestFieldsSeen> for CallActor {
         // Name the model as soon as the request says it, so a call still
         // waiting for its first token already shows which model is slow.
         if self.learn_model() && !self.reported {
-            self.publish(self.metering.latest().clone());
+            self.publish(self.latest_now());
             news = true;
         }
         if self.request.complete && self.prompt.is_none() {
@@ -664,11 +677,7 @@ impl Handler<WaitExplained> for CallActor {
             {
                 self.known_wait = self.wait.clone();
             }
-            let mut speed = self.metering.latest().clone();
-            speed.elapsed_ms = Instant::now()
-                .saturating_duration_since(self.setup.dispatched_at)
-                .as_millis() as u64;
-            self.publish(speed);
+            self.publish(self.latest_now());
         }
         if cold_changed {
             self.arm_alarm(ctx);
@@ -1063,6 +1072,26 @@ mod tests {
             h.at(20_000).await;
             assert_eq!(h.settled().await, [expected]);
             assert!(h.alarms().await.is_empty());
+        });
+    }
+
+    #[test]
+    fn a_waiting_call_republished_with_its_model_shows_the_time_it_has_waited() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            h.at(400).await;
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            flush().await;
+            let mut waiting = Vec::new();
+            while let Ok(event) = h.events.try_recv() {
+                if let EngineEvent::Speed { call, speed } = event {
+                    waiting.push((call.model, speed.elapsed_ms));
+                }
+            }
+            // At dispatch with no model, then at 400 ms with it: never
+            // back at 0, behind a wait published in between.
+            assert_eq!(waiting, vec![(None, 0), (Some("m".to_string()), 400)]);
         });
     }
 
