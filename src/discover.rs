@@ -82,6 +82,37 @@ impl ServerKind {
         }
     }
 
+    /// The slug a followed server of this kind is known by: the same as
+    /// its process's ([`known::ProcessKind::slug`]), so a server is the
+    /// same server whether its owner could be read or only its answers.
+    pub fn slug(self) -> &'static str {
+        match self {
+            ServerKind::Ollama => "ollama",
+            ServerKind::LlamaCpp => "llama-server",
+            ServerKind::LmStudio => "lm-studio",
+            ServerKind::Vllm => "vllm",
+            ServerKind::KoboldCpp => "koboldcpp",
+            ServerKind::Jan => "jan",
+            ServerKind::LocalAi => "local-ai",
+            ServerKind::Tgi => "tgi",
+            ServerKind::OpenAiCompatible => "openai",
+        }
+    }
+
+    /// The port the kind listens on by default, where it has one (see
+    /// [`known::ProcessKind::default_port`]).
+    pub fn default_port(self) -> Option<u16> {
+        match self {
+            ServerKind::Ollama => Some(11434),
+            ServerKind::LlamaCpp | ServerKind::LocalAi => Some(8080),
+            ServerKind::LmStudio => Some(1234),
+            ServerKind::Vllm => Some(8000),
+            ServerKind::KoboldCpp => Some(5001),
+            ServerKind::Jan => Some(1337),
+            ServerKind::Tgi | ServerKind::OpenAiCompatible => None,
+        }
+    }
+
     /// The suggested route name: short, lowercase, valid as a route name.
     pub fn route_name(self) -> &'static str {
         match self {

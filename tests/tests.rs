@@ -18,6 +18,7 @@ mod control_api;
 mod decode_fixtures;
 mod engine_control;
 mod export_cli;
+mod follow;
 mod headless_footprint;
 mod metrics_export;
 mod proxy;

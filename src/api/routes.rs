@@ -76,6 +76,7 @@ enum Endpoint<'a> {
     Models,
     Export,
     Discover,
+    Servers,
     Capture,
     Settings,
     Demo,
@@ -116,6 +117,7 @@ fn endpoint(path: &str) -> Option<Endpoint<'_>> {
         "/api/v1/models" => Some(Endpoint::Models),
         "/api/v1/export" => Some(Endpoint::Export),
         "/api/v1/discover" => Some(Endpoint::Discover),
+        "/api/v1/servers" => Some(Endpoint::Servers),
         "/api/v1/capture" => Some(Endpoint::Capture),
         "/api/v1/settings" => Some(Endpoint::Settings),
         "/api/v1/demo" => Some(Endpoint::Demo),
@@ -286,6 +288,7 @@ async fn answer<E: EngineQueries>(
             Err(message) => error(StatusCode::BAD_REQUEST, &message),
         },
         Endpoint::Discover => json(StatusCode::OK, &engine.discover().await),
+        Endpoint::Servers => json(StatusCode::OK, &engine.servers().await),
         Endpoint::Capture => json(StatusCode::OK, &engine.capture().await),
         Endpoint::Settings if *req.method() == Method::PUT => save_settings(engine, body).await,
         Endpoint::Settings => match engine.get_settings().await {

@@ -7,19 +7,31 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::host::args::RunArgs;
-use crate::host::settings::{
-    discover_routes, engine_options, resolve_settings, RunError, SHUTDOWN_GRACE,
-};
-use crate::host::Engine;
+use crate::host::settings::{engine_options, resolve_settings, RunError, SHUTDOWN_GRACE};
+use crate::host::{Engine, WatchOptions};
 use crate::model::{json_line, EngineEvent, EngineQueries};
 
 use super::view::TerminalView;
 
 /// Runs until SIGINT/SIGTERM. Returns the process exit code.
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
-    let mut settings = resolve_settings(&args)?;
-    discover_routes(&mut settings).await?;
-    let options = engine_options(&args, &settings)?;
+    let settings = resolve_settings(&args)?;
+    let mut options = engine_options(&args, &settings)?;
+    // With no route configured, model servers are found by following the
+    // machine, now and whenever one starts later: with nothing up,
+    // speedtap waits for one (it runs as a service). Configured routes are
+    // measured as configured, and nothing else.
+    let nothing_configured = settings.routes.is_empty() && settings.capture_routes.is_empty();
+    options.watch = nothing_configured.then(|| WatchOptions {
+        saved: settings
+            .db
+            .path()
+            .map(|db| db.with_file_name("servers.json")),
+        announce: Some(std::sync::Arc::new(|line: &str| {
+            eprintln!("speedtap: {line}")
+        })),
+        ..WatchOptions::default()
+    });
     // Listen for the stop signals before anything is announced: a script
     // or service manager may stop speedtap as soon as it prints its start
     // lines, and a signal without a handler kills the process undrained.

@@ -19,8 +19,10 @@
 use std::collections::BTreeSet;
 use std::time::SystemTime;
 
+use serde::{Deserialize, Serialize};
+
 /// What a server is and where: the key it is known by.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ServerIdentity {
     /// The kind's slug (`ollama`, `llama-server`, `lm-studio`...).
     pub kind: String,
@@ -28,7 +30,8 @@ pub struct ServerIdentity {
 }
 
 /// Where a known server stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ServerState {
     /// Listening now.
     Up,
@@ -39,7 +42,7 @@ pub enum ServerState {
 }
 
 /// One server this machine has had.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KnownServer {
     pub name: String,
     pub identity: ServerIdentity,

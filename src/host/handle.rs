@@ -65,6 +65,8 @@ pub(super) struct Shared {
     pub(super) reader: Option<Arc<std::sync::Mutex<Store>>>,
     /// How the capture started (set once, after the start).
     pub(super) capture: RwLock<CaptureDoc>,
+    /// The model servers followed on this machine (the watcher's list).
+    pub(super) followed: Arc<RwLock<crate::model::ServersDoc>>,
 }
 
 /// Access to the running engine, for front ends. Cheap to clone.
@@ -195,6 +197,10 @@ impl EngineQueries for EngineHandle {
 
     async fn stats_history(&self) -> HistoryDoc {
         self.supervisor.send(GetHistory).await.unwrap_or_default()
+    }
+
+    async fn servers(&self) -> crate::model::ServersDoc {
+        read(&self.shared.followed).clone()
     }
 
     async fn discover(&self) -> DiscoveredDoc {

@@ -18,6 +18,7 @@ pub mod settings;
 mod shutdown;
 mod start;
 mod summary;
+pub mod watch;
 
 pub use capture::capture_permitted;
 pub use handle::EngineHandle;
@@ -27,5 +28,6 @@ pub use options::{
 };
 pub use shutdown::SETTLE_WAIT;
 pub use start::{Engine, RunningEngine, PRUNE_EVERY};
+pub use watch::{WatchOptions, WATCH_EVERY};
 
 use handle::{bind_route, spawn_route, unix_ms_now, write, LiveSettings, Shared};

@@ -76,6 +76,10 @@ pub struct EngineOptions {
     /// to explain waits (on from settings, i.e. for both front ends, unless
     /// `--no-telemetry`; off in [`EngineOptions::new`]).
     pub telemetry: bool,
+    /// Follow the machine: measure model servers as they start, stop and
+    /// come back (`None`, the default for engines built in code, watches
+    /// nothing).
+    pub watch: Option<super::WatchOptions>,
 }
 
 /// What to capture (`--capture`).
@@ -129,6 +133,7 @@ impl EngineOptions {
             // Off for engines built in code (tests, benches): they opt in.
             // The front ends' path, `from_settings`, turns it on.
             telemetry: false,
+            watch: None,
         }
     }
 

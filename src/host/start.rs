@@ -89,6 +89,10 @@ impl Engine {
         };
         let (routes, api) = serve(&shared, &handle, listeners).await;
         let capture = capture::start(&shared, &options.routes, &routes, options.capture).await;
+        if let Some(watch) = options.watch.take() {
+            let watcher = super::watch::spawn(handle.clone(), watch, shared.followed.clone());
+            shared.servers.lock().await.spawn(watcher);
+        }
         // Not logged here: each front end shows `capture` in its own words
         // (one line in the terminal), and a log line would say it twice.
         Ok(RunningEngine {
@@ -208,6 +212,7 @@ fn share_state(
         demo: tokio::sync::Mutex::new(None),
         reader: saved.reader,
         capture: RwLock::new(CaptureDoc::default()),
+        followed: Arc::default(),
     })
 }
 

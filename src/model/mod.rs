@@ -16,6 +16,7 @@ pub mod history;
 pub mod otlp_endpoint;
 pub mod queries;
 pub mod route;
+pub mod servers;
 pub mod snapshot;
 pub mod stats;
 pub mod time;
@@ -36,6 +37,7 @@ pub use history::{
 };
 pub use queries::{CallsQuery, EngineQueries, QueryError};
 pub use route::{RouteSpec, Upstream};
+pub use servers::{FollowedServer, FollowedState, ServersDoc};
 pub use snapshot::{Phase, Snapshot, TokenSource};
 pub use stats::Stats;
 pub use wait::{ContextUse, DraftCounts, Placement, PromptTruncation, StartKind, Wait, WaitReason};

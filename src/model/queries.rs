@@ -12,6 +12,7 @@ use super::control::{
     CaptureDoc, DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc,
 };
 use super::history::{DepthDoc, DepthQuery, ExportFormat, HistoryFilter, ModelSummary};
+use super::servers::ServersDoc;
 use super::stats::Stats;
 
 /// Why a request to the engine failed. Each kind has one HTTP status
@@ -121,6 +122,10 @@ pub trait EngineQueries: Clone + Send + Sync + 'static {
     /// Local model servers found now.
     fn discover(&self) -> impl Future<Output = DiscoveredDoc> + Send {
         async { DiscoveredDoc::default() }
+    }
+    /// The model servers followed on this machine, found as they start.
+    fn servers(&self) -> impl Future<Output = ServersDoc> + Send {
+        async { ServersDoc::default() }
     }
     /// How calls made straight to a model server are measured (the
     /// passive capture's state, and the command that grants its

@@ -1,0 +1,248 @@
+//! Following the machine: the watcher that notices model servers start,
+//! stop, restart or move while speedtap runs, and measures each one under
+//! a name that never changes, with no user action.
+//!
+//! One task owns the whole state (an actor in all but name: nothing else
+//! touches it; the rest of the engine sees its [`ServersDoc`]). Every
+//! [`WATCH_EVERY`] it reads the kernel's listener table (see
+//! [`crate::discover::listeners`] for why `/proc/net/tcp{,6}`), which is
+//! its only wake-up when nothing changes. What appeared is looked up to its
+//! process, probed when the process or the port says it may be a model
+//! server ([`crate::discover::known`]), named by the registry, and routed
+//! ([`route`]): captured where the capture runs, else behind a proxy route.
+//! What went away is marked down and keeps its name and history.
+
+mod follow;
+mod route;
+mod saved;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use crate::discover::known::WELL_KNOWN_PORTS;
+use crate::discover::listeners::ListenerTable;
+use crate::discover::owner::find_owners;
+use crate::discover::registry::{Arrival, Registry};
+use crate::discover::{discover_on, Discovered, PORT_BUDGET};
+use crate::model::ServersDoc;
+
+use super::EngineHandle;
+use follow::{Candidate, Follow};
+use route::Routed;
+
+/// How often the listener table is read: a new server is measured within
+/// one interval and its probe (so within 10 s of its `listen()`), and an
+/// idle speedtap wakes for this once per interval.
+pub const WATCH_EVERY: Duration = Duration::from_secs(5);
+
+/// Prints one line for people (a server found, down, back): each front
+/// end in its own words and place.
+pub type Announce = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// How to follow the machine.
+#[derive(Clone)]
+pub struct WatchOptions {
+    /// Where the kernel's tables are (`/proc`; a fake root in tests).
+    pub proc_root: PathBuf,
+    /// Ports the user asked to watch whoever owns them.
+    pub watch_ports: Vec<u16>,
+    pub every: Duration,
+    /// Where the servers found are saved between runs; `None` keeps them
+    /// for this run only.
+    pub saved: Option<PathBuf>,
+    pub announce: Option<Announce>,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        WatchOptions {
+            proc_root: PathBuf::from("/proc"),
+            watch_ports: Vec::new(),
+            every: WATCH_EVERY,
+            saved: None,
+            announce: None,
+        }
+    }
+}
+
+impl WatchOptions {
+    /// The line said while nothing is found: what is being watched.
+    pub fn waiting_line(&self) -> String {
+        let mut ports: Vec<u16> = WELL_KNOWN_PORTS.to_vec();
+        ports.extend(&self.watch_ports);
+        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+        format!(
+            "waiting for a local model server (watching for model servers by process name \
+             on any port, and ports {})",
+            ports.join(", ")
+        )
+    }
+}
+
+/// The watcher's state: the bookkeeping, and how each server is measured.
+struct Watcher {
+    follow: Follow,
+    handle: EngineHandle,
+    options: WatchOptions,
+    /// How each server (by name) is measured now, and what it said.
+    routed: HashMap<String, Routed>,
+    /// Whether the "capture would measure it without a proxy" hint was
+    /// given (once per run).
+    told_grant: bool,
+    doc: Arc<RwLock<ServersDoc>>,
+}
+
+/// Starts following the machine for `handle`'s engine; runs until the
+/// engine stops. Its list is published in `doc`.
+pub(super) fn spawn(
+    handle: EngineHandle,
+    options: WatchOptions,
+    doc: Arc<RwLock<ServersDoc>>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let saved = match &options.saved {
+        Some(path) => saved::load(path).unwrap_or_else(|why| {
+            tracing::warn!("{why}; starting with no saved servers");
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    let reserved: BTreeSet<String> = route::configured_names(&handle);
+    let own_ports = route::own_ports(&handle);
+    let follow = Follow::new(
+        Registry::new(saved, reserved),
+        options.watch_ports.clone(),
+        std::process::id() as i32,
+        own_ports,
+    );
+    doc.write().unwrap_or_else(|p| p.into_inner()).watching = true;
+    let watcher = Watcher {
+        follow,
+        handle,
+        options,
+        routed: HashMap::new(),
+        told_grant: false,
+        doc,
+    };
+    watcher.run()
+}
+
+impl Watcher {
+    async fn run(mut self) {
+        let mut stop = self.handle.shared.stop.clone();
+        let mut tick = tokio::time::interval(self.options.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut first = true;
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tick.tick() => {}
+            }
+            self.look().await;
+            if std::mem::take(&mut first) && self.routed.is_empty() {
+                let line = self.options.waiting_line();
+                self.say(&line);
+            }
+        }
+    }
+
+    /// One look at the machine: what went, what came, and each new
+    /// server routed.
+    async fn look(&mut self) {
+        let proc_root = self.options.proc_root.clone();
+        let Ok(table) = ListenerTable::read(&proc_root) else {
+            return;
+        };
+        let now = SystemTime::now();
+        let observed = tokio::task::block_in_place(|| {
+            self.follow
+                .observe(table, |inodes| find_owners(&proc_root, inodes), now)
+        });
+        let mut changed = !observed.down.is_empty();
+        for (port, names) in observed.down {
+            for name in names {
+                self.went_down(&name, port);
+            }
+        }
+        let probes = observed.probe.iter().map(|c| async move {
+            let found = discover_on(c.host, &[c.port], PORT_BUDGET).await;
+            (c, found.into_iter().next())
+        });
+        for (candidate, found) in futures_util::future::join_all(probes).await {
+            match found {
+                Some(found) => changed |= self.arrived(candidate, found).await,
+                None => self.follow.unanswered(candidate.port),
+            }
+        }
+        if changed {
+            self.publish();
+        }
+    }
+
+    /// A probe answered: the server is named, then measured if it is new
+    /// or back. Whether anything changed.
+    async fn arrived(&mut self, candidate: &Candidate, found: Discovered) -> bool {
+        let arrival = self
+            .follow
+            .identified(candidate, found.kind, SystemTime::now());
+        let (name, back) = match arrival {
+            Arrival::New { name } => (name, false),
+            Arrival::Back { name } => (name, true),
+            Arrival::AlreadyUp { .. } => return false,
+            Arrival::Ignored { .. } => return true,
+        };
+        let routed = route::measure(
+            &self.handle,
+            &name,
+            candidate,
+            &found,
+            self.routed.get(&name),
+        )
+        .await;
+        let line = route::arrival_line(&name, &found, candidate, &routed, back);
+        self.say(&line);
+        if routed.proxy_listen.is_some() && !self.told_grant {
+            if let Some(hint) = route::grant_hint(&self.handle) {
+                self.told_grant = true;
+                self.say(&hint);
+            }
+        }
+        if let Some(listen) = routed.proxy_listen {
+            self.follow.own_port(listen.port());
+        }
+        self.routed.insert(name, routed);
+        true
+    }
+
+    /// The server `name` stopped listening on `port`.
+    fn went_down(&mut self, name: &str, port: u16) {
+        if let Some(routed) = self.routed.get(name) {
+            route::unmeasure(&self.handle, routed, port);
+        }
+        self.say(&format!(
+            "route \"{name}\" is down: nothing listens on port {port} (its history is kept)"
+        ));
+    }
+
+    /// Publishes the list and saves the servers.
+    fn publish(&mut self) {
+        let doc = ServersDoc {
+            watching: true,
+            servers: route::documents(self.follow.servers(), &self.routed),
+        };
+        *self.doc.write().unwrap_or_else(|p| p.into_inner()) = doc;
+        if let Some(path) = &self.options.saved {
+            if let Err(e) = saved::save(path, self.follow.servers()) {
+                tracing::warn!("cannot save the servers found to {}: {e}", path.display());
+            }
+        }
+    }
+
+    fn say(&self, line: &str) {
+        match &self.options.announce {
+            Some(announce) => announce(line),
+            None => tracing::info!("{line}"),
+        }
+    }
+}

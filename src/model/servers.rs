@@ -1,0 +1,70 @@
+//! The model servers speedtap follows on this machine (`GET
+//! /api/v1/servers`): each one found, under the name its calls are filed
+//! under, with how it is measured now.
+
+use serde::{Deserialize, Serialize};
+
+/// How a followed server is measured now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FollowedState {
+    /// Its calls are measured as clients make them (by capture, or by a
+    /// configured route in front of it).
+    Measured,
+    /// Only calls sent through a proxy route speedtap opened for it are
+    /// measured (the capture may not run).
+    Proxied,
+    /// Not listening now; kept with its name and history.
+    Down,
+    /// The user asked never to measure it.
+    Ignored,
+}
+
+/// One followed server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowedServer {
+    /// Its route name: stable across restarts (`ollama`,
+    /// `llama-server-9931`).
+    pub name: String,
+    /// What it is, as a slug (`ollama`, `llama-server`, `lm-studio`...).
+    pub kind: String,
+    /// Its base URL (`http://127.0.0.1:9931`).
+    pub upstream: String,
+    /// How it is measured now.
+    pub state: FollowedState,
+    /// How its calls are seen: `capture`, `proxy`, or absent (down,
+    /// ignored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_by: Option<String>,
+    /// The route its calls are recorded under: its own name, or the
+    /// configured route already in front of it.
+    pub route: String,
+    /// For a proxied server: the address clients point at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_listen: Option<String>,
+    /// The owning process, where it can be read (another user's process,
+    /// such as Ollama's system service, can't be).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// The owning process's name (`comm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    /// What the server said of itself when probed (a version), if
+    /// anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// When it was first found: Unix ms.
+    pub found_at: u64,
+    /// When it was last seen come or go: Unix ms.
+    pub last_seen: u64,
+}
+
+/// `GET /api/v1/servers`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServersDoc {
+    /// Whether the machine is being followed at all (off in embedded
+    /// engines and tests that don't ask for it).
+    pub watching: bool,
+    /// Every server found, in the order found.
+    pub servers: Vec<FollowedServer>,
+}

@@ -1,0 +1,123 @@
+//! Following the machine end to end: an engine started with nothing
+//! configured finds a model server started after it (a real process, the
+//! simulator run under a model server's name), measures its calls under a
+//! stable name, marks it down when it stops and up when it comes back on
+//! the same port under the same name.
+//!
+//! Without the capture's permission the server is measured behind the
+//! proxy route the watcher opens for it; with it, by capture (the
+//! capture's own tests cover that path).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use speedtap::host::{Engine, EngineOptions, RunningEngine, WatchOptions, WATCH_EVERY};
+use speedtap::model::{CallsQuery, EngineQueries, FollowedServer, FollowedState};
+
+use crate::util::process::{scratch, url_addr, Proc, BIN, STARTUP};
+use crate::util::proxy::send;
+
+/// `speedtap simulate` started as `<dir>/llama-server` (a link to the
+/// binary): to the watcher, a llama.cpp server by its process name.
+fn start_llama_server(dir: &Path, listen: &str) -> (Proc, SocketAddr) {
+    let link = dir.join("llama-server");
+    if !link.exists() {
+        std::os::unix::fs::symlink(BIN, &link).unwrap();
+    }
+    let mut cmd = Command::new(&link);
+    cmd.args(["simulate", "--listen", listen, "--tps", "200"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let sim = Proc::spawn(cmd);
+    let banner = sim.stdout.wait_for("the simulate banner", STARTUP, |l| {
+        l.contains("listening on")
+    });
+    (sim, url_addr(&banner, "listening on http://"))
+}
+
+async fn watching_engine(dir: &Path) -> RunningEngine {
+    let mut options = EngineOptions::new(Vec::new());
+    options.watch = Some(WatchOptions {
+        saved: Some(dir.join("servers.json")),
+        ..WatchOptions::default()
+    });
+    Engine::start(options).await.unwrap()
+}
+
+/// Waits (polling the engine's list; a bound, not a sleep) until the
+/// server on `port` is in `state`, and how long that took.
+async fn server_on(
+    engine: &RunningEngine,
+    port: u16,
+    state: FollowedState,
+    within: Duration,
+) -> (FollowedServer, Duration) {
+    let start = Instant::now();
+    loop {
+        let doc = engine.handle.servers().await;
+        let server = doc
+            .servers
+            .into_iter()
+            .find(|s| s.upstream.ends_with(&format!(":{port}")) && s.state == state);
+        if let Some(server) = server {
+            return (server, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < within,
+            "no server {state:?} on port {port} after {within:?}: {:#?}",
+            engine.handle.servers().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_started_after_the_engine_is_measured_and_keeps_its_name_across_a_restart() {
+    let dir = scratch("follow", "restart");
+    let engine = watching_engine(&dir).await;
+    assert!(engine.handle.servers().await.watching);
+
+    let (mut sim, addr) = start_llama_server(&dir, "127.0.0.1:0");
+    let within = 2 * WATCH_EVERY;
+    let (server, took) = server_on(&engine, addr.port(), FollowedState::Proxied, within).await;
+    eprintln!("found after {took:?}");
+    let name = format!("llama-server-{}", addr.port());
+    assert_eq!(
+        (server.name.as_str(), server.kind.as_str()),
+        (name.as_str(), "llama-server")
+    );
+    assert_eq!(server.process.as_deref(), Some("llama-server"));
+    assert_eq!(server.pid, Some(sim.child.id() as i32));
+
+    // A call through the route opened for it is measured under its name.
+    let proxy: SocketAddr = server.proxy_listen.as_deref().unwrap().parse().unwrap();
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let reply = send(proxy, "POST", "/v1/chat/completions", body).await;
+    assert_eq!(reply.status, 200);
+    let calls = engine
+        .handle
+        .calls(CallsQuery {
+            limit: 100,
+            route: Some(name.clone()),
+        })
+        .await;
+    assert_eq!(calls.len(), 1, "{calls:#?}");
+
+    // Stopped: down, with its name.
+    sim.kill_9();
+    let (down, _) = server_on(&engine, addr.port(), FollowedState::Down, within).await;
+    assert_eq!(down.name, name);
+
+    // Started again on the same port: up under the same name, its history kept.
+    let (_sim, again) = start_llama_server(&dir, &addr.to_string());
+    assert_eq!(again, addr);
+    let (back, _) = server_on(&engine, addr.port(), FollowedState::Proxied, within).await;
+    assert_eq!(back.name, name);
+    assert_eq!(back.proxy_listen, server.proxy_listen);
+    let saved = std::fs::read_to_string(dir.join("servers.json")).unwrap();
+    assert!(saved.contains(&name), "{saved}");
+    engine.shutdown(Duration::from_secs(1)).await;
+}
