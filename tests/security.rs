@@ -348,6 +348,7 @@ fn every_path() -> Vec<String> {
         "/api/v1/export?format=csv",
         "/api/v1/export?format=jsonl",
         "/api/v1/discover",
+        "/api/v1/servers",
         "/api/v1/settings",
         "/api/v1/demo",
         "/no/such/path",
@@ -732,6 +733,7 @@ fn secrets_reach_the_upstream_and_nowhere_else() {
         "/metrics",
         "/api/v1/settings",
         "/api/v1/discover",
+        "/api/v1/servers",
     ]
     .iter()
     .map(|s| s.to_string())

@@ -111,28 +111,47 @@ async fn simulate_command(args: SimulateArgs) -> Result<(), RunError> {
 }
 
 async fn discover_command() -> Result<(), RunError> {
-    let found = crate::discover::discover().await;
+    // The same sources as `run`'s watcher: the kernel's listeners, their
+    // processes, the probes, and the names saved by earlier runs.
+    let saved = crate::config::default_db_path().with_file_name("servers.json");
+    let found = crate::host::look_once(std::path::Path::new("/proc"), Some(&saved)).await;
     if found.is_empty() {
-        println!(
-            "No local model server found on the usual ports \
-             (Ollama 11434, llama.cpp 8080, LM Studio 1234, vLLM 8000, KoboldCpp 5001, Jan 1337)."
-        );
+        let looked = crate::host::WatchOptions::default().watched();
+        println!("No local model server found (looked {looked}).");
         return Ok(());
     }
-    for d in found {
-        let r = &d.suggested_route;
-        println!(
-            "{} on port {}{}\n  route: --route {}={}={}\n  point clients at http://{}",
-            d.kind.label(),
-            d.port,
-            d.detail.map(|s| format!(" ({s})")).unwrap_or_default(),
-            r.name,
-            r.listen,
-            d.upstream,
-            r.listen
-        );
+    for server in found {
+        println!("{}", discover_lines(&server));
     }
     Ok(())
+}
+
+/// What `speedtap discover` says of one server: what and where, its name,
+/// and the route that would measure it through a proxy.
+fn discover_lines(server: &crate::host::FoundNow) -> String {
+    let d = &server.found;
+    let detail = d.detail.as_deref().map(|s| format!(" ({s})")).unwrap_or_default();
+    let process = server
+        .process
+        .as_ref()
+        .map(|(comm, pid)| format!(", process {comm} pid {pid}"))
+        .unwrap_or_default();
+    let upstream = crate::model::Upstream {
+        host: server.host.to_string(),
+        port: d.port,
+        base_path: String::new(),
+    };
+    let listen = std::net::SocketAddr::new(server.host, d.port.checked_add(1).unwrap_or(0));
+    format!(
+        "{}{detail} on port {}{process}\n  name: {} (its calls are filed under it)\n  \
+         measured by `speedtap run --capture` with no client change, or through\n  \
+         route: --route {}={listen}={}\n  point clients at http://{listen}",
+        d.kind.label(),
+        d.port,
+        server.name,
+        server.name,
+        upstream.base_url(),
+    )
 }
 
 /// `speedtap export`: the stored calls the flags select, oldest first, as

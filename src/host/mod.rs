@@ -28,6 +28,6 @@ pub use options::{
 };
 pub use shutdown::SETTLE_WAIT;
 pub use start::{Engine, RunningEngine, PRUNE_EVERY};
-pub use watch::{WatchOptions, WATCH_EVERY};
+pub use watch::{look_once, FoundNow, WatchOptions, WATCH_EVERY};
 
 use handle::{bind_route, spawn_route, unix_ms_now, write, LiveSettings, Shared};

@@ -38,7 +38,8 @@ class PackageTest(unittest.TestCase):
 
     def test_the_package_installs_starts_in_the_tray_and_purges_cleanly(self):
         for f in ("/usr/bin/speedtap-desktop", "/usr/bin/speedtap", "/usr/bin/speedtap-capture",
-                  "/usr/share/applications/speedtap.desktop", "/etc/xdg/autostart/speedtap.desktop"):
+                  "/usr/share/applications/speedtap.desktop", "/etc/xdg/autostart/speedtap.desktop",
+                  "/usr/lib/systemd/user/speedtap.service"):
             self.assertIn(f, self.files)
         self.assertTrue(any(f.startswith("/usr/share/icons/") for f in self.files), self.files)
 

@@ -70,12 +70,17 @@ impl Default for WatchOptions {
 impl WatchOptions {
     /// The line said while nothing is found: what is being watched.
     pub fn waiting_line(&self) -> String {
+        format!("waiting for a local model server (watching {})", self.watched())
+    }
+
+    /// What is watched: `model servers by process name on any port, and
+    /// ports 11434, 8080, …`.
+    pub fn watched(&self) -> String {
         let mut ports: Vec<u16> = WELL_KNOWN_PORTS.to_vec();
         ports.extend(&self.watch_ports);
         let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
         format!(
-            "waiting for a local model server (watching for model servers by process name \
-             on any port, and ports {})",
+            "for model servers by process name on any port, and ports {}",
             ports.join(", ")
         )
     }
@@ -245,4 +250,53 @@ impl Watcher {
             None => tracing::info!("{line}"),
         }
     }
+}
+
+/// A model server found by one look at the machine ([`look_once`]).
+#[derive(Clone, Debug)]
+pub struct FoundNow {
+    /// The name it has (saved) or would get.
+    pub name: String,
+    pub found: Discovered,
+    /// The address it was asked at.
+    pub host: std::net::IpAddr,
+    /// Its owning process's name and pid, where they can be read.
+    pub process: Option<(String, i32)>,
+}
+
+/// One look at the machine, as the watcher takes it, for `speedtap
+/// discover`: every model server listening now, named as the watcher
+/// names it (from the servers saved at `saved`, which is not written).
+pub async fn look_once(proc_root: &std::path::Path, saved: Option<&std::path::Path>) -> Vec<FoundNow> {
+    let known = saved.and_then(|p| saved::load(p).ok()).unwrap_or_default();
+    let mut follow = Follow::new(
+        Registry::new(known, BTreeSet::new()),
+        Vec::new(),
+        std::process::id() as i32,
+        BTreeSet::new(),
+    );
+    let Ok(table) = ListenerTable::read(proc_root) else {
+        return Vec::new();
+    };
+    let observed = follow.observe(table, |inodes| find_owners(proc_root, inodes), SystemTime::now());
+    let probes = observed.probe.iter().map(|c| async move {
+        (c, discover_on(c.host, &[c.port], PORT_BUDGET).await.into_iter().next())
+    });
+    let mut out = Vec::new();
+    for (candidate, found) in futures_util::future::join_all(probes).await {
+        let Some(found) = found else { continue };
+        let name = match follow.identified(candidate, found.kind, SystemTime::now()) {
+            Arrival::New { name }
+            | Arrival::Back { name }
+            | Arrival::AlreadyUp { name }
+            | Arrival::Ignored { name } => name,
+        };
+        out.push(FoundNow {
+            name,
+            found,
+            host: candidate.host,
+            process: candidate.owner.as_ref().map(|o| (o.comm.clone(), o.pid)),
+        });
+    }
+    out
 }
