@@ -18,6 +18,9 @@ pub const SETTLED: &str = "settled";
 pub const SLOW_FIRST_TOKEN: &str = "slow_first_token";
 /// `{"call": CallIdentity, "request_tokens": n, "server_tokens": n, "context_size"?: n}`.
 pub const PROMPT_TRUNCATED: &str = "prompt_truncated";
+/// `{"watching": bool, "servers": [FollowedServer, ...]}`: the followed
+/// model servers, whenever one changes.
+pub const SERVERS: &str = "servers";
 
 /// The Tauri event name of an engine event.
 pub fn name(event: &EngineEvent) -> &'static str {
@@ -27,6 +30,7 @@ pub fn name(event: &EngineEvent) -> &'static str {
         EngineEvent::Settled(_) => SETTLED,
         EngineEvent::SlowFirstToken(_) => SLOW_FIRST_TOKEN,
         EngineEvent::PromptTruncated(_) => PROMPT_TRUNCATED,
+        EngineEvent::Servers(_) => SERVERS,
     }
 }
 
@@ -44,6 +48,7 @@ pub fn payload(event: &EngineEvent) -> serde_json::Value {
         EngineEvent::Settled(call) => value(call),
         EngineEvent::SlowFirstToken(slow) => value(slow),
         EngineEvent::PromptTruncated(cut) => value(cut),
+        EngineEvent::Servers(servers) => value(servers),
     }
 }
 

@@ -51,8 +51,7 @@ use clap::Parser;
 use speedtap::config::{self, Settings};
 use speedtap::host::args::RunArgs;
 use speedtap::host::settings::{
-    discover_routes_if_any, engine_options, resolve_settings_capture_by_permission, RunError,
-    SHUTDOWN_GRACE,
+    engine_options, resolve_settings_capture_by_permission, watch_options, RunError, SHUTDOWN_GRACE,
 };
 use speedtap::host::{Engine, EngineError, EngineHandle, RunningEngine};
 use speedtap::model::{EngineEvent, EngineQueries};
@@ -314,17 +313,17 @@ fn check_display() -> Result<(), String> {
 const MAX_CONFLICTS: usize = 64;
 
 /// Starts the engine as `speedtap run` does, with the tray's notification
-/// hook. Unlike `speedtap run`, finding no local server is not an error:
-/// the window's first-run view lists servers as they appear and can start
-/// demo traffic. Nor is a port that cannot be bound: the engine starts
+/// hook, following the machine when no route is configured (servers are
+/// measured as they start; the window's first-run view lists them as they
+/// appear and can start demo traffic). Unlike `speedtap run`, a port that
+/// cannot be bound is not an error: the engine starts
 /// without that listener (a route, or the control API), and the conflict
 /// is returned for the tray and the window to show ([`ports`]).
 pub async fn start_engine(
     args: &RunArgs,
-    mut settings: Settings,
+    settings: Settings,
     notifications: &Arc<Notifications>,
 ) -> Result<(RunningEngine, Vec<PortConflict>), RunError> {
-    discover_routes_if_any(&mut settings, "speedtap-desktop").await;
     let mut conflicts: Vec<PortConflict> = Vec::new();
     loop {
         // The same options `speedtap run` builds, store included (built
@@ -339,6 +338,10 @@ pub async fn start_engine(
             options.api = None;
         }
         options.slow_first_token_hooks.push(notifications.hook());
+        options.watch = watch_options(
+            &settings,
+            Arc::new(|line: &str| eprintln!("speedtap-desktop: {line}")),
+        );
         match Engine::start(options).await {
             Ok(engine) => {
                 notifications.attach(engine.handle.clone());

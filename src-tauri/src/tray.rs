@@ -96,6 +96,8 @@ pub fn create<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) -> tauri::R
             paused: notifications.is_paused(),
             routes: &routes,
             slow_ttft_ms: engine.settings_snapshot().slow_ttft_ms,
+            // The watcher's first list comes as an event.
+            servers: &[],
         },
     );
     let problem = add_app_entries(app, &mut view);
@@ -203,6 +205,7 @@ pub async fn refresh<R: Runtime>(app: &AppHandle<R>) {
     let engine = app.state::<Engine>();
     let paused = app.state::<Arc<Notifications>>().is_paused();
     let routes = engine.0.routes().await.routes;
+    let servers = engine.0.servers().await.servers;
     let slow_ttft_ms = engine.0.settings_snapshot().slow_ttft_ms;
     let mut view = lock(&tray.model).view(
         Instant::now(),
@@ -210,6 +213,7 @@ pub async fn refresh<R: Runtime>(app: &AppHandle<R>) {
             paused,
             routes: &routes,
             slow_ttft_ms,
+            servers: &servers,
         },
     );
     let problem = add_app_entries(app, &mut view);

@@ -61,6 +61,7 @@ mod tests {
                 paused: false,
                 routes: &[],
                 slow_ttft_ms: 5000,
+                servers: &[],
             },
         )
     }

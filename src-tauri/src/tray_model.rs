@@ -24,9 +24,9 @@
 use std::collections::{BTreeMap, HashSet};
 
 use serde::Deserialize;
-use speedtap::model::RouteInfo;
 use speedtap::model::Stats;
 use speedtap::model::{Call, CallIdentity, EngineEvent};
+use speedtap::model::{FollowedServer, FollowedState, RouteInfo};
 use speedtap::model::{Phase, Snapshot};
 use tokio::time::Instant;
 
@@ -47,6 +47,8 @@ pub const ID_PAUSE: &str = "pause-notifications";
 pub const ID_COPY_PREFIX: &str = "copy:";
 /// "Quit": exit 0.
 pub const ID_QUIT: &str = "quit";
+/// One followed model server (`server:NAME`), with how it is measured.
+pub const ID_SERVER_PREFIX: &str = "server:";
 
 /// At most this many calls get their own menu line.
 pub const MAX_CALL_ENTRIES: usize = 8;
@@ -143,6 +145,8 @@ pub struct ViewInputs<'a> {
     pub routes: &'a [RouteInfo],
     /// The slow-first-token threshold now (settings can change it live).
     pub slow_ttft_ms: u64,
+    /// The model servers followed on this machine, in the order found.
+    pub servers: &'a [FollowedServer],
 }
 
 /// Why a call waits for its first token, as far as the tray shows it: the
@@ -294,6 +298,8 @@ impl TrayModel {
                 true
             } // Notified on its own; nothing on the tray changes.
             EngineEvent::PromptTruncated(_) => false,
+            // The menu lists the servers (read from the engine at redraw).
+            EngineEvent::Servers(_) => true,
         }
     }
 
@@ -418,6 +424,16 @@ impl TrayModel {
             EntryKind::Info,
             hour_line(&self.stats),
         ));
+        if !inputs.servers.is_empty() {
+            menu.push(MenuEntry::separator(3));
+        }
+        for server in inputs.servers {
+            menu.push(MenuEntry::new(
+                format!("{ID_SERVER_PREFIX}{}", server.name),
+                EntryKind::Info,
+                server_line(server),
+            ));
+        }
         menu.push(MenuEntry::separator(1));
         menu.push(MenuEntry::new(ID_OPEN, EntryKind::Action, "Open speedtap"));
         menu.push(MenuEntry::new(
@@ -444,6 +460,28 @@ impl TrayModel {
     fn elapsed_ms(a: &Active, now: Instant) -> u64 {
         a.speed.elapsed_ms + now.saturating_duration_since(a.seen_at).as_millis() as u64
     }
+}
+
+/// One followed server in the menu: its name and how it is measured, e.g.
+/// `ollama: measured (capture)`, `llama-server-9931: through
+/// 127.0.0.1:9932`, `lm-studio: down`.
+fn server_line(server: &FollowedServer) -> String {
+    let how = match server.state {
+        FollowedState::Measured if server.route != server.name => {
+            format!("measured (route {})", server.route)
+        }
+        FollowedState::Measured => format!(
+            "measured ({})",
+            server.seen_by.as_deref().unwrap_or("capture")
+        ),
+        FollowedState::Proxied => match &server.proxy_listen {
+            Some(listen) => format!("through {listen}"),
+            None => "proxied".to_owned(),
+        },
+        FollowedState::Down => "down".to_owned(),
+        FollowedState::Ignored => "ignored".to_owned(),
+    };
+    format!("{}: {how}", server.name)
 }
 
 /// `3.2 s`, one decimal.
@@ -557,10 +595,61 @@ mod tests {
         })
     }
 
+    #[test]
+    fn the_menu_lists_each_followed_server_and_how_it_is_measured() {
+        let server =
+            |name: &str, state, seen_by: Option<&str>, proxy: Option<&str>| FollowedServer {
+                name: name.into(),
+                kind: "ollama".into(),
+                upstream: "http://127.0.0.1:11434".into(),
+                state,
+                seen_by: seen_by.map(str::to_owned),
+                route: name.into(),
+                proxy_listen: proxy.map(str::to_owned),
+                pid: None,
+                process: None,
+                version: None,
+                found_at: 0,
+                last_seen: 0,
+            };
+        let servers = [
+            server("ollama", FollowedState::Measured, Some("capture"), None),
+            server(
+                "llama-server-9931",
+                FollowedState::Proxied,
+                Some("proxy"),
+                Some("127.0.0.1:9932"),
+            ),
+            server("lm-studio", FollowedState::Down, None, None),
+        ];
+        let inputs = ViewInputs {
+            servers: &servers,
+            ..INPUTS
+        };
+        let view = TrayModel::new().view(Instant::now(), &inputs);
+        let lines: Vec<&str> = view
+            .menu
+            .iter()
+            .filter(|e| e.id.starts_with(ID_SERVER_PREFIX))
+            .map(|e| e.text.as_str())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "ollama: measured (capture)",
+                "llama-server-9931: through 127.0.0.1:9932",
+                "lm-studio: down",
+            ]
+        );
+        let without = TrayModel::new().view(Instant::now(), &INPUTS);
+        assert!(!without.menu.iter().any(|e| e.id == "sep-3"));
+    }
+
     const INPUTS: ViewInputs<'static> = ViewInputs {
         paused: false,
         routes: &[],
         slow_ttft_ms: 5000,
+        servers: &[],
     };
 
     #[test]
@@ -960,6 +1049,7 @@ mod tests {
             paused: true,
             routes: &routes,
             slow_ttft_ms: 5000,
+            servers: &[],
         };
         let v = TrayModel::new().view(t0, &inputs);
         let texts: Vec<&str> = v

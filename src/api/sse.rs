@@ -47,6 +47,7 @@ pub fn frame(event: &EngineEvent) -> String {
         EngineEvent::Settled(call) => encode("settled", call),
         EngineEvent::SlowFirstToken(slow) => encode("slow_first_token", slow),
         EngineEvent::PromptTruncated(cut) => encode("prompt_truncated", cut),
+        EngineEvent::Servers(servers) => encode("servers", servers),
     }
 }
 

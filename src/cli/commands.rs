@@ -130,7 +130,11 @@ async fn discover_command() -> Result<(), RunError> {
 /// and the route that would measure it through a proxy.
 fn discover_lines(server: &crate::host::FoundNow) -> String {
     let d = &server.found;
-    let detail = d.detail.as_deref().map(|s| format!(" ({s})")).unwrap_or_default();
+    let detail = d
+        .detail
+        .as_deref()
+        .map(|s| format!(" ({s})"))
+        .unwrap_or_default();
     let process = server
         .process
         .as_ref()

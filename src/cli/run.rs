@@ -7,8 +7,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::host::args::RunArgs;
-use crate::host::settings::{engine_options, resolve_settings, RunError, SHUTDOWN_GRACE};
-use crate::host::{Engine, WatchOptions};
+use crate::host::settings::{
+    engine_options, resolve_settings, watch_options, RunError, SHUTDOWN_GRACE,
+};
+use crate::host::Engine;
 use crate::model::{json_line, EngineEvent, EngineQueries};
 
 use super::view::TerminalView;
@@ -17,21 +19,12 @@ use super::view::TerminalView;
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let settings = resolve_settings(&args)?;
     let mut options = engine_options(&args, &settings)?;
-    // With no route configured, model servers are found by following the
-    // machine, now and whenever one starts later: with nothing up,
-    // speedtap waits for one (it runs as a service). Configured routes are
-    // measured as configured, and nothing else.
-    let nothing_configured = settings.routes.is_empty() && settings.capture_routes.is_empty();
-    options.watch = nothing_configured.then(|| WatchOptions {
-        saved: settings
-            .db
-            .path()
-            .map(|db| db.with_file_name("servers.json")),
-        announce: Some(std::sync::Arc::new(|line: &str| {
-            eprintln!("speedtap: {line}")
-        })),
-        ..WatchOptions::default()
-    });
+    // With no route configured, speedtap follows the machine (and runs as
+    // a service, waiting for servers to start).
+    options.watch = watch_options(
+        &settings,
+        std::sync::Arc::new(|line: &str| eprintln!("speedtap: {line}")),
+    );
     // Listen for the stop signals before anything is announced: a script
     // or service manager may stop speedtap as soon as it prints its start
     // lines, and a signal without a handler kills the process undrained.

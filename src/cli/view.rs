@@ -138,6 +138,8 @@ impl TerminalView {
                 self.scroll.push(format!("{YELLOW}{line}{RESET}"));
                 self.dirty = true;
             }
+            // Said on stderr by the watcher's own lines.
+            EngineEvent::Servers(_) => {}
         }
     }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::args::RunArgs;
 use super::EngineOptions;
+use super::WatchOptions;
 use crate::config::{self, CliOverrides, ConfigError, Settings};
-use crate::discover::Discovered;
 use crate::store::Store;
 
 /// In-flight calls get this long to finish on SIGINT/SIGTERM (contract).
@@ -125,86 +125,24 @@ fn resolve_with(args: &RunArgs, file: Option<config::ConfigFile>) -> Result<Sett
     Ok(config::resolve(file, flags)?)
 }
 
-/// Fills in routes from auto-discovery when none were configured, as
-/// `speedtap run` does: finding none is an error. With capture on (and its
-/// permission there) each server found gets a capture-only route, so its
-/// clients need no change; otherwise a proxy route on the next port.
-pub async fn discover_routes(settings: &mut Settings) -> Result<(), RunError> {
-    if !settings.routes.is_empty() || !settings.capture_routes.is_empty() {
-        return Ok(());
-    }
-    eprintln!("speedtap: no routes configured; looking for local model servers...");
-    let found = crate::discover::discover().await;
-    if found.is_empty() {
-        return Err(RunError::Usage(
-            "no local model server found on the usual ports (Ollama 11434, llama.cpp 8080, \
-             LM Studio 1234, vLLM 8000, KoboldCpp 5001, Jan 1337); start one, or pass \
-             --route NAME=LISTEN=UPSTREAM"
-                .into(),
-        ));
-    }
-    let capture = capture_can_run(settings).await;
-    for line in add_discovered(settings, found, capture) {
-        eprintln!("speedtap: {line}");
-    }
-    Ok(())
-}
-
-/// Fills in routes from auto-discovery when none were configured, as the
-/// tray app does: finding none is not an error (its window lists servers as
-/// they appear and can start demo traffic). Messages start with `who`.
-pub async fn discover_routes_if_any(settings: &mut Settings, who: &str) {
-    if !settings.routes.is_empty() || !settings.capture_routes.is_empty() {
-        return;
-    }
-    eprintln!("{who}: no routes configured; looking for local model servers...");
-    let found = crate::discover::discover().await;
-    let capture = !found.is_empty() && capture_can_run(settings).await;
-    for line in add_discovered(settings, found, capture) {
-        eprintln!("{who}: {line}");
-    }
-    if settings.routes.is_empty() && settings.capture_routes.is_empty() {
-        eprintln!(
-            "{who}: none found; open the window to see what to run, \
-             or start demo traffic there"
-        );
-    }
-}
-
-/// Routes for the servers `found`: capture-only ones when `capture` (the
-/// capture is on and may run), else proxy routes on the next port. Returns
-/// one line per server for the start-up message.
-pub fn add_discovered(
-    settings: &mut Settings,
-    found: Vec<Discovered>,
-    capture: bool,
-) -> Vec<String> {
-    let mut lines = Vec::new();
-    for d in found {
-        if capture {
-            lines.push(d.capture_summary());
-            settings.capture_routes.push(d.capture_route());
-        } else {
-            lines.push(d.summary());
-            settings.routes.push(d.suggested_route);
-        }
-    }
-    lines
-}
-
-/// Whether discovered servers can be measured by capture alone: capture is
-/// on and its helper may open the packet socket. When it may not, the
-/// servers get proxy routes instead (a capture-only route would measure
-/// nothing), and the engine's start says which command grants the
-/// permission.
-async fn capture_can_run(settings: &Settings) -> bool {
-    if !settings.capture {
-        return false;
-    }
-    let interface = settings.capture_interface.clone();
-    tokio::task::spawn_blocking(move || super::capture::startup_capture_permitted(&interface))
-        .await
-        .unwrap_or(false)
+/// Following the machine, as both front ends do it: on when no route is
+/// configured (then speedtap finds model servers as they start, and with
+/// none up it waits for one), off when routes are (those are measured as
+/// configured, and nothing else). The servers' names are saved beside the
+/// store; `announce` says each line (a server found, down, back).
+pub fn watch_options(
+    settings: &Settings,
+    announce: super::watch::Announce,
+) -> Option<WatchOptions> {
+    let nothing_configured = settings.routes.is_empty() && settings.capture_routes.is_empty();
+    nothing_configured.then(|| WatchOptions {
+        saved: settings
+            .db
+            .path()
+            .map(|db| db.with_file_name("servers.json")),
+        announce: Some(announce),
+        ..WatchOptions::default()
+    })
 }
 
 /// How often metrics are pushed with `--otlp-endpoint`.
@@ -261,43 +199,23 @@ fn store_unavailable_warning(path: &std::path::Path, error: &dyn std::fmt::Displ
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discover::ServerKind;
     use crate::model::RouteSpec;
 
-    fn ollama() -> Discovered {
-        Discovered {
-            kind: ServerKind::Ollama,
-            port: 11434,
-            upstream: "http://127.0.0.1:11434".into(),
-            suggested_route: RouteSpec::new("ollama", "127.0.0.1:11435", "http://127.0.0.1:11434")
-                .unwrap(),
-            detail: None,
-        }
-    }
-
     #[test]
-    fn discovery_with_capture_makes_capture_only_routes() {
-        let mut settings = Settings::default();
-        let lines = add_discovered(&mut settings, vec![ollama()], true);
-        assert!(settings.routes.is_empty(), "no proxy port is opened");
-        assert_eq!(settings.capture_routes.len(), 1);
-        let route = &settings.capture_routes[0];
-        assert_eq!(route.name, "ollama");
-        assert_eq!(route.upstream.port, 11434);
-        assert_eq!(route.upstream.host, "127.0.0.1");
-        assert!(
-            lines[0].contains("captured (no client changes)"),
-            "{lines:?}"
+    fn the_machine_is_followed_only_when_no_route_is_configured() {
+        let say: super::super::watch::Announce = std::sync::Arc::new(|_: &str| {});
+        let mut settings = Settings {
+            db: crate::config::DbSetting::File("/data/speedtap.sqlite3".into()),
+            ..Settings::default()
+        };
+        let watch = watch_options(&settings, say.clone()).expect("nothing configured: watched");
+        assert_eq!(
+            watch.saved.as_deref(),
+            Some(std::path::Path::new("/data/servers.json"))
         );
-    }
-
-    #[test]
-    fn discovery_without_capture_puts_a_proxy_on_the_next_port() {
-        let mut settings = Settings::default();
-        let lines = add_discovered(&mut settings, vec![ollama()], false);
-        assert!(settings.capture_routes.is_empty());
-        assert_eq!(settings.routes.len(), 1);
-        assert_eq!(settings.routes[0].listen.port(), 11435);
-        assert!(lines[0].contains("127.0.0.1:11435"), "{lines:?}");
+        settings
+            .routes
+            .push(RouteSpec::new("o", "127.0.0.1:0", "http://127.0.0.1:11434").unwrap());
+        assert!(watch_options(&settings, say).is_none());
     }
 }

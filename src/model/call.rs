@@ -188,6 +188,9 @@ pub enum EngineEvent {
     SlowFirstToken(SlowFirstToken),
     /// The server cut a prompt (once per route and model).
     PromptTruncated(PromptTruncated),
+    /// A followed model server was found, went down, came back or was
+    /// ignored: the whole new list (`event: servers`).
+    Servers(super::servers::ServersDoc),
 }
 
 /// The `data` of an SSE `event: speed`: `{"call": CallIdentity, "speed": Snapshot}`.

@@ -2,7 +2,9 @@
 the label shows a rate while tokens flow, the menu has its entries (a line
 per call in flight, the hour's high/low, Open, Pause, Start at login, one
 Copy per route, Quit), Copy puts the proxy URL on the clipboard, and Quit
-exits 0. A port taken at start does not stop the app: the tray names it."""
+exits 0. A port taken at start does not stop the app: the tray names it.
+With no route configured, a model server started after the app is listed
+in the menu and measured, and shown down when it stops."""
 
 import os
 import shutil
@@ -11,7 +13,7 @@ import subprocess
 import time
 import unittest
 
-from desktop import (DESKTOP, RATE_LABEL, Workdir, app_window, click, close_window, find_tray_item, free_port,
+from desktop import (DESKTOP, RATE_LABEL, SPEEDTAP, Workdir, app_window, click, close_window, find_tray_item, free_port,
                      menu_entries, menu_labels, start_app, start_simulator, stream_chat, stream_in_background,
                      tray_label, tray_property, wait_until, window_viewable)
 
@@ -128,6 +130,34 @@ class TrayTest(unittest.TestCase):
 
         # The other route works as usual.
         self.assertIn("data:", stream_chat(f"http://{ok_listen}"))
+
+    def test_a_server_started_after_the_app_is_listed_in_the_menu_and_measured(self):
+        # No route configured: the app follows the machine. The server
+        # starts after the app, under a model server's process name (a
+        # link to the simulator), on a port no default list has.
+        app, _, _, _ = start_app(self.work, {}, extra=["--hidden"], name="follow")
+        item = find_tray_item(app.pid, timeout=30)
+        link = os.path.join(self.work.path, "ollama")
+        os.symlink(SPEEDTAP, link)
+        port = free_port()
+        server = self.work.spawn("ollama", [link, "simulate", "--listen", f"127.0.0.1:{port}",
+                                            "--tps", "20", "--tokens", "60"])
+        prefix = f"ollama-{port}: "
+        line = wait_until("the server in the menu", lambda: next(
+            (l for l in menu_labels(item) if l.startswith(prefix)), None), timeout=30)
+        self.assertRegex(line, r"^ollama-\d+: (measured \(capture\)|through 127\.0\.0\.1:\d+)$")
+        url = (f"http://{line.split('through ')[1]}" if "through" in line
+               else f"http://127.0.0.1:{port}")
+        threads = stream_in_background(url, count=1)
+        wait_until("a tok/s label", lambda: RATE_LABEL.match(tray_label(item)))
+        for t in threads:
+            t.join(30)
+
+        # Stopped: shown down under the same name.
+        server.terminate()
+        server.wait(10)
+        wait_until("the server down in the menu", lambda: f"{prefix}down" in menu_labels(item), timeout=30)
+        self.assertIn("found: Ollama", self.work.log("follow"))
 
 
 if __name__ == "__main__":

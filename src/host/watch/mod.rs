@@ -26,7 +26,7 @@ use crate::discover::listeners::ListenerTable;
 use crate::discover::owner::find_owners;
 use crate::discover::registry::{Arrival, Registry};
 use crate::discover::{discover_on, Discovered, PORT_BUDGET};
-use crate::model::ServersDoc;
+use crate::model::{EngineEvent, ServersDoc};
 
 use super::EngineHandle;
 use follow::{Candidate, Follow};
@@ -70,7 +70,10 @@ impl Default for WatchOptions {
 impl WatchOptions {
     /// The line said while nothing is found: what is being watched.
     pub fn waiting_line(&self) -> String {
-        format!("waiting for a local model server (watching {})", self.watched())
+        format!(
+            "waiting for a local model server (watching {})",
+            self.watched()
+        )
     }
 
     /// What is watched: `model servers by process name on any port, and
@@ -236,7 +239,12 @@ impl Watcher {
             watching: true,
             servers: route::documents(self.follow.servers(), &self.routed),
         };
-        *self.doc.write().unwrap_or_else(|p| p.into_inner()) = doc;
+        *self.doc.write().unwrap_or_else(|p| p.into_inner()) = doc.clone();
+        self.handle
+            .supervisor
+            .do_send(crate::engine::messages::Broadcast(EngineEvent::Servers(
+                doc,
+            )));
         if let Some(path) = &self.options.saved {
             if let Err(e) = saved::save(path, self.follow.servers()) {
                 tracing::warn!("cannot save the servers found to {}: {e}", path.display());
@@ -267,7 +275,10 @@ pub struct FoundNow {
 /// One look at the machine, as the watcher takes it, for `speedtap
 /// discover`: every model server listening now, named as the watcher
 /// names it (from the servers saved at `saved`, which is not written).
-pub async fn look_once(proc_root: &std::path::Path, saved: Option<&std::path::Path>) -> Vec<FoundNow> {
+pub async fn look_once(
+    proc_root: &std::path::Path,
+    saved: Option<&std::path::Path>,
+) -> Vec<FoundNow> {
     let known = saved.and_then(|p| saved::load(p).ok()).unwrap_or_default();
     let mut follow = Follow::new(
         Registry::new(known, BTreeSet::new()),
@@ -278,9 +289,19 @@ pub async fn look_once(proc_root: &std::path::Path, saved: Option<&std::path::Pa
     let Ok(table) = ListenerTable::read(proc_root) else {
         return Vec::new();
     };
-    let observed = follow.observe(table, |inodes| find_owners(proc_root, inodes), SystemTime::now());
+    let observed = follow.observe(
+        table,
+        |inodes| find_owners(proc_root, inodes),
+        SystemTime::now(),
+    );
     let probes = observed.probe.iter().map(|c| async move {
-        (c, discover_on(c.host, &[c.port], PORT_BUDGET).await.into_iter().next())
+        (
+            c,
+            discover_on(c.host, &[c.port], PORT_BUDGET)
+                .await
+                .into_iter()
+                .next(),
+        )
     });
     let mut out = Vec::new();
     for (candidate, found) in futures_util::future::join_all(probes).await {
