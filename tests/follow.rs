@@ -119,5 +119,14 @@ async fn a_server_started_after_the_engine_is_measured_and_keeps_its_name_across
     assert_eq!(back.proxy_listen, server.proxy_listen);
     let saved = std::fs::read_to_string(dir.join("servers.json")).unwrap();
     assert!(saved.contains(&name), "{saved}");
+
+    // Ignored by the user: listed as such, and saved so.
+    let doc = engine.handle.ignore_server(name.clone()).await.unwrap();
+    let ignored = doc.servers.iter().find(|s| s.name == name).unwrap();
+    assert_eq!(ignored.state, FollowedState::Ignored);
+    let saved = std::fs::read_to_string(dir.join("servers.json")).unwrap();
+    assert!(saved.contains("\"ignored\""), "{saved}");
+    let unknown = engine.handle.ignore_server("no-such-server".into()).await;
+    assert!(unknown.is_err());
     engine.shutdown(Duration::from_secs(1)).await;
 }

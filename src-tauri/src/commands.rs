@@ -20,7 +20,7 @@ use speedtap::model::{Call, CallsQuery, EngineQueries};
 use speedtap::model::{
     CaptureDoc, DemoDoc, DiscoveredDoc, HistoryDoc, RoutesDoc, SaveOutcome, SettingsDoc,
 };
-use speedtap::model::{DepthDoc, DepthQuery};
+use speedtap::model::{DepthDoc, DepthQuery, ServersDoc};
 use tauri::State;
 
 /// What a command answers: its document, or the engine interface's error
@@ -72,6 +72,19 @@ pub async fn routes(engine: State<'_, Engine>) -> Result<RoutesDoc> {
 #[tauri::command]
 pub async fn discover(engine: State<'_, Engine>) -> Result<DiscoveredDoc> {
     Ok(engine.0.discover().await)
+}
+
+/// The model servers followed on this machine, like `GET /api/v1/servers`.
+#[tauri::command]
+pub async fn servers(engine: State<'_, Engine>) -> Result<ServersDoc> {
+    Ok(engine.0.servers().await)
+}
+
+/// Never measure a followed server again, like `POST
+/// /api/v1/servers/NAME/ignore`.
+#[tauri::command]
+pub async fn ignore_server(engine: State<'_, Engine>, name: String) -> Result<ServersDoc> {
+    engine.0.ignore_server(name).await
 }
 
 /// How calls made straight to a model server are measured, like

@@ -388,6 +388,8 @@ pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<A
             commands::stats_history,
             commands::routes,
             commands::discover,
+            commands::servers,
+            commands::ignore_server,
             commands::capture,
             commands::get_settings,
             commands::save_settings,

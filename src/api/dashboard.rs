@@ -58,6 +58,7 @@ pub const ASSETS: &[Asset] = &[
     ui!("lib/history.js", JS),
     ui!("lib/present.js", JS),
     ui!("lib/reducer.js", JS),
+    ui!("lib/servers.js", JS),
     ui!("lib/settings.js", JS),
     ui!("lib/sparkline.js", JS),
     ui!("views/calls.js", JS),

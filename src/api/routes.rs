@@ -77,6 +77,7 @@ enum Endpoint<'a> {
     Export,
     Discover,
     Servers,
+    IgnoreServer(&'a str),
     Capture,
     Settings,
     Demo,
@@ -88,7 +89,7 @@ impl Endpoint<'_> {
     fn allowed(&self) -> &'static str {
         match self {
             Endpoint::Settings => ALLOWED_SETTINGS,
-            Endpoint::Demo => ALLOWED_DEMO,
+            Endpoint::Demo | Endpoint::IgnoreServer(_) => ALLOWED_DEMO,
             _ => ALLOWED,
         }
     }
@@ -98,7 +99,7 @@ impl Endpoint<'_> {
             Endpoint::Settings => {
                 matches!(*method, Method::GET | Method::HEAD | Method::PUT)
             }
-            Endpoint::Demo => *method == Method::POST,
+            Endpoint::Demo | Endpoint::IgnoreServer(_) => *method == Method::POST,
             _ => matches!(*method, Method::GET | Method::HEAD),
         }
     }
@@ -124,6 +125,11 @@ fn endpoint(path: &str) -> Option<Endpoint<'_>> {
         _ => {
             if let Some(id) = path.strip_prefix("/api/v1/calls/") {
                 return (!id.is_empty() && !id.contains('/')).then_some(Endpoint::Call(id));
+            }
+            if let Some(rest) = path.strip_prefix("/api/v1/servers/") {
+                let name = rest.strip_suffix("/ignore")?;
+                return (!name.is_empty() && !name.contains('/'))
+                    .then_some(Endpoint::IgnoreServer(name));
             }
             dashboard::asset(path).map(Endpoint::Asset)
         }
@@ -289,6 +295,10 @@ async fn answer<E: EngineQueries>(
         },
         Endpoint::Discover => json(StatusCode::OK, &engine.discover().await),
         Endpoint::Servers => json(StatusCode::OK, &engine.servers().await),
+        Endpoint::IgnoreServer(name) => match engine.ignore_server(name.to_owned()).await {
+            Ok(doc) => json(StatusCode::OK, &doc),
+            Err(e) => query_error(&e),
+        },
         Endpoint::Capture => json(StatusCode::OK, &engine.capture().await),
         Endpoint::Settings if *req.method() == Method::PUT => save_settings(engine, body).await,
         Endpoint::Settings => match engine.get_settings().await {

@@ -67,6 +67,9 @@ pub(super) struct Shared {
     pub(super) capture: RwLock<CaptureDoc>,
     /// The model servers followed on this machine (the watcher's list).
     pub(super) followed: Arc<RwLock<crate::model::ServersDoc>>,
+    /// The watcher's inbox, once it runs.
+    pub(super) watch_commands:
+        std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<super::watch::WatchCommand>>,
 }
 
 /// Access to the running engine, for front ends. Cheap to clone.
@@ -201,6 +204,21 @@ impl EngineQueries for EngineHandle {
 
     async fn servers(&self) -> crate::model::ServersDoc {
         read(&self.shared.followed).clone()
+    }
+
+    async fn ignore_server(&self, name: String) -> Result<crate::model::ServersDoc, QueryError> {
+        let Some(commands) = self.shared.watch_commands.get() else {
+            return Err(QueryError::NotFound(format!(
+                "no followed server {name:?}: routes are configured, so the machine isn't followed"
+            )));
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let asked = commands.send(super::watch::WatchCommand::Ignore { name, reply });
+        match (asked, answer.await) {
+            (Ok(()), Ok(Ok(()))) => Ok(read(&self.shared.followed).clone()),
+            (Ok(()), Ok(Err(why))) => Err(QueryError::NotFound(why)),
+            _ => Err(QueryError::Io("the watcher has stopped".into())),
+        }
     }
 
     async fn discover(&self) -> DiscoveredDoc {

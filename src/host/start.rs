@@ -90,7 +90,10 @@ impl Engine {
         let (routes, api) = serve(&shared, &handle, listeners).await;
         let capture = capture::start(&shared, &options.routes, &routes, options.capture).await;
         if let Some(watch) = options.watch.take() {
-            let watcher = super::watch::spawn(handle.clone(), watch, shared.followed.clone());
+            let (commands, received) = tokio::sync::mpsc::unbounded_channel();
+            let _ = shared.watch_commands.set(commands);
+            let watcher =
+                super::watch::spawn(handle.clone(), watch, shared.followed.clone(), received);
             shared.servers.lock().await.spawn(watcher);
         }
         // Not logged here: each front end shows `capture` in its own words
@@ -213,6 +216,7 @@ fn share_state(
         reader: saved.reader,
         capture: RwLock::new(CaptureDoc::default()),
         followed: Arc::default(),
+        watch_commands: std::sync::OnceLock::new(),
     })
 }
 

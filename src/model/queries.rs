@@ -127,6 +127,18 @@ pub trait EngineQueries: Clone + Send + Sync + 'static {
     fn servers(&self) -> impl Future<Output = ServersDoc> + Send {
         async { ServersDoc::default() }
     }
+    /// Never measure the followed server `name` again (kept across
+    /// restarts); answers the new list.
+    fn ignore_server(
+        &self,
+        name: String,
+    ) -> impl Future<Output = Result<ServersDoc, QueryError>> + Send {
+        async move {
+            Err(QueryError::NotFound(format!(
+                "no followed server {name:?}: this engine doesn't follow the machine"
+            )))
+        }
+    }
     /// How calls made straight to a model server are measured (the
     /// passive capture's state, and the command that grants its
     /// permission when missing).

@@ -14,6 +14,8 @@
 //   statsHistory() ->                  {points: [{t, tps}]}
 //   routes() ->                        {routes: [...]}
 //   discover() ->                      {servers: [...]}
+//   servers() ->                       {watching, servers: [FollowedServer]}
+//   ignoreServer(name) ->              {watching, servers: [FollowedServer]}
 //   capture() ->                       {state, routes, reason?, grant_command?, permitted?}
 //   getSettings() ->                   Settings
 //   saveSettings(settings) ->          {saved, restart_required, config_path}
@@ -26,14 +28,14 @@
 //   exportFile(filter, format) ->      {url} in a browser (a download link
 //                                      the page follows), {text} in Tauri
 //                                      (saved by the page as a Blob)
-//   subscribe({speed, stats, settled, slow_first_token, prompt_truncated, open, error}) -> unsubscribe()
+//   subscribe({speed, stats, settled, slow_first_token, prompt_truncated, servers, open, error}) -> unsubscribe()
 // Every request rejects with a SourceError. `filter` is lib/history.js's:
 // `{since?, until?, model?, route?, client?, limit?}`, set keys only.
 
 import { depthFilter, exportUrl, filterQuery } from "./history.js";
 
 /** The live event names, the same in SSE and Tauri. */
-export const EVENTS = ["speed", "stats", "settled", "slow_first_token", "prompt_truncated"];
+export const EVENTS = ["speed", "stats", "settled", "slow_first_token", "prompt_truncated", "servers"];
 
 export class SourceError extends Error {
   /**
@@ -101,6 +103,8 @@ export function browserSource({ fetch, EventSource }, base = "") {
     statsHistory: () => request("GET", "/api/v1/stats/history"),
     routes: () => request("GET", "/api/v1/routes"),
     discover: () => request("GET", "/api/v1/discover"),
+    servers: () => request("GET", "/api/v1/servers"),
+    ignoreServer: (name) => request("POST", `/api/v1/servers/${encodeURIComponent(name)}/ignore`, {}),
     capture: () => request("GET", "/api/v1/capture"),
     getSettings: () => request("GET", "/api/v1/settings"),
     saveSettings: (settings) => request("PUT", "/api/v1/settings", settings),
@@ -169,6 +173,8 @@ export function tauriSource(tauri) {
     statsHistory: () => invoke("stats_history"),
     routes: () => invoke("routes"),
     discover: () => invoke("discover"),
+    servers: () => invoke("servers"),
+    ignoreServer: (name) => invoke("ignore_server", { name }),
     capture: () => invoke("capture"),
     getSettings: () => invoke("get_settings"),
     saveSettings: (settings) => invoke("save_settings", { settings }),

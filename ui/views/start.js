@@ -6,6 +6,7 @@
 
 import { captureStatus } from "../lib/capture.js";
 import { clientHints, isOllama, routeLooksLikeOllama } from "../lib/clients.js";
+import { WAITING, describeServer } from "../lib/servers.js";
 import { renderCaptureStatus } from "./capture.js";
 import { copyable, h } from "./dom.js";
 
@@ -80,8 +81,68 @@ export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document
     }
   }
 
+  /** The servers speedtap follows, live; false when it doesn't follow. */
+  async function loadFollowed() {
+    try {
+      const doc = await source.servers();
+      if (!doc?.watching) return false;
+      renderFollowed(doc);
+      return true;
+    } catch {
+      return false; // an older engine: discovery it is
+    }
+  }
+
+  function renderFollowed(doc) {
+    rescan.hidden = true;
+    const servers = doc.servers ?? [];
+    if (servers.length === 0) {
+      message(serversBox, WAITING);
+      return;
+    }
+    serversBox.replaceChildren(...servers.map(followedItem));
+  }
+
+  function followedItem(s) {
+    const d = describeServer(s);
+    const ignore =
+      s.state === "ignored"
+        ? null
+        : h(
+            "button",
+            {
+              type: "button",
+              class: "small",
+              title: "Never measure this server (kept across restarts)",
+              onclick: async () => {
+                try {
+                  renderFollowed(await source.ignoreServer(s.name));
+                } catch (err) {
+                  message(serversBox, `Could not ignore ${s.name}: ${err.message}`, "notice");
+                }
+              },
+            },
+            "Ignore",
+          );
+    return h(
+      "div",
+      { class: "item", "data-server": s.upstream, "data-state": s.state },
+      h(
+        "div",
+        { class: "item-head" },
+        h("span", { class: "item-title" }, d.title),
+        h("span", { class: "muted small" }, d.subtitle),
+        h("span", { class: `chip ${d.chipClass}` }, d.chip),
+        ignore,
+      ),
+      d.note ? h("p", { class: "small muted" }, d.note) : null,
+      d.proxyUrl ? hints(d.proxyUrl, clientHints(d.proxyUrl, { ollama: isOllama(s.kind) })) : null,
+    );
+  }
+
   async function loadServers() {
     if (scanning) return scanning;
+    if (await loadFollowed()) return;
     rescan.disabled = true;
     message(serversBox, "Looking for local model servers…");
     scanning = (async () => {
@@ -176,6 +237,10 @@ export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document
 
   let loaded = false;
   return {
+    /** A `servers` event: the followed list changed. */
+    onServers(doc) {
+      if (doc?.watching) renderFollowed(doc);
+    },
     async load() {
       if (loaded) return;
       loaded = true;

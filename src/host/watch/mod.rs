@@ -89,6 +89,16 @@ impl WatchOptions {
     }
 }
 
+/// What the rest of the engine may ask the watcher.
+pub(crate) enum WatchCommand {
+    /// Never measure the server `name` again; the answer says whether
+    /// there was one.
+    Ignore {
+        name: String,
+        reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+    },
+}
+
 /// The watcher's state: the bookkeeping, and how each server is measured.
 struct Watcher {
     follow: Follow,
@@ -108,6 +118,7 @@ pub(super) fn spawn(
     handle: EngineHandle,
     options: WatchOptions,
     doc: Arc<RwLock<ServersDoc>>,
+    commands: tokio::sync::mpsc::UnboundedReceiver<WatchCommand>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let saved = match &options.saved {
         Some(path) => saved::load(path).unwrap_or_else(|why| {
@@ -133,19 +144,24 @@ pub(super) fn spawn(
         told_grant: false,
         doc,
     };
-    watcher.run()
+    watcher.run(commands)
 }
 
 impl Watcher {
-    async fn run(mut self) {
+    async fn run(mut self, mut commands: tokio::sync::mpsc::UnboundedReceiver<WatchCommand>) {
         let mut stop = self.handle.shared.stop.clone();
         let mut tick = tokio::time::interval(self.options.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut first = true;
         loop {
-            tokio::select! {
+            let command = tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
-                _ = tick.tick() => {}
+                _ = tick.tick() => None,
+                Some(command) = commands.recv() => Some(command),
+            };
+            if let Some(command) = command {
+                self.command(command);
+                continue;
             }
             self.look().await;
             if std::mem::take(&mut first) && self.routed.is_empty() {
@@ -221,6 +237,36 @@ impl Watcher {
         }
         self.routed.insert(name, routed);
         true
+    }
+
+    fn command(&mut self, command: WatchCommand) {
+        match command {
+            WatchCommand::Ignore { name, reply } => {
+                let _ = reply.send(self.ignore(&name));
+            }
+        }
+    }
+
+    /// The user asks never to measure `name`: its capture route (if the
+    /// watcher added one) goes at once, a proxy route at the next start;
+    /// saved, so it stays ignored.
+    fn ignore(&mut self, name: &str) -> Result<(), String> {
+        let port = self
+            .follow
+            .servers()
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.identity.port)
+            .ok_or_else(|| format!("no followed server named {name:?}"))?;
+        self.follow.registry.ignore(name);
+        if let Some(routed) = self.routed.remove(name) {
+            route::unmeasure(&self.handle, &routed, port);
+        }
+        self.say(&format!(
+            "route \"{name}\" is ignored: it won't be measured again"
+        ));
+        self.publish();
+        Ok(())
     }
 
     /// The server `name` stopped listening on `port`.
