@@ -184,6 +184,19 @@ impl Follow {
         }
     }
 
+    /// Whether some listener worth probing hasn't answered yet.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// The listeners to ask again, with nothing new seen.
+    pub(crate) fn retry(&self) -> Observed {
+        Observed {
+            probe: self.pending.values().cloned().collect(),
+            down: Vec::new(),
+        }
+    }
+
     /// Every server known, for saving and listing.
     pub(crate) fn servers(&self) -> &[KnownServer] {
         self.registry.servers()

@@ -4,15 +4,16 @@
 //!
 //! One task owns the whole state (an actor in all but name: nothing else
 //! touches it; the rest of the engine sees its [`ServersDoc`]). Every
-//! [`WATCH_EVERY`] it reads the kernel's listener table (see
-//! [`crate::discover::listeners`] for why `/proc/net/tcp{,6}`), which is
-//! its only wake-up when nothing changes. What appeared is looked up to its
+//! [`WATCH_EVERY`] its [`reader`] thread reads the kernel's listener table
+//! (see [`crate::discover::listeners`] for why `/proc/net/tcp{,6}`), which
+//! is its only wake-up when nothing changes. What appeared is looked up to its
 //! process, probed when the process or the port says it may be a model
 //! server ([`crate::discover::known`]), named by the registry, and routed
 //! ([`route`]): captured where the capture runs, else behind a proxy route.
 //! What went away is marked down and keeps its name and history.
 
 mod follow;
+mod reader;
 mod route;
 mod saved;
 
@@ -150,20 +151,24 @@ pub(super) fn spawn(
 impl Watcher {
     async fn run(mut self, mut commands: tokio::sync::mpsc::UnboundedReceiver<WatchCommand>) {
         let mut stop = self.handle.shared.stop.clone();
-        let mut tick = tokio::time::interval(self.options.every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let every = self.options.every;
+        let mut tables = reader::spawn(self.options.proc_root.clone(), every);
+        // Listeners that didn't answer yet are asked again one interval
+        // after the last look, and only while there are some.
+        let mut retry_at = tokio::time::Instant::now() + every;
         let mut first = true;
         loop {
-            let command = tokio::select! {
+            let table = tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
-                _ = tick.tick() => None,
-                Some(command) = commands.recv() => Some(command),
+                Some(table) = tables.recv() => Some(table),
+                () = tokio::time::sleep_until(retry_at), if self.follow.has_pending() => None,
+                Some(command) = commands.recv() => {
+                    self.command(command);
+                    continue;
+                }
             };
-            if let Some(command) = command {
-                self.command(command);
-                continue;
-            }
-            self.look().await;
+            self.look(table).await;
+            retry_at = tokio::time::Instant::now() + every;
             if std::mem::take(&mut first) && self.routed.is_empty() {
                 let line = self.options.waiting_line();
                 self.say(&line);
@@ -171,18 +176,19 @@ impl Watcher {
         }
     }
 
-    /// One look at the machine: what went, what came, and each new
+    /// One look at the machine: what went, what came (from `table`, a new
+    /// reading; `None` asks the silent listeners again), and each new
     /// server routed.
-    async fn look(&mut self) {
+    async fn look(&mut self, table: Option<ListenerTable>) {
         let proc_root = self.options.proc_root.clone();
-        let Ok(table) = ListenerTable::read(&proc_root) else {
-            return;
-        };
         let now = SystemTime::now();
-        let observed = tokio::task::block_in_place(|| {
-            self.follow
-                .observe(table, |inodes| find_owners(&proc_root, inodes), now)
-        });
+        let observed = match table {
+            Some(table) => tokio::task::block_in_place(|| {
+                self.follow
+                    .observe(table, |inodes| find_owners(&proc_root, inodes), now)
+            }),
+            None => self.follow.retry(),
+        };
         let mut changed = !observed.down.is_empty();
         for (port, names) in observed.down {
             for name in names {
