@@ -19,7 +19,7 @@ mod shutdown;
 mod start;
 mod summary;
 
-pub use capture::capture_permitted;
+pub use capture::{capture_permitted, CaptureRouteError};
 pub use handle::EngineHandle;
 pub use options::{
     CaptureOptions, CaptureStatus, EngineError, EngineOptions, DEFAULT_MAX_DB_BYTES,
@@ -28,4 +28,4 @@ pub use options::{
 pub use shutdown::SETTLE_WAIT;
 pub use start::{Engine, RunningEngine, PRUNE_EVERY};
 
-use handle::{bind_route, spawn_route, unix_ms_now, write, LiveSettings, Shared};
+use handle::{bind_route, read, spawn_route, unix_ms_now, write, LiveSettings, Shared};

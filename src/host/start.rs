@@ -208,6 +208,7 @@ fn share_state(
         demo: tokio::sync::Mutex::new(None),
         reader: saved.reader,
         capture: RwLock::new(CaptureDoc::default()),
+        capture_control: std::sync::OnceLock::new(),
     })
 }
 
