@@ -453,3 +453,270 @@ async fn a_captured_call_for_a_model_not_loaded_says_it_is_loading() {
     engine.shutdown(Duration::from_secs(1)).await;
     sim.shutdown().await;
 }
+
+/// Every call, once at least `n` calls on `route` have settled (10 s at
+/// most).
+async fn settled_on(engine: &RunningEngine, route: &str, n: usize) -> Vec<Call> {
+    use speedtap::model::{CallsQuery, EngineEvent};
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut events = engine.handle.subscribe().await;
+    loop {
+        let calls = engine
+            .handle
+            .calls(CallsQuery {
+                limit: 10_000,
+                route: None,
+            })
+            .await;
+        let done = calls
+            .iter()
+            .filter(|c| c.identity.route == route && c.status.is_settled())
+            .count();
+        if done >= n {
+            return calls;
+        }
+        loop {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(EngineEvent::Settled(_))) => break,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    panic!("{n} calls on {route} did not settle: {}", all_calls(&calls))
+                }
+            }
+        }
+    }
+}
+
+/// Waits for a live snapshot of a call on `route` with output tokens: a
+/// call streaming now.
+async fn streaming_on(
+    rx: &mut tokio::sync::mpsc::Receiver<speedtap::model::EngineEvent>,
+    route: &str,
+) {
+    use speedtap::model::EngineEvent;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(EngineEvent::Speed { call, speed }))
+                if call.route == route && speed.output_tokens > 0 =>
+            {
+                return
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => panic!("no call streaming on route {route}"),
+        }
+    }
+}
+
+/// A server that starts after the engine is captured from the moment its
+/// route is added, with no restart and no proxy; the call streaming on the
+/// other route meanwhile loses no packet. Removed again, its calls are no
+/// longer recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_captured_while_running_measures_a_server_started_later_without_a_gap_for_the_others(
+) {
+    let sim_a = simulator().await;
+    let Some(engine) = capture_engine(&sim_a.base_url(), false).await else {
+        sim_a.shutdown().await;
+        return;
+    };
+    let (path, body, _) = cases()[0];
+    // A call to A streams (about 1.5 s) while B's route is added.
+    let mut rx = engine.handle.subscribe().await;
+    let a_addr = sim_a.local_addr();
+    let in_flight = tokio::spawn(stopwatch_client(a_addr, path, body));
+    streaming_on(&mut rx, "t").await;
+
+    let sim_b = simulator().await;
+    let b_port = sim_b.local_addr().port();
+    engine
+        .handle
+        .capture_route("b", Upstream::parse(&sim_b.base_url()).unwrap())
+        .unwrap();
+    let doc = engine.handle.capture().await;
+    assert!(
+        doc.routes.contains(&CaptureRouteDoc {
+            name: "b".into(),
+            port: b_port
+        }),
+        "{doc:?}"
+    );
+    // The same route again is no change; another name on its port is refused.
+    engine
+        .handle
+        .capture_route("b", Upstream::parse(&sim_b.base_url()).unwrap())
+        .unwrap();
+    let taken = engine
+        .handle
+        .capture_route("c", Upstream::parse(&sim_b.base_url()).unwrap());
+    assert!(taken.is_err(), "{taken:?}");
+
+    // The call to A that was streaming across the change: whole.
+    assert_eq!(in_flight.await.unwrap().status, 200);
+    let calls = settled_on(&engine, "t", 1).await;
+    let a = &calls[0];
+    assert_eq!(
+        (a.identity.route.as_str(), a.status),
+        ("t", CallStatus::Ok),
+        "{a:#?}"
+    );
+    assert!(!a.details.capture_gap, "{a:#?}");
+    assert_eq!(a.speed.as_ref().unwrap().output_tokens, TOKENS);
+
+    // Calls straight to B are measured. The helper applies the new filter
+    // within a moment of the route's addition, so the first call may come
+    // before it: retried until one is seen (each followed by a call to A,
+    // which the capture reads after it), then the next one must be.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut on_a = 1;
+    let mut attempts = 0;
+    let b_seen = loop {
+        attempts += 1;
+        assert_eq!(
+            stopwatch_client(sim_b.local_addr(), path, body)
+                .await
+                .status,
+            200
+        );
+        stopwatch_client(a_addr, path, body).await;
+        on_a += 1;
+        let calls = settled_on(&engine, "t", on_a).await;
+        let b_seen = calls.iter().filter(|c| c.identity.route == "b").count();
+        if b_seen > 0 {
+            eprintln!("the first call to B was measured on attempt {attempts}");
+            break b_seen;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no call to B measured: {}",
+            all_calls(&calls)
+        );
+    };
+    assert_eq!(
+        stopwatch_client(sim_b.local_addr(), path, body)
+            .await
+            .status,
+        200
+    );
+    let calls = settled_on(&engine, "b", b_seen + 1).await;
+    let b: Vec<&Call> = calls.iter().filter(|c| c.identity.route == "b").collect();
+    for call in &b {
+        assert_eq!(call.status, CallStatus::Ok, "{call:#?}");
+        assert_eq!(call.details.seen_by, SeenBy::Capture);
+        assert!(!call.details.capture_gap, "{call:#?}");
+        assert_eq!(call.speed.as_ref().unwrap().output_tokens, TOKENS);
+    }
+    // Every call to A, before, across and after the change: whole.
+    let on_a_calls: Vec<&Call> = calls.iter().filter(|c| c.identity.route == "t").collect();
+    assert_eq!(on_a_calls.len(), on_a, "{}", all_calls(&calls));
+    assert!(
+        on_a_calls
+            .iter()
+            .all(|c| c.status == CallStatus::Ok && !c.details.capture_gap),
+        "{}",
+        all_calls(&calls)
+    );
+
+    // Removed: a call to B is no longer recorded (checked behind a call to
+    // A, which the capture reads after it).
+    assert!(engine.handle.uncapture_route(b_port));
+    assert!(!engine.handle.uncapture_route(b_port), "already removed");
+    stopwatch_client(sim_b.local_addr(), path, body).await;
+    stopwatch_client(a_addr, path, body).await;
+    let calls = settled_on(&engine, "t", on_a + 1).await;
+    assert_eq!(
+        calls.iter().filter(|c| c.identity.route == "b").count(),
+        b.len(),
+        "{}",
+        all_calls(&calls)
+    );
+    let doc = engine.handle.capture().await;
+    assert!(doc.routes.iter().all(|r| r.port != b_port), "{doc:?}");
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim_a.shutdown().await;
+    sim_b.shutdown().await;
+}
+
+/// With capture asked for and no route at all, the capture still starts
+/// (on no port), so servers found later can be captured; without the
+/// capture, capturing a route says why it can't.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capture_starts_with_no_route_and_a_route_needs_it_running() {
+    let mut options = EngineOptions::new(Vec::new());
+    options.capture = Some(CaptureOptions {
+        interface: "lo".into(),
+        capture_only: Vec::new(),
+    });
+    let engine = Engine::start(options).await.unwrap();
+    match &engine.capture {
+        CaptureStatus::On { ports } => assert!(ports.is_empty(), "{ports:?}"),
+        other => {
+            assert!(
+                std::env::var_os("SPEEDTAP_CAPTURE_REQUIRE").is_none(),
+                "SPEEDTAP_CAPTURE_REQUIRE is set but the capture can't run here: {other:?}"
+            );
+            let refused = engine
+                .handle
+                .capture_route("x", Upstream::parse("http://127.0.0.1:9").unwrap())
+                .unwrap_err();
+            assert!(
+                matches!(refused, speedtap::host::CaptureRouteError::Unavailable(_)),
+                "{refused}"
+            );
+            eprintln!("skipped: the capture can't run here: {other:?}");
+            engine.shutdown(Duration::from_secs(1)).await;
+            return;
+        }
+    }
+    let doc = engine.handle.capture().await;
+    assert_eq!(doc.state, CaptureState::On);
+    assert!(doc.routes.is_empty());
+    let sim = simulator().await;
+    engine
+        .handle
+        .capture_route("late", Upstream::parse(&sim.base_url()).unwrap())
+        .unwrap();
+    let remote = engine
+        .handle
+        .capture_route("far", Upstream::parse("http://10.0.0.5:8080").unwrap());
+    assert!(
+        matches!(remote, Err(speedtap::host::CaptureRouteError::NotLocal(_))),
+        "{remote:?}"
+    );
+    // Measured once the helper has the port (retried until then).
+    let (path, body, _) = cases()[0];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let call = loop {
+        assert_eq!(
+            stopwatch_client(sim.local_addr(), path, body).await.status,
+            200
+        );
+        let calls = engine
+            .handle
+            .calls(speedtap::model::CallsQuery {
+                limit: 10,
+                route: None,
+            })
+            .await;
+        if let Some(c) = calls.into_iter().find(|c| c.status.is_settled()) {
+            break c;
+        }
+        assert!(std::time::Instant::now() < deadline, "no call measured");
+    };
+    assert_eq!(call.identity.route, "late");
+    assert_eq!(call.details.seen_by, SeenBy::Capture);
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+
+    // Without the capture, the reason comes back.
+    let engine = Engine::start(EngineOptions::new(Vec::new())).await.unwrap();
+    let refused = engine
+        .handle
+        .capture_route("x", Upstream::parse("http://127.0.0.1:9").unwrap())
+        .unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "the capture is not running: capture is off (not asked for)"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+}

@@ -13,7 +13,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use speedtap::host::{Engine, EngineOptions, RunningEngine, WatchOptions, WATCH_EVERY};
+use speedtap::host::{
+    CaptureOptions, CaptureStatus, Engine, EngineOptions, RunningEngine, WatchOptions, WATCH_EVERY,
+};
 use speedtap::model::{CallsQuery, EngineQueries, FollowedServer, FollowedState};
 
 use crate::util::process::{scratch, url_addr, Proc, BIN, STARTUP};
@@ -128,5 +130,63 @@ async fn a_server_started_after_the_engine_is_measured_and_keeps_its_name_across
     assert!(saved.contains("\"ignored\""), "{saved}");
     let unknown = engine.handle.ignore_server("no-such-server".into()).await;
     assert!(unknown.is_err());
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_capture_a_server_started_after_the_engine_is_measured_with_no_client_change() {
+    let dir = scratch("follow", "capture");
+    let mut options = EngineOptions::new(Vec::new());
+    options.capture = Some(CaptureOptions {
+        interface: "lo".into(),
+        capture_only: Vec::new(),
+    });
+    options.watch = Some(WatchOptions::default());
+    let engine = Engine::start(options).await.unwrap();
+    if !matches!(engine.capture, CaptureStatus::On { .. }) {
+        assert!(
+            std::env::var_os("SPEEDTAP_CAPTURE_REQUIRE").is_none(),
+            "SPEEDTAP_CAPTURE_REQUIRE is set but the capture can't run here: {:?}",
+            engine.capture
+        );
+        eprintln!("skipped: the capture can't run here: {:?}", engine.capture);
+        engine.shutdown(Duration::from_secs(1)).await;
+        return;
+    }
+    let (_sim, addr) = start_llama_server(&dir, "127.0.0.1:0");
+    let (server, took) = server_on(
+        &engine,
+        addr.port(),
+        FollowedState::Measured,
+        2 * WATCH_EVERY,
+    )
+    .await;
+    eprintln!("captured after {took:?}");
+    assert_eq!(server.seen_by.as_deref(), Some("capture"));
+    assert_eq!(server.proxy_listen, None, "no port opened");
+
+    // A call sent straight to the server, as any client makes it.
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let reply = send(addr, "POST", "/v1/chat/completions", body).await;
+    assert_eq!(reply.status, 200);
+    let start = Instant::now();
+    loop {
+        let calls = engine
+            .handle
+            .calls(CallsQuery {
+                limit: 100,
+                route: Some(server.name.clone()),
+            })
+            .await;
+        if calls.iter().any(|c| c.status.is_settled()) {
+            assert_eq!(calls.len(), 1, "{calls:#?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not measured: {calls:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     engine.shutdown(Duration::from_secs(1)).await;
 }

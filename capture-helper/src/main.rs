@@ -4,9 +4,25 @@
 //! standard output.
 //!
 //! ```text
-//! speedtap-capture [--interface lo|any|NAME] --port N [--port M ...] [--snaplen 65568]
+//! speedtap-capture [--interface lo|any|NAME] [--port N ...] [--snaplen 65568]
 //! speedtap-capture --check [--interface NAME]
 //! ```
+//!
+//! With no `--port` it starts capturing nothing (a filter no TCP packet
+//! matches: port 0 can't be connected to) and waits for ports on its
+//! control input.
+//!
+//! # Control input (standard input)
+//! One command a line, in ASCII:
+//! - `ports N M ...`: the whole new set of ports (an empty set is allowed:
+//!   capture nothing). It replaces the kernel filter at once, without
+//!   losing a packet of the flows the old and new sets share (see *Changing
+//!   the filter* below).
+//!
+//! A bad line (unknown command, bad port, a filter that doesn't compile or
+//! attach) is reported on standard error and ignored: the filter in place
+//! stays. The end of standard input is not a reason to stop (an engine with
+//! nothing to change may close it); the helper then just stops reading it.
 //!
 //! # Output (the engine's `speedtap::capture::feed` decodes it)
 //! All integers little-endian.
@@ -23,8 +39,43 @@
 //!   timeout and wakes nobody.
 //!
 //! It exits when its standard output closes (the engine went away or stopped
-//! it) or on SIGTERM. It never parses, prints or logs packet contents: they
+//! it) or on SIGTERM, not when its standard input ends. It never parses, prints or logs packet contents: they
 //! hold prompts and authorization headers.
+//!
+//! # Changing the filter
+//! Not with `pcap_setfilter`: on Linux, libpcap's `set_kernel_filter` first
+//! attaches a "total filter" that rejects every packet (to flush the socket's
+//! queue), then the new one, so the packets of *other* flows that arrive in
+//! between are lost, and a change would cut a gap into the calls in flight
+//! on the ports that stay. Instead the new expression is compiled with
+//! `pcap_compile` (libpcap's optimizer, the same code as the first filter)
+//! and its instructions are attached with `setsockopt(SO_ATTACH_FILTER)`,
+//! which swaps the socket's filter in one step in the kernel. That needs no
+//! privilege on a socket one owns, so it works after the privileges were
+//! dropped.
+//!
+//! On a cooked link (`any`: `DLT_LINUX_SLL`, `DLT_LINUX_SLL2`) the kernel
+//! hands the filter packets that start at the network header, while the
+//! compiled program reads the cooked header libpcap builds in front of it
+//! later. libpcap rewrites such a program's absolute and indexed load
+//! offsets before it attaches it (its `fix_offset`); [`fix_cooked`] does
+//! the same: past the header, the offset less the header's length (16 for
+//! SLL, 20 for SLL2); a field of the header itself, the kernel's ancillary
+//! field for it (`SKF_AD_PROTOCOL`, `SKF_AD_PKTTYPE`, `SKF_AD_IFINDEX`).
+//! A program reading another header field (none that a `tcp and (port
+//! ...)` filter makes) can't run in the kernel: that change falls back to
+//! `pcap_setfilter`, with its short gap, and says so on standard error.
+//!
+//! The first filter, at the open, is attached the same way, so libpcap
+//! never holds a filter of its own. It would use it: after
+//! `pcap_setfilter` libpcap runs that filter in userland on the next ring
+//! block(s) too (for packets the kernel let through before the change), so
+//! a port added before that block came was rejected there by the *old*
+//! filter (seen: the first connection after a change from an idle start
+//! was lost whole). Instead the helper runs the current filter in userland
+//! on every packet it reads (`pcap_offline_filter`, a few dozen BPF
+//! instructions): packets the ring got before the open's filter or before
+//! a change pass only if the current set wants them.
 //!
 //! # Why libpcap (the `pcap` crate) and not AF_PACKET directly
 //! libpcap compiles the filter string (`tcp and (port 11434 or ...)`, both IPv4
@@ -51,6 +102,9 @@
 //! all capability sets (effective, permitted, inheritable, ambient) are
 //! emptied; `no_new_privs` is set. Run as root, it stays uid 0 but without any
 //! capability, and it never executes anything.
+
+mod control;
+mod filter;
 
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -99,7 +153,8 @@ struct Args {
     check: bool,
 }
 
-const USAGE: &str = "usage: speedtap-capture [--interface lo] --port N [--port M ...] [--snaplen 65568] | --check [--interface lo]";
+const USAGE: &str = "usage: speedtap-capture [--interface lo] [--port N ...] [--snaplen 65568] | --check [--interface lo]\n\
+    control lines on standard input: ports N M ... (the whole new set)";
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
@@ -141,9 +196,6 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             _ => return Err(format!("unknown argument {name:?}\n{USAGE}")),
         }
     }
-    if parsed.ports.is_empty() && !parsed.check {
-        return Err(format!("at least one --port is needed\n{USAGE}"));
-    }
     Ok(parsed)
 }
 
@@ -156,16 +208,29 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
 /// `inbound` (packet metadata) matches nothing. With it, a connection's SYN
 /// went missing in 2 of about 40 starts while other loopback traffic ran
 /// (not reproduced on purpose since). So, no `inbound`.
+///
+/// No port: TCP port 0, which no connection can use, so nothing matches.
+/// (An expression that rejects everything outright is refused by libpcap's
+/// optimizer: "expression rejects all packets".)
 fn filter_for(ports: &[u16]) -> String {
     if ports.is_empty() {
-        return "tcp".into();
+        return "tcp port 0".into();
     }
     let ports: Vec<String> = ports.iter().map(|p| format!("port {p}")).collect();
     format!("tcp and ({})", ports.join(" or "))
 }
 
-fn open(args: &Args) -> Result<Capture<Active>, pcap::Error> {
-    let mut cap = Capture::from_device(args.interface.as_str())?
+/// Opens the capture with the filter for `args.ports` attached (the same
+/// way as every later change, see [`filter`]).
+fn open(args: &Args) -> Result<(Capture<Active>, filter::Filter), String> {
+    let cap = open_unfiltered(args).map_err(|e| e.to_string())?;
+    let mut cap = cap.setnonblock().map_err(|e| e.to_string())?;
+    let (filter, _) = filter::replace(&mut cap, &filter_for(&args.ports))?;
+    Ok((cap, filter))
+}
+
+fn open_unfiltered(args: &Args) -> Result<Capture<Active>, pcap::Error> {
+    Capture::from_device(args.interface.as_str())?
         .promisc(false)
         // Not immediate mode: libpcap then uses the TPACKET_V3 ring (see
         // BUFFER_BYTES), with BLOCK_TIMEOUT_MS as the block timeout.
@@ -174,9 +239,7 @@ fn open(args: &Args) -> Result<Capture<Active>, pcap::Error> {
         .snaplen(args.snaplen as i32)
         .buffer_size(BUFFER_BYTES.max(args.snaplen as i32 * 4))
         .timeout(BLOCK_TIMEOUT_MS)
-        .open()?;
-    cap.filter(&filter_for(&args.ports), true)?;
-    cap.setnonblock()
+        .open()
 }
 
 /// Drops what the open capture no longer needs; see the crate doc.
@@ -271,7 +334,7 @@ impl Counters {
 }
 
 fn run(args: &Args) -> io::Result<()> {
-    let mut cap = open(args).map_err(|e| io::Error::other(e.to_string()))?;
+    let (mut cap, mut filter) = open(args).map_err(io::Error::other)?;
     drop_privileges()?;
     let link = cap.get_datalink().0 as u32;
 
@@ -298,10 +361,17 @@ fn run(args: &Args) -> io::Result<()> {
             events: 0,
             revents: 0,
         },
+        // Control lines; set to -1 (ignored by poll) once the input ends.
+        libc::pollfd {
+            fd: libc::STDIN_FILENO,
+            events: libc::POLLIN,
+            revents: 0,
+        },
     ];
+    let mut lines = control::Lines::default();
     loop {
         // Everything the ring holds, then flush, then wait.
-        if copy_ring(&mut cap, &mut out, next_stats)? {
+        if copy_ring(&mut cap, &filter, &mut out, next_stats)? {
             fresh = true;
         }
         let now = Instant::now();
@@ -320,19 +390,67 @@ fn run(args: &Args) -> io::Result<()> {
         if wait_closed(&mut fds, timeout_ms)? {
             return Ok(());
         }
+        if fds[2].revents != 0 && !read_control(&mut cap, &mut filter, &mut lines) {
+            fds[2].fd = -1;
+        }
     }
 }
 
-/// Copies the packets the ring holds to `out`, until it is empty or the
-/// counters are due at `next_stats`. True if any packet was copied.
+/// Reads the control input once (it is readable) and applies the
+/// complete lines. False once the input has ended (or failed): stop
+/// polling it, keep capturing.
+fn read_control(
+    cap: &mut Capture<Active>,
+    filter: &mut filter::Filter,
+    lines: &mut control::Lines,
+) -> bool {
+    let mut buf = [0u8; 4096];
+    let n = match control::read_stdin(&mut buf) {
+        Ok(Some(n)) => n,
+        Ok(None) => return false,
+        Err(e) => {
+            eprintln!("speedtap-capture: control input: {e}; no longer read");
+            return false;
+        }
+    };
+    for line in lines.push(&buf[..n]) {
+        let command = match line.map(|l| control::parse(&l)) {
+            Ok(None) => continue,
+            Ok(Some(Ok(command))) => command,
+            Ok(Some(Err(e))) | Err(e) => {
+                eprintln!("speedtap-capture: ignored control line: {e}");
+                continue;
+            }
+        };
+        let control::Command::Ports(ports) = command;
+        match filter::replace(cap, &filter_for(&ports)) {
+            Ok((new, filter::Applied::Attached)) => *filter = new,
+            Ok((new, filter::Applied::SetFilter)) => {
+                *filter = new;
+                eprintln!(
+                    "speedtap-capture: the new filter can't run in the kernel as compiled; \
+                 set through libpcap (packets arriving during the change may be lost)"
+                );
+            }
+            Err(e) => eprintln!("speedtap-capture: ports {ports:?} not applied: {e}"),
+        }
+    }
+    true
+}
+
+/// Copies the packets the ring holds that pass `filter` to `out`, until
+/// it is empty or the counters are due at `next_stats`. True if any packet
+/// was copied.
 fn copy_ring(
     cap: &mut Capture<Active>,
+    filter: &filter::Filter,
     out: &mut impl Write,
     next_stats: Instant,
 ) -> io::Result<bool> {
     let mut copied = false;
     loop {
         match cap.next_packet() {
+            Ok(p) if !filter.matches(p.data) => {}
             Ok(p) => {
                 let h = p.header;
                 let ts = (h.ts.tv_sec as u64)
@@ -357,14 +475,18 @@ fn copy_ring(
     Ok(copied)
 }
 
-/// Sleeps in `poll` until packets come, `timeout_ms` passes (-1: no
-/// timeout) or a signal arrives. True when the engine's end of standard
-/// output has closed.
-fn wait_closed(fds: &mut [libc::pollfd; 2], timeout_ms: libc::c_int) -> io::Result<bool> {
-    // SAFETY: `fds` is a live array of two pollfd.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+/// Sleeps in `poll` until packets or a control line come, `timeout_ms`
+/// passes (-1: no timeout) or a signal arrives. True when the engine's end
+/// of standard output has closed.
+fn wait_closed(fds: &mut [libc::pollfd; 3], timeout_ms: libc::c_int) -> io::Result<bool> {
+    // SAFETY: `fds` is a live array of three pollfd.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout_ms) };
     if r == -1 {
         let e = io::Error::last_os_error();
+        // Nothing is known of the descriptors after a failed poll.
+        for fd in fds.iter_mut() {
+            fd.revents = 0;
+        }
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
@@ -415,7 +537,7 @@ mod tests {
 
     #[test]
     fn filter_covers_every_port() {
-        assert_eq!(filter_for(&[]), "tcp");
+        assert_eq!(filter_for(&[]), "tcp port 0");
         assert_eq!(filter_for(&[11434]), "tcp and (port 11434)");
         assert_eq!(
             filter_for(&[11434, 8080]),
@@ -431,7 +553,10 @@ mod tests {
             ("any", vec![8080, 11434], DEFAULT_SNAPLEN)
         );
         assert!(args(&["--check"]).unwrap().check);
-        assert!(args(&[]).is_err());
+        assert!(
+            args(&[]).unwrap().ports.is_empty(),
+            "no port: capture nothing yet"
+        );
         assert!(args(&["--port", "0"]).is_err());
         assert!(args(&["--port", "70000"]).is_err());
         assert!(args(&["--port"]).is_err());

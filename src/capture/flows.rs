@@ -176,6 +176,25 @@ impl Flows {
         dropped
     }
 
+    /// Tracks new connections to `port` too (a route added while running).
+    pub fn add_port(&mut self, port: ServerPort) {
+        if !self.ports.contains(&port) {
+            self.ports.push(port);
+        }
+    }
+
+    /// Opens no new connection to `port` (on any address) any more; those
+    /// tracked go on to their end.
+    pub fn remove_port(&mut self, port: u16) {
+        self.ports.retain(|p| p.port != port);
+    }
+
+    /// Drops the tracked connections `which` selects, without events (the
+    /// engine has nothing in flight on them).
+    pub fn forget(&mut self, which: impl Fn(ConnId) -> bool) {
+        self.conns.retain(|_, c| !which(c.id));
+    }
+
     /// Stops ignoring `addr` (its socket closed; the port may be reused).
     pub fn unignore(&mut self, addr: SocketAddr) {
         self.ignored.remove(&addr);

@@ -3,6 +3,11 @@
 //! the ports to watch and hands its packets, stamped on the engine's
 //! monotonic clock, to a bounded channel.
 //!
+//! The ports can change while it runs ([`CaptureSource::set_ports`]): the
+//! helper's standard input is its control pipe, one `ports N M ...` line a
+//! change, the whole new set (possibly empty); the helper swaps its kernel
+//! filter without losing the packets of the flows both sets share.
+//!
 //! The engine itself never opens a packet socket, also when it runs as root:
 //! one path. The helper needs the capability `CAP_NET_RAW` and nothing else
 //! (`CAP_NET_ADMIN` only serves promiscuous mode, which loopback capture
@@ -31,9 +36,9 @@
 //!   the few packets in flight across it by up to the step.
 
 use std::ffi::OsString;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -199,7 +204,8 @@ pub fn check(helper: &Path, interface: &str) -> Result<(), CaptureError> {
 pub struct CaptureConfig {
     /// `lo` (the default), `any`, or an interface name.
     pub interface: String,
-    /// TCP ports to watch, either direction; at least one.
+    /// TCP ports to watch, either direction; none captures nothing until
+    /// [`CaptureSource::set_ports`] gives some.
     pub ports: Vec<u16>,
     /// Bytes kept of each packet; the default, the helper's, keeps every
     /// loopback packet whole (larger wastes the kernel ring, see the helper).
@@ -255,6 +261,8 @@ struct Shared {
 /// [`stop`]: CaptureSource::stop
 pub struct CaptureSource {
     child: Child,
+    /// The helper's control pipe (`None` once a write to it failed).
+    control: Mutex<Option<ChildStdin>>,
     reader: Option<JoinHandle<()>>,
     shared: Arc<Mutex<Shared>>,
     link: LinkType,
@@ -283,9 +291,6 @@ impl CaptureSource {
         config: &CaptureConfig,
         sink: mpsc::Sender<SourcePacket>,
     ) -> Result<Self, CaptureError> {
-        if config.ports.is_empty() {
-            return Err(CaptureError::Helper("no port to capture".into()));
-        }
         let base = Instant::now();
         let mut cmd = Command::new(helper);
         cmd.args(["--interface", &config.interface])
@@ -294,7 +299,7 @@ impl CaptureSource {
             cmd.args(["--port", &p.to_string()]);
         }
         let mut child = cmd
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -304,6 +309,7 @@ impl CaptureSource {
             })?;
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
+        let control = Mutex::new(child.stdin.take());
         let (opened_tx, opened) = std::sync::mpsc::sync_channel(1);
         let shared = Arc::new(Mutex::new(Shared::default()));
         let reader = Reader {
@@ -332,6 +338,7 @@ impl CaptureSource {
         };
         let mut source = Self {
             child,
+            control,
             reader: Some(reader),
             shared,
             link: LinkType(0),
@@ -352,6 +359,33 @@ impl CaptureSource {
                 )))
             }
         }
+    }
+
+    /// Replaces the ports captured with `ports` (the whole new set; empty
+    /// captures nothing). The helper applies it as soon as it reads the
+    /// line, in well under a millisecond; packets of the flows on ports in
+    /// both sets keep coming. A line of a few bytes on a pipe: the write
+    /// doesn't wait unless the helper stopped reading 64 KiB of them ago.
+    pub fn set_ports(&self, ports: &[u16]) -> Result<(), CaptureError> {
+        let mut line = String::from("ports");
+        for p in ports {
+            line.push(' ');
+            line.push_str(&p.to_string());
+        }
+        line.push('\n');
+        let mut control = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(pipe) = control.as_mut() else {
+            return Err(CaptureError::Helper(format!(
+                "{HELPER_NAME}'s control pipe is closed"
+            )));
+        };
+        if let Err(e) = pipe.write_all(line.as_bytes()).and_then(|()| pipe.flush()) {
+            *control = None;
+            return Err(CaptureError::Helper(format!(
+                "could not change {HELPER_NAME}'s ports: {e}"
+            )));
+        }
+        Ok(())
     }
 
     /// The link-layer type of the packets' `data`.
@@ -822,6 +856,36 @@ echo 'speedtap-capture: the end' >&2",
             }
         );
         assert_eq!(stats.lost(), 2);
+        std::fs::remove_dir_all(helper.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn set_ports_writes_the_whole_new_set_as_one_control_line() {
+        // The stand-in reads one control line and says it on stderr, which
+        // the source reports as the stream's end.
+        let helper = fake_helper(
+            "control",
+            r#"printf 'STCAP1\n\001\000\000\000'
+read line
+echo "got $line" >&2"#,
+        );
+        let (tx, _rx) = mpsc::channel(8);
+        let empty = CaptureConfig::default();
+        let source = retry_busy(|| CaptureSource::start(&helper, &empty, tx.clone())).unwrap();
+        source.set_ports(&[8080, 11434]).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while source.ended().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(source.ended().as_deref(), Some("got ports 8080 11434"));
+        // The helper is gone: the next change fails, and says so.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut refused = None;
+        while refused.is_none() && std::time::Instant::now() < deadline {
+            refused = source.set_ports(&[1]).err();
+        }
+        assert!(refused.is_some(), "a write to a helper that exited fails");
+        source.stop();
         std::fs::remove_dir_all(helper.parent().unwrap()).unwrap();
     }
 

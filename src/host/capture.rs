@@ -1,5 +1,7 @@
 //! Capture start-up: the helper's permission check and the capture task
-//! for every route whose upstream is on this machine.
+//! for every route whose upstream is on this machine; then the routes
+//! captured while it runs ([`EngineHandle::capture_route`],
+//! [`EngineHandle::uncapture_route`]), for servers found after the start.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -9,8 +11,8 @@ use tokio::sync::mpsc;
 use crate::capture::packet::LinkType;
 use crate::capture::source::{self as capture_source, CaptureConfig, CaptureError, CaptureSource};
 use crate::config::CaptureOnlyRoute;
-use crate::engine::capture::{CaptureRoute, CaptureTask};
-use crate::model::{BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, RouteSpec};
+use crate::engine::capture::{CaptureControl, CaptureRoute, CaptureTask};
+use crate::model::{BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, RouteSpec, Upstream};
 
 use super::*;
 
@@ -88,25 +90,30 @@ pub(super) async fn start(
         return CaptureStatus::Off;
     };
     let interface = options.interface.clone();
-    let (status, doc) = start_capture(shared, specs, bound, options, checked).await;
+    let (status, doc, control) = start_capture(shared, specs, bound, options, checked).await;
     *write(&shared.capture) = CaptureDoc {
         interface: Some(interface),
         ..doc
     };
+    // After the document: a route captured from now on is added to it.
+    if let Some(control) = control {
+        let _ = shared.capture_control.set(control);
+    }
     status
 }
 
 /// Starts the capture task for every route whose upstream is on this
-/// machine, plus the capture-only routes. Never fails the engine: what
-/// went wrong is returned for the front end to show, also as the
-/// document the UI reads.
+/// machine, plus the capture-only routes; with none of them, it starts
+/// capturing no port, ready for the routes added while it runs. Never
+/// fails the engine: what went wrong is returned for the front end to
+/// show, also as the document the UI reads.
 pub(super) async fn start_capture(
     shared: &Arc<Shared>,
     specs: &[RouteSpec],
     bound: &[BoundRoute],
     options: CaptureOptions,
     checked: Option<Checked>,
-) -> (CaptureStatus, CaptureDoc) {
+) -> (CaptureStatus, CaptureDoc, Option<CaptureControl>) {
     let unavailable = |why: String, grant: Option<String>| {
         let doc = CaptureDoc {
             state: CaptureState::Unavailable,
@@ -114,12 +121,9 @@ pub(super) async fn start_capture(
             grant_command: grant,
             ..CaptureDoc::default()
         };
-        (CaptureStatus::Unavailable(why), doc)
+        (CaptureStatus::Unavailable(why), doc, None)
     };
     let routes = capture_routes(specs, &options.capture_only);
-    if routes.is_empty() {
-        return unavailable("no route has an upstream on this machine".into(), None);
-    }
     let ports: Vec<u16> = routes.iter().map(|r| r.port).collect();
     let config = CaptureConfig {
         interface: options.interface,
@@ -162,9 +166,11 @@ pub(super) async fn start_capture(
         .collect();
     let own_ports: Vec<u16> = bound.iter().map(|r| r.listen.port()).collect();
     let task = CaptureTask::new(shared.link.clone(), &routes, own_ports, link);
+    let (control, changes) = CaptureControl::channel();
     shared.servers.lock().await.spawn(task.run(
         packets,
         own,
+        changes,
         shared.stop.clone(),
         Some(source),
         shared.metrics.clone(),
@@ -175,7 +181,103 @@ pub(super) async fn start_capture(
         permitted: Some(true),
         ..CaptureDoc::default()
     };
-    (CaptureStatus::On { ports }, doc)
+    (CaptureStatus::On { ports }, doc, Some(control))
+}
+
+/// Why a route can't be captured while running.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaptureRouteError {
+    /// The capture isn't running: why (the capture's own reason, naming the
+    /// grant command when the permission is what is missing).
+    #[error("the capture is not running: {0}")]
+    Unavailable(String),
+    #[error("{0} is not on this machine (the capture sees loopback traffic only)")]
+    NotLocal(String),
+    #[error("port {0} is one of speedtap's own listeners")]
+    OwnPort(u16),
+    #[error("port {port} is already captured as route {route:?}")]
+    PortTaken { port: u16, route: String },
+    #[error("route {name:?} already captures port {port}")]
+    NameTaken { name: String, port: u16 },
+    #[error("the capture has stopped")]
+    Stopped,
+}
+
+impl EngineHandle {
+    /// Captures calls to `upstream`'s port under the capture-only route
+    /// `name`, from now on, with no restart: the capture task and the
+    /// helper's filter take the port, and the UI's capture document lists
+    /// it. Capturing the same route again is a no-op.
+    pub fn capture_route(&self, name: &str, upstream: Upstream) -> Result<(), CaptureRouteError> {
+        let Some(control) = self.shared.capture_control.get() else {
+            return Err(CaptureRouteError::Unavailable(self.capture_unavailable()));
+        };
+        if !is_loopback_host(&upstream.host) {
+            return Err(CaptureRouteError::NotLocal(upstream.to_string()));
+        }
+        let port = upstream.port;
+        if read(&self.shared.routes)
+            .iter()
+            .any(|r| r.listen.port() == port)
+        {
+            return Err(CaptureRouteError::OwnPort(port));
+        }
+        // The document is held while the task is told: two changes reach
+        // the task in the order the document shows them.
+        let mut doc = write(&self.shared.capture);
+        if let Some(r) = doc.routes.iter().find(|r| r.port == port && r.name != name) {
+            return Err(CaptureRouteError::PortTaken {
+                port,
+                route: r.name.clone(),
+            });
+        }
+        if let Some(r) = doc.routes.iter().find(|r| r.name == name && r.port != port) {
+            return Err(CaptureRouteError::NameTaken {
+                name: name.to_owned(),
+                port: r.port,
+            });
+        }
+        control
+            .add_route(CaptureRoute {
+                name: name.to_owned(),
+                port,
+                upstream,
+            })
+            .map_err(|_| CaptureRouteError::Stopped)?;
+        if !doc.routes.iter().any(|r| r.port == port) {
+            doc.routes.push(CaptureRouteDoc {
+                name: name.to_owned(),
+                port,
+            });
+        }
+        Ok(())
+    }
+
+    /// Stops capturing new calls to `port` (its calls in flight settle as
+    /// their flows end); the UI's capture document drops it. False when no
+    /// route captured it.
+    pub fn uncapture_route(&self, port: u16) -> bool {
+        let Some(control) = self.shared.capture_control.get() else {
+            return false;
+        };
+        let mut doc = write(&self.shared.capture);
+        let before = doc.routes.len();
+        doc.routes.retain(|r| r.port != port);
+        if doc.routes.len() == before {
+            return false;
+        }
+        control.remove_route(port).is_ok()
+    }
+
+    /// Why the capture isn't running, in the words the UI shows.
+    fn capture_unavailable(&self) -> String {
+        let doc = read(&self.shared.capture);
+        match (&doc.reason, doc.state) {
+            (Some(why), _) => why.clone(),
+            (None, CaptureState::Off) => "capture is off (not asked for)".to_owned(),
+            (None, _) => "capture is not running".to_owned(),
+        }
+    }
 }
 
 /// What to capture: each route's upstream on this machine, then each

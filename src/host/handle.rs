@@ -63,13 +63,16 @@ pub(super) struct Shared {
     /// A second connection to the store for queries (WAL lets it read
     /// while the writer writes).
     pub(super) reader: Option<Arc<std::sync::Mutex<Store>>>,
-    /// How the capture started (set once, after the start).
+    /// How the capture started (set after the start), and the routes it
+    /// captures as they are added and removed.
     pub(super) capture: RwLock<CaptureDoc>,
     /// The model servers followed on this machine (the watcher's list).
     pub(super) followed: Arc<RwLock<crate::model::ServersDoc>>,
     /// The watcher's inbox, once it runs.
     pub(super) watch_commands:
         std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<super::watch::WatchCommand>>,
+    /// Changes the running capture's routes (set once, when it starts).
+    pub(super) capture_control: std::sync::OnceLock<crate::engine::capture::CaptureControl>,
 }
 
 /// Access to the running engine, for front ends. Cheap to clone.

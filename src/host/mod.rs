@@ -20,7 +20,7 @@ mod start;
 mod summary;
 pub mod watch;
 
-pub use capture::capture_permitted;
+pub use capture::{capture_permitted, CaptureRouteError};
 pub use handle::EngineHandle;
 pub use options::{
     CaptureOptions, CaptureStatus, EngineError, EngineOptions, DEFAULT_MAX_DB_BYTES,
@@ -30,4 +30,4 @@ pub use shutdown::SETTLE_WAIT;
 pub use start::{Engine, RunningEngine, PRUNE_EVERY};
 pub use watch::{look_once, FoundNow, WatchOptions, WATCH_EVERY};
 
-use handle::{bind_route, spawn_route, unix_ms_now, write, LiveSettings, Shared};
+use handle::{bind_route, read, spawn_route, unix_ms_now, write, LiveSettings, Shared};

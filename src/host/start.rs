@@ -217,6 +217,7 @@ fn share_state(
         capture: RwLock::new(CaptureDoc::default()),
         followed: Arc::default(),
         watch_commands: std::sync::OnceLock::new(),
+        capture_control: std::sync::OnceLock::new(),
     })
 }
 

@@ -40,6 +40,9 @@ fn summary_lines(
     }
     match capture {
         CaptureStatus::Off => {}
+        CaptureStatus::On { ports } if ports.is_empty() => lines.push(
+            "capture ready: no model server port yet (ports are added as servers are found)".into(),
+        ),
         CaptureStatus::On { ports } => {
             let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
             lines.push(format!(
@@ -83,6 +86,15 @@ mod tests {
                 "pushing metrics to http://127.0.0.1:4318/v1/metrics",
                 "capturing calls to port 11434, 8080 (no client changes needed)",
             ]
+        );
+    }
+
+    #[test]
+    fn a_capture_with_no_port_yet_says_it_is_ready_for_servers_found_later() {
+        let lines = summary_lines(&[], None, None, &CaptureStatus::On { ports: Vec::new() });
+        assert_eq!(
+            lines,
+            ["capture ready: no model server port yet (ports are added as servers are found)"]
         );
     }
 

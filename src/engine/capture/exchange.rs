@@ -127,7 +127,7 @@ impl CaptureTask {
         if api == ApiKind::Unknown {
             return;
         }
-        let Some(route) = self.routes.get(&conn.server.port()) else {
+        let Some(route) = self.routes.get(&conn.server.port()).filter(|r| !r.retiring) else {
             return;
         };
         let call = CallStart {

@@ -38,10 +38,15 @@
 //! is discarded without a record. Segments to or from one of speedtap's
 //! own listen ports are skipped too.
 //!
+//! Routes come and go while it runs, through a [`CaptureControl`]
+//! ([`control`]): a server found after the start is captured with no
+//! restart, and the helper's filter follows.
+//!
 //! This file holds the task and its packet loop (the clock, the ticks, the
 //! proxy's own connections); [`exchange`] turns one connection's HTTP
 //! events into its calls' messages.
 
+mod control;
 mod exchange;
 #[cfg(test)]
 mod rig;
@@ -63,6 +68,7 @@ use crate::capture::packet::{self, LinkType};
 use crate::capture::source::{CaptureSource, SourcePacket};
 use crate::capture::Nanos;
 use crate::model::Upstream;
+pub use control::{CaptureControl, CaptureStopped, RouteChange, RouteChanges};
 use exchange::Exchange;
 
 /// How often holes are given up and the source's loss counters read while
@@ -107,7 +113,10 @@ pub struct CaptureRoute {
 /// and the poller that explains their waits (`None` with telemetry off).
 struct RouteEntry {
     name: String,
+    upstream: Upstream,
     telemetry: Option<Addr<TelemetryPoller>>,
+    /// Removed: no new call starts; kept while its calls in flight settle.
+    retiring: bool,
 }
 
 /// The task's state: the connection table and the calls it feeds.
@@ -150,7 +159,9 @@ impl CaptureTask {
                 .map(|r| {
                     let entry = RouteEntry {
                         name: r.name.clone(),
+                        upstream: r.upstream.clone(),
                         telemetry: engine.telemetry_for(&r.name, &r.upstream),
+                        retiring: false,
                     };
                     (r.port, entry)
                 })
@@ -167,12 +178,14 @@ impl CaptureTask {
     }
 
     /// Runs until `stop` turns true or the packets end. `source`, when
-    /// given, is polled for its loss counters (into `metrics`) and stopped
-    /// (its helper killed) when the task ends.
+    /// given, is polled for its loss counters (into `metrics`), told the
+    /// ports as `changes` change the routes, and stopped (its helper
+    /// killed) when the task ends.
     pub async fn run(
         mut self,
         mut packets: mpsc::Receiver<SourcePacket>,
         mut own: mpsc::UnboundedReceiver<OwnConnection>,
+        mut changes: RouteChanges,
         mut stop: watch::Receiver<bool>,
         source: Option<CaptureSource>,
         metrics: Arc<crate::engine::metrics::Metrics>,
@@ -194,6 +207,11 @@ impl CaptureTask {
                 biased;
                 _ = stop.wait_for(|s| *s) => break,
                 Some(conn) = own.recv() => self.own_connection(conn),
+                Some(change) = changes.rx.recv() => {
+                    if let Some(ports) = self.change_routes(change) {
+                        set_ports(source.as_ref(), &ports);
+                    }
+                }
                 p = packets.recv() => match p {
                     Some(p) => self.packet(p),
                     None => break,
@@ -201,6 +219,9 @@ impl CaptureTask {
                 () = &mut timer, if armed.is_some() => {
                     armed = None;
                     self.tick(Instant::now());
+                    if self.settle_retired() {
+                        set_ports(source.as_ref(), &self.capture_ports());
+                    }
                     if let Some(source) = &source {
                         let lost = source.stats().lost();
                         metrics.add_capture_dropped(lost.saturating_sub(self.lost_reported));
@@ -276,7 +297,7 @@ impl CaptureTask {
     /// every [`SWEEP_EVERY`] while quiet connections stay open; never when
     /// no connection is open.
     pub fn next_tick(&self) -> Option<Duration> {
-        if !self.exchanges.is_empty() || self.flows.has_holes() {
+        if !self.exchanges.is_empty() || self.flows.has_holes() || self.has_retiring() {
             Some(TICK)
         } else if self.fresh_packets {
             Some(SETTLE)
@@ -316,6 +337,17 @@ impl CaptureTask {
     /// Exchanges being metered now.
     pub fn open_calls(&self) -> usize {
         self.exchanges.len()
+    }
+}
+
+/// Tells the helper the new port set. A failure is logged, never the
+/// engine's: the capture goes on with the ports it had (its end, if the
+/// helper died, shows as the packets' end).
+fn set_ports(source: Option<&CaptureSource>, ports: &[u16]) {
+    if let Some(source) = source {
+        if let Err(e) = source.set_ports(ports) {
+            tracing::warn!("capture: {e}");
+        }
     }
 }
 

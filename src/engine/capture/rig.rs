@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{CaptureRoute, CaptureTask};
+use super::{CaptureControl, CaptureRoute, CaptureTask, RouteChanges};
 use crate::capture::feed::CapturedPacket;
 use crate::capture::flows::script::Talk;
 use crate::capture::packet::{build, LinkType, Segment};
@@ -27,6 +27,9 @@ pub(super) const SERVER: &str = "127.0.0.1:11434";
 
 pub(super) struct Rig {
     pub(super) task: CaptureTask,
+    /// Route changes, applied by [`Rig::apply`] (the run loop's part).
+    pub(super) control: CaptureControl,
+    changes: RouteChanges,
     pub(super) events: mpsc::Receiver<EngineEvent>,
     pub(super) base: Instant,
     pub(super) ts: Nanos,
@@ -51,12 +54,25 @@ impl Rig {
             port: 11434,
             upstream: Upstream::parse("http://127.0.0.1:11434").expect("upstream"),
         }];
+        let (control, changes) = CaptureControl::channel();
         Rig {
             task: CaptureTask::new(link, &routes, [11435], LinkType::Ethernet),
+            control,
+            changes,
             events,
             base: Instant::now(),
             ts: 1_000_000_000,
         }
+    }
+
+    /// Applies the route changes sent so far, as the run loop does between
+    /// packets; the helper's last new port set, if it changed.
+    pub(super) fn apply(&mut self) -> Option<Vec<u16>> {
+        let mut ports = None;
+        while let Ok(change) = self.changes.rx.try_recv() {
+            ports = self.task.change_routes(change).or(ports);
+        }
+        ports
     }
 
     /// Feeds one segment captured `after_ms` after the previous one.
@@ -118,10 +134,15 @@ pub(super) fn head(body_len: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Plays one call; the response line at `lose` (if any) is never
-/// captured.
+/// Plays one call to [`SERVER`]; the response line at `lose` (if any) is
+/// never captured.
 pub(super) async fn play(rig: &mut Rig, client: &str, lose: Option<usize>) {
-    let mut talk = Talk::new(client, SERVER, 7_000, 90_000);
+    play_to(rig, client, SERVER, lose).await;
+}
+
+/// Plays one call to `server`, as [`play`].
+pub(super) async fn play_to(rig: &mut Rig, client: &str, server: &str, lose: Option<usize>) {
+    let mut talk = Talk::new(client, server, 7_000, 90_000);
     for seg in talk.handshake() {
         rig.feed(seg, 0);
     }

@@ -83,7 +83,7 @@ pub(super) async fn measure(
         return routed;
     }
     if read(&handle.shared.capture).state == CaptureState::On {
-        match handle.capture_route(name, upstream.clone()).await {
+        match handle.capture_route(name, upstream.clone()) {
             Ok(()) => {
                 routed.seen_by = Some("capture");
                 routed.captured = true;
@@ -151,7 +151,7 @@ async fn proxy_route(handle: &EngineHandle, name: &str, upstream: &Upstream) -> 
 /// server is back.
 pub(super) fn unmeasure(handle: &EngineHandle, routed: &Routed, port: u16) {
     if routed.captured {
-        handle.uncapture_route(port);
+        let _ = handle.uncapture_route(port);
     }
 }
 
@@ -244,14 +244,4 @@ pub(super) fn documents(
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-// Stand-ins for the capture's runtime routes, replaced when that work
-// lands: until then a found server is proxied.
-impl EngineHandle {
-    pub async fn capture_route(&self, _name: &str, _upstream: Upstream) -> Result<(), String> {
-        Err("the capture can't add a route while running yet".to_owned())
-    }
-
-    pub fn uncapture_route(&self, _port: u16) {}
 }
