@@ -69,8 +69,9 @@ pub(super) struct Shared {
     /// The model servers followed on this machine (the watcher's list).
     pub(super) followed: Arc<RwLock<crate::model::ServersDoc>>,
     /// The watcher's inbox, once it runs.
-    pub(super) watch_commands:
-        std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<super::watch::WatchCommand>>,
+    pub(super) watch_commands: std::sync::OnceLock<
+        tokio::sync::mpsc::UnboundedSender<super::watch::command::WatchCommand>,
+    >,
     /// Changes the running capture's routes (set once, when it starts).
     pub(super) capture_control: std::sync::OnceLock<crate::engine::capture::CaptureControl>,
 }
@@ -216,7 +217,7 @@ impl EngineQueries for EngineHandle {
             )));
         };
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let asked = commands.send(super::watch::WatchCommand::Ignore { name, reply });
+        let asked = commands.send(super::watch::command::WatchCommand::Ignore { name, reply });
         match (asked, answer.await) {
             (Ok(()), Ok(Ok(()))) => Ok(read(&self.shared.followed).clone()),
             (Ok(()), Ok(Err(why))) => Err(QueryError::NotFound(why)),

@@ -12,6 +12,7 @@
 //! ([`route`]): captured where the capture runs, else behind a proxy route.
 //! What went away is marked down and keeps its name and history.
 
+pub(crate) mod command;
 mod follow;
 mod reader;
 mod route;
@@ -30,6 +31,7 @@ use crate::discover::{discover_on, Discovered, PORT_BUDGET};
 use crate::model::{EngineEvent, ServersDoc};
 
 use super::EngineHandle;
+use command::WatchCommand;
 use follow::{Candidate, Follow};
 use route::Routed;
 
@@ -88,16 +90,6 @@ impl WatchOptions {
             ports.join(", ")
         )
     }
-}
-
-/// What the rest of the engine may ask the watcher.
-pub(crate) enum WatchCommand {
-    /// Never measure the server `name` again; the answer says whether
-    /// there was one.
-    Ignore {
-        name: String,
-        reply: tokio::sync::oneshot::Sender<Result<(), String>>,
-    },
 }
 
 /// The watcher's state: the bookkeeping, and how each server is measured.
