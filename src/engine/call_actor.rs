@@ -292,12 +292,7 @@ impl CallActor {
         }
         let ending = self.ending(&report);
         let details = self.details(&report, &ending);
-        self.learn(
-            &report,
-            ending.server_prompt,
-            ending.truncated.is_some(),
-            ending.start,
-        );
+        self.learn(&report, &ending);
         if let Some(cut) = &ending.truncated {
             self.announce_truncation(cut);
         }
@@ -320,12 +315,7 @@ impl CallActor {
             .map(|n| n + timings.cached_tokens.unwrap_or(0))
             .or(report.input_tokens);
         let estimate = self.prompt.map(|(_, calibrated)| calibrated);
-        let truncated = details::truncation(
-            estimate,
-            server_prompt,
-            timings.cached_tokens.is_some(),
-            self.facts.context_size,
-        );
+        let truncated = details::truncation(server_prompt, self.facts.context_size, estimate);
         let start = match self.facts.cold {
             Some(true) => Some(StartKind::Cold),
             Some(false) => Some(StartKind::Warm),
@@ -473,14 +463,11 @@ struct Ending {
 }
 
 impl CallActor {
-    /// Teaches the route's normal from a call that ended well.
-    fn learn(
-        &self,
-        report: &CallReport,
-        server_prompt: Option<u64>,
-        truncated: bool,
-        start: Option<StartKind>,
-    ) {
+    /// Teaches the route's normal from a call that ended well. Its prompt
+    /// count teaches the prompt factor whenever it is the whole prompt,
+    /// flagged or not ([`details::count_is_whole_prompt`]).
+    fn learn(&self, report: &CallReport, ending: &Ending) {
+        let (server_prompt, start) = (ending.server_prompt, ending.start);
         let (Some(model), Some(ttft_ms)) = (
             self.setup.identity.model.as_deref(),
             report.snapshot.time_to_first_token_ms,
@@ -497,11 +484,9 @@ impl CallActor {
             cold: start == Some(StartKind::Cold),
             load_ms: timings.load_ms,
             prefill: timings.prompt_tokens.zip(timings.prompt_ms),
-            prompt_estimate: if truncated {
-                None
-            } else {
-                self.prompt.map(|(raw, _)| raw).zip(server_prompt)
-            },
+            prompt_estimate: self.prompt.map(|(raw, _)| raw).zip(server_prompt).filter(
+                |(_, server)| details::count_is_whole_prompt(*server, self.facts.context_size),
+            ),
         };
         if let Ok(mut normals) = self.setup.normals.write() {
             normals.observe(&self.setup.identity.route, model, &observation);

@@ -139,7 +139,9 @@ impl SlowFirstToken {
 pub struct PromptTruncated {
     /// The call whose prompt was cut.
     pub call: CallIdentity,
-    /// The request's prompt size, estimated from its body and calibrated.
+    /// The request's prompt size as speedtap estimated it from its body
+    /// (calibrated), never below what the server read: an estimate, shown
+    /// as one, that never raised the alarm.
     pub request_tokens: u64,
     /// The prompt tokens the server reports it read.
     pub server_tokens: u64,
@@ -150,17 +152,24 @@ pub struct PromptTruncated {
 
 impl PromptTruncated {
     /// The one-line human message, e.g. `qwen3:32b on ollama cut the
-    /// prompt: 9,000 tokens sent, 2,048 read (context 2,048)`.
+    /// prompt: it read 2,048 tokens, its whole context of 2,048 (the
+    /// request held about 9,000, estimated)`. The server's numbers are
+    /// stated as facts, speedtap's estimate as an estimate.
     pub fn message(&self) -> String {
         let mut s = format!(
-            "{} on {} cut the prompt: {} tokens sent, {} read",
+            "{} on {} cut the prompt: it read {} tokens",
             self.call.model.as_deref().unwrap_or("a model"),
             self.call.route,
-            thousands(self.request_tokens),
             thousands(self.server_tokens)
         );
         if let Some(n) = self.context_size {
-            s.push_str(&format!(" (context {})", thousands(n)));
+            s.push_str(&format!(", its whole context of {}", thousands(n)));
+        }
+        if self.request_tokens > self.server_tokens {
+            s.push_str(&format!(
+                " (the request held about {}, estimated)",
+                thousands(self.request_tokens)
+            ));
         }
         s
     }
@@ -277,7 +286,7 @@ mod tests {
     }
 
     #[test]
-    fn the_truncation_message_names_both_counts_and_the_context() {
+    fn the_truncation_message_states_the_servers_numbers_and_labels_the_estimate() {
         let t = PromptTruncated {
             call: CallIdentity {
                 id: "c-000001".into(),
@@ -292,7 +301,7 @@ mod tests {
         };
         assert_eq!(
             t.message(),
-            "qwen3:32b on ollama cut the prompt: 9,000 tokens sent, 2,048 read (context 2,048)"
+            "qwen3:32b on ollama cut the prompt: it read 2,048 tokens, its whole context of 2,048 (the request held about 9,000, estimated)"
         );
     }
 
