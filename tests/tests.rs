@@ -19,6 +19,7 @@ mod decode_fixtures;
 mod engine_control;
 mod export_cli;
 mod headless_footprint;
+mod honest_rates;
 mod metrics_export;
 mod proxy;
 mod proxy_fixtures;

@@ -267,6 +267,11 @@ impl CallActor {
         if speed.phase == Phase::AwaitingFirstToken && !speed.is_final {
             speed.wait = self.wait.clone();
         }
+        // Bytes lost in capture: neither the count nor the span is known,
+        // so no live rate either (see `record` for the settled one).
+        if self.capture_gap {
+            speed.output_tokens_per_second = None;
+        }
         self.setup.supervisor.do_send(CallProgress {
             seq: self.setup.seq,
             identity: self.setup.identity.clone(),

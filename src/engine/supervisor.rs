@@ -236,7 +236,7 @@ impl Handler<CallProgress> for Supervisor {
         if let Some(at) = msg.last_output_at {
             let estimated = msg.speed.token_source == TokenSource::Estimated;
             self.global
-                .observe(msg.seq, msg.speed.output_tokens, estimated, at);
+                .observe(msg.seq, msg.speed.output_tokens_per_second, estimated, at);
         }
         if let Some(call) = self.active.get_mut(&msg.seq) {
             call.identity = msg.identity.clone();
@@ -266,6 +266,11 @@ impl Handler<CallClosed> for Supervisor {
             }
         }
         if let Some(speed) = msg.call.speed.clone() {
+            // The hour's high and low take settled rates only.
+            if let (CallStatus::Ok, Some(rate)) = (msg.call.status, speed.output_tokens_per_second)
+            {
+                self.global.record_settled(rate, Instant::now());
+            }
             self.broadcast(EngineEvent::Speed {
                 call: msg.call.identity.clone(),
                 speed,
@@ -536,12 +541,16 @@ pub(crate) mod tests {
         progress(sup, seq, tokens).await;
     }
 
-    /// The call's output reached `tokens`, now.
+    /// The call's output reached `tokens`, now, at its own live rate of
+    /// 10 tok/s.
     async fn progress(sup: &Addr<Supervisor>, seq: u64, tokens: u64) {
         sup.send(CallProgress {
             seq,
             identity: identity(seq, "a"),
-            speed: speed(tokens),
+            speed: Snapshot {
+                output_tokens_per_second: Some(10.0),
+                ..speed(tokens)
+            },
             last_output_at: Some(Instant::now()),
         })
         .await
