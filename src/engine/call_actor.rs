@@ -190,7 +190,8 @@ impl CallActor {
     /// measured from dispatch. Called whenever the limit may have moved
     /// (model, prompt size or cold start learned).
     fn arm_alarm(&mut self, ctx: &mut Context<Self>) {
-        if self.alarm_fired || !self.waiting() {
+        // A demo call is never the subject of a notification.
+        if self.alarm_fired || !self.waiting() || self.setup.identity.demo {
             return;
         }
         if let Some(h) = self.alarm.take() {
@@ -389,6 +390,9 @@ impl CallActor {
         let Some(model) = &self.setup.identity.model else {
             return;
         };
+        if self.setup.identity.demo {
+            return;
+        }
         let first = self
             .setup
             .normals
@@ -805,6 +809,7 @@ mod tests {
                     api: ApiKind::OpenaiChat,
                     model: None,
                     started_at: String::new(),
+                    demo: false,
                 },
                 method: "POST".into(),
                 path: "/v1/chat/completions".into(),
@@ -949,6 +954,7 @@ mod tests {
                 api: ApiKind::OpenaiChat,
                 model: Some("m".into()),
                 started_at: String::new(),
+                demo: false,
             },
             status,
             http_status: Some(200),
@@ -1109,6 +1115,7 @@ mod tests {
                     api: ApiKind::OpenaiChat,
                     model: Some("m".into()),
                     started_at: String::new(),
+                    demo: false,
                 },
                 waited_ms: 5_000,
                 threshold_ms: 5_000,

@@ -160,8 +160,10 @@ impl Supervisor {
     /// final snapshot) until the writer confirms it is durable, so a crash
     /// never loses a call the API reported settled; without one it settles
     /// at once.
+    /// A demo call is never stored: it settles at once, kept only in the
+    /// recent calls for the live views.
     fn finish_call(&mut self, seq: u64, call: Call) {
-        let Some(store) = &self.store else {
+        let Some(store) = self.store.as_ref().filter(|_| !call.identity.demo) else {
             self.settle(seq, call);
             return;
         };
@@ -470,6 +472,7 @@ pub(crate) mod tests {
             api: ApiKind::OpenaiChat,
             model: Some("m".into()),
             started_at: String::new(),
+            demo: false,
         }
     }
 

@@ -25,6 +25,11 @@ pub struct CallIdentity {
     pub model: Option<String>,
     /// Wall-clock dispatch time, RFC 3339 UTC with milliseconds.
     pub started_at: String,
+    /// A call of the demo's traffic (`POST /api/v1/demo`): shown live, its
+    /// model named `demo/…`, never stored in History and never the subject
+    /// of a notification. Absent (false) for every real call.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub demo: bool,
 }
 
 /// Where a call stands. Spellings are the contract's.
@@ -235,6 +240,7 @@ mod tests {
                 api: ApiKind::OpenaiChat,
                 model: Some("qwen3:8b".into()),
                 started_at: "2026-11-30T10:42:07.123Z".into(),
+                demo: false,
             },
             status: CallStatus::Ok,
             http_status: Some(200),
@@ -273,6 +279,7 @@ mod tests {
                 api: ApiKind::OllamaChat,
                 model: Some("qwen3:32b".into()),
                 started_at: String::new(),
+                demo: false,
             },
             waited_ms: 5000,
             threshold_ms: 5000,
@@ -294,6 +301,7 @@ mod tests {
                 api: ApiKind::OllamaChat,
                 model: Some("qwen3:32b".into()),
                 started_at: String::new(),
+                demo: false,
             },
             request_tokens: 9000,
             server_tokens: 2048,
@@ -315,6 +323,7 @@ mod tests {
                 api: ApiKind::OllamaChat,
                 model: Some("qwen3:32b".into()),
                 started_at: String::new(),
+                demo: false,
             },
             waited_ms: 9100,
             threshold_ms: 8000,
