@@ -81,13 +81,17 @@ impl Supervisor {
 
     fn broadcast(&mut self, event: EngineEvent) {
         let mut dropped = 0;
+        // Only a reader that fell behind (its queue full) is counted as
+        // dropped; one that went away (an SSE client that disconnected)
+        // is simply let go.
         self.subscribers
             .retain(|tx| match tx.try_send(event.clone()) {
                 Ok(()) => true,
-                Err(_) => {
+                Err(mpsc::error::TrySendError::Full(_)) => {
                     dropped += 1;
                     false
                 }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
             });
         if dropped > 0 {
             self.dropped_subscribers += dropped;
@@ -703,6 +707,27 @@ pub(crate) mod tests {
             assert_eq!(roomy.try_recv(), Err(TryRecvError::Empty));
             // The drop is shown, not just counted.
             assert_eq!(sup.send(GetStats).await.unwrap().dropped_subscribers, 1);
+        });
+    }
+
+    #[test]
+    fn a_reader_that_went_away_is_let_go_without_being_counted_as_dropped() {
+        run_paused(async {
+            let sup = start();
+            let gone = subscribe(&sup, 64).await;
+            let mut kept = subscribe(&sup, 64).await;
+            drop(gone);
+            let alarm = EngineEvent::SlowFirstToken(SlowFirstToken {
+                call: identity(1, "x"),
+                waited_ms: 5_000,
+                threshold_ms: 5_000,
+                reason: None,
+                usual_ms: None,
+            });
+            sup.send(Broadcast(alarm.clone())).await.unwrap();
+            assert!(matches!(kept.try_recv(), Ok(EngineEvent::Stats(_))));
+            assert_eq!(kept.try_recv(), Ok(alarm));
+            assert_eq!(sup.send(GetStats).await.unwrap().dropped_subscribers, 0);
         });
     }
 
