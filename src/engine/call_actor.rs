@@ -98,7 +98,16 @@ pub struct CallActor {
     frames: Option<Arc<FrameQueue>>,
     /// The drained batch, its capacity kept for the next one.
     batch: Vec<Frame>,
+    /// The last snapshot sent (with the model it was sent under) and
+    /// when: the same snapshot is never sent twice, and a waiting call's
+    /// is refreshed every [`WAITING_REFRESH`].
+    last_sent: Option<(Option<String>, crate::model::Snapshot, Instant)>,
 }
+
+/// How often a call still waiting for its first token republishes its
+/// snapshot with the time waited, with or without telemetry, so its
+/// `elapsed_ms` stays current (the tray's "waiting N s" moves each second).
+pub const WAITING_REFRESH: Duration = Duration::from_secs(1);
 
 impl CallActor {
     pub fn new(setup: CallSetup) -> Self {
@@ -123,6 +132,7 @@ impl CallActor {
             error_body: Vec::new(),
             frames: None,
             batch: Vec::new(),
+            last_sent: None,
         }
     }
 
@@ -251,6 +261,18 @@ impl CallActor {
         false
     }
 
+    /// A call still waiting republishes its snapshot with the time waited
+    /// once [`WAITING_REFRESH`] passed since the last one it sent.
+    fn refresh_waiting(&mut self, now: Instant) {
+        let due = self
+            .last_sent
+            .as_ref()
+            .is_none_or(|(_, _, at)| now.saturating_duration_since(*at) >= WAITING_REFRESH);
+        if self.waiting() && due {
+            self.publish(self.latest_now());
+        }
+    }
+
     /// The latest snapshot to publish again (its model or its wait
     /// changed). A call still waiting has no newer reading of its own, so
     /// its elapsed time is brought up to now: republished as it was, it
@@ -264,7 +286,7 @@ impl CallActor {
         speed
     }
 
-    fn publish(&self, mut speed: crate::model::Snapshot) {
+    fn publish(&mut self, mut speed: crate::model::Snapshot) {
         if speed.phase == Phase::AwaitingFirstToken && !speed.is_final {
             speed.wait = self.wait.clone();
         }
@@ -273,6 +295,15 @@ impl CallActor {
         if self.capture_gap {
             speed.output_tokens_per_second = None;
         }
+        let model = self.setup.identity.model.clone();
+        if self
+            .last_sent
+            .as_ref()
+            .is_some_and(|(m, sent, _)| *m == model && *sent == speed)
+        {
+            return;
+        }
+        self.last_sent = Some((model, speed.clone(), Instant::now()));
         self.setup.supervisor.do_send(CallProgress {
             seq: self.setup.seq,
             identity: self.setup.identity.clone(),
@@ -508,6 +539,11 @@ impl Actor for CallActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let first = self.metering.start();
+        self.last_sent = Some((
+            self.setup.identity.model.clone(),
+            first.clone(),
+            Instant::now(),
+        ));
         self.setup.supervisor.do_send(CallOpened {
             seq: self.setup.seq,
             call: Call {
@@ -546,6 +582,7 @@ impl Actor for CallActor {
             if let Some(s) = act.metering.tick(now) {
                 act.publish(s);
             }
+            act.refresh_waiting(now);
         });
         // The slow-first-token alarm fires while the call is still waiting,
         // measured from dispatch (not from the actor's start).
@@ -1088,6 +1125,35 @@ mod tests {
             // At dispatch with no model, then at 400 ms with it: never
             // back at 0, behind a wait published in between.
             assert_eq!(waiting, vec![(None, 0), (Some("m".to_string()), 400)]);
+        });
+    }
+
+    #[test]
+    fn a_waiting_call_without_telemetry_keeps_its_elapsed_time_current_and_never_repeats_a_snapshot(
+    ) {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            h.at(400).await;
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            flush().await;
+            h.at(11_000).await;
+            let mut sent = Vec::new();
+            while let Ok(event) = h.events.try_recv() {
+                if let EngineEvent::Speed { call, speed } = event {
+                    assert_eq!(speed.phase, Phase::AwaitingFirstToken);
+                    sent.push((call.model, speed));
+                }
+            }
+            let elapsed: Vec<u64> = sent.iter().map(|(_, s)| s.elapsed_ms).collect();
+            // Never the same snapshot twice, and never more than a
+            // refresh (plus one tick) apart while it waits 11 s.
+            assert!(elapsed.windows(2).all(|w| w[0] < w[1]), "{elapsed:?}");
+            assert!(
+                elapsed.windows(2).all(|w| w[1] - w[0] <= 1_250),
+                "{elapsed:?}"
+            );
+            assert!(*elapsed.last().unwrap() >= 10_000, "{elapsed:?}");
         });
     }
 
