@@ -94,6 +94,7 @@ fn identity() -> CallIdentity {
         api: speedtap::model::ApiKind::OpenaiChat,
         model: Some("qwen3:8b".into()),
         started_at: "2026-01-01T00:00:00.000Z".into(),
+        demo: false,
     }
 }
 

@@ -33,6 +33,7 @@ fn call(i: u64) -> Call {
             api: ApiKind::OllamaChat,
             model: Some(["qwen3:8b", "gemma3:12b", "llama3.2:3b"][(i % 3) as usize].into()),
             started_at: ms_to_rfc3339(started),
+            demo: false,
         },
         status: CallStatus::Ok,
         http_status: Some(200),

@@ -150,6 +150,7 @@ fn identity(id: &str, route: &str) -> CallIdentity {
         api: ApiKind::OpenaiChat,
         model: Some("qwen3:8b".into()),
         started_at: "2026-11-30T10:42:07.123Z".into(),
+        demo: false,
     }
 }
 
@@ -225,6 +226,7 @@ fn stored_calls() -> Vec<Call> {
         api: ApiKind::OpenaiChat,
         model: Some("gemma3".into()),
         started_at: "2026-11-30T11:42:07.123Z".into(),
+        demo: false,
     };
     let speed = second.speed.as_mut().unwrap();
     speed.time_to_first_token_ms = Some(900);
@@ -241,6 +243,7 @@ fn stored_calls() -> Vec<Call> {
             api: ApiKind::Unknown,
             model: None,
             started_at: "2026-11-30T12:42:07.123Z".into(),
+            demo: false,
         },
         status: CallStatus::Unmetered,
         http_status: Some(200),

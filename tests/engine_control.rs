@@ -3,14 +3,18 @@
 
 use crate::util::proxy as proxy_support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use proxy_support::settled_calls;
+use proxy_support::{send, settled_calls};
 use speedtap::config::load_config;
 use speedtap::host::{Engine, EngineOptions};
 use speedtap::model::RouteSpec;
 use speedtap::model::{CallStatus, EngineQueries};
+use speedtap::model::{EngineEvent, HistoryFilter, SlowFirstToken};
 use speedtap::model::{RouteDoc, SettingsDoc};
+use speedtap::simulate::{SimConfig, SimServer};
+use speedtap::store::Store;
 
 fn temp_config(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("speedtap-test-{}-{name}", std::process::id()));
@@ -280,4 +284,75 @@ fn each_option_in_the_config_file_reaches_the_engine_options() {
     assert_eq!(options.proxy_limits.max_connections, 9);
     assert_eq!(options.retention, Duration::from_secs(2 * 24 * 3600));
     assert_eq!(options.proxy_limits.max_buf_size, 32 * 1024);
+}
+
+/// Demo traffic beside a real route, against a slow-first-token threshold
+/// of 1 ms that every call crosses: the real call is stored and alarmed,
+/// the demo's calls are marked, named `demo/…`, and leave History and the
+/// notifications untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_traffic_leaves_history_and_notifications_untouched() {
+    let sim = SimServer::start("127.0.0.1:0", SimConfig::default())
+        .await
+        .unwrap();
+    let route = RouteSpec::new("real", "127.0.0.1:0", &sim.base_url()).unwrap();
+    let mut options = EngineOptions::new(vec![route]);
+    let db = temp_config("demo-history").with_file_name("speedtap.db");
+    let _ = std::fs::remove_file(&db);
+    options.store = Some(Store::open(&db).unwrap());
+    options.slow_ttft = Duration::from_millis(1);
+    let alarmed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = alarmed.clone();
+    options
+        .slow_first_token_hooks
+        .push(Arc::new(move |slow: &SlowFirstToken| {
+            seen.lock().unwrap().push(slow.call.route.clone());
+        }));
+    let engine = Engine::start(options).await.unwrap();
+    let h = &engine.handle;
+    let mut rx = h.subscribe().await;
+    h.start_demo().await.unwrap();
+    let real = send(
+        engine.routes[0].listen,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .await;
+    assert_eq!(real.status, 200);
+    // The real call and at least the demo's first.
+    let calls = settled_calls(&engine, 2).await;
+    let demo: Vec<_> = calls
+        .iter()
+        .filter(|c| c.identity.route == "demo" && c.status.is_settled())
+        .collect();
+    assert!(!demo.is_empty(), "{calls:#?}");
+    for call in &demo {
+        assert!(call.identity.demo, "{call:?}");
+        let model = call.identity.model.as_deref().unwrap_or("");
+        assert!(model.starts_with("demo/"), "{model}");
+    }
+    let real_call = calls.iter().find(|c| c.identity.route == "real").unwrap();
+    assert!(!real_call.identity.demo);
+    // History holds the real call only.
+    let history = h.history(HistoryFilter::default()).await.unwrap();
+    let routes: Vec<&str> = history.iter().map(|c| c.identity.route.as_str()).collect();
+    assert_eq!(routes, vec!["real"]);
+    // Alarms: the real route's, none of the demo's.
+    let mut slow_routes = Vec::new();
+    while let Ok(event) = rx.try_recv() {
+        match event {
+            EngineEvent::SlowFirstToken(slow) => slow_routes.push(slow.call.route),
+            EngineEvent::PromptTruncated(cut) => slow_routes.push(cut.call.route),
+            EngineEvent::Speed { call, .. } if call.route == "demo" => {
+                assert!(call.demo, "a demo snapshot not marked: {call:?}");
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(slow_routes, vec!["real".to_owned()]);
+    assert_eq!(*alarmed.lock().unwrap(), vec!["real".to_owned()]);
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(db.parent().unwrap());
 }

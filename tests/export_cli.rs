@@ -57,6 +57,7 @@ fn call(id: &str, started_ms: u64, route: &str, model: Option<&str>, client: &st
             api: ApiKind::OpenaiChat,
             model: model.map(Into::into),
             started_at: ms_to_rfc3339(started_ms),
+            demo: false,
         },
         status: CallStatus::Ok,
         http_status: Some(200),

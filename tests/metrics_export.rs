@@ -54,6 +54,7 @@ fn call(
             api: ApiKind::OpenaiChat,
             model: Some(model.into()),
             started_at: "2026-11-30T10:42:07.123Z".into(),
+            demo: false,
         },
         status,
         http_status: Some(200),

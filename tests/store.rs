@@ -77,6 +77,7 @@ fn call(id: &str, started_ms: u64, route: &str, model: Option<&str>, status: Cal
             },
             model: model.map(Into::into),
             started_at: ms_to_rfc3339(started_ms),
+            demo: false,
         },
         status,
         http_status: Some(if status == CallStatus::UpstreamError {

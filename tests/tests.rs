@@ -20,6 +20,7 @@ mod engine_control;
 mod export_cli;
 mod follow;
 mod headless_footprint;
+mod honest_rates;
 mod metrics_export;
 mod proxy;
 mod proxy_fixtures;

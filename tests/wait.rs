@@ -442,6 +442,61 @@ async fn a_prompt_cut_to_the_context_is_flagged_and_alarmed_once_per_route_and_m
     sim.shutdown().await;
 }
 
+/// The false alarm: a 12,000-word prompt that speedtap's byte
+/// estimate puts far above what the server read, to a server that read
+/// all of it (its count far under its context). The flag and the alarm
+/// come from the server's numbers only, so neither appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompt_the_server_read_whole_is_never_flagged_nor_alarmed() {
+    let (sim, engine, addr, mut rx) = sim_and_engine(SimConfig {
+        server_timings: true,
+        ..SimConfig::default()
+    })
+    .await;
+    let body = |text: &str| {
+        serde_json::json!({"model": "m", "stream": true,
+                           "messages": [{"role": "user", "content": text}]})
+        .to_string()
+    };
+    // A first short call, so the poller has read the context size.
+    let warm = send(addr, "POST", "/v1/chat/completions", &body("hi")).await;
+    assert_eq!(warm.status, 200);
+    let _ = settled_calls(&engine, 1).await;
+    // 12,000 long words: about 63,000 tokens by the byte estimate; the
+    // server reads 18,631.
+    let long = "internationalization ".repeat(12_000);
+    let got = send_with(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Bytes::from(body(&long)),
+        &[("x-sim-prompt-tokens", "18631")],
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    let mut alarms = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let call = loop {
+        match tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            EngineEvent::PromptTruncated(cut) => alarms.push(cut),
+            EngineEvent::Settled(call) if call.identity.id == "c-000002" => break call,
+            _ => {}
+        }
+    };
+    let estimate = call.details.prompt_tokens_estimated.expect("estimated");
+    assert!(estimate > 2 * 18_631, "the estimate is far off: {estimate}");
+    assert_eq!(call.input_tokens, Some(18_631));
+    assert_eq!(call.details.context.as_ref().unwrap().size, Some(131_072));
+    assert_eq!(call.details.prompt_truncated, None);
+    assert!(alarms.is_empty(), "{alarms:?}");
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_over_the_context_refused_by_the_server_gives_a_clear_cause() {
     let sim = SimServer::start(

@@ -76,6 +76,7 @@ mod tests {
             api: ApiKind::OpenaiChat,
             model: Some("qwen3:8b".into()),
             started_at: "2026-11-30T10:42:07.123Z".into(),
+            demo: false,
         }
     }
 

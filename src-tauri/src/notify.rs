@@ -318,6 +318,7 @@ mod tests {
             api: ApiKind::OllamaChat,
             model: Some("qwen3:32b".into()),
             started_at: String::new(),
+            demo: false,
         }
     }
 

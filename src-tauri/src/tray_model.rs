@@ -558,6 +558,7 @@ mod tests {
             api: ApiKind::OllamaChat,
             model: Some(model.into()),
             started_at: "2026-11-30T10:42:07.123Z".into(),
+            demo: false,
         }
     }
 
@@ -1037,12 +1038,14 @@ mod tests {
                 listen: "127.0.0.1:11435".into(),
                 upstream: "http://127.0.0.1:11434".into(),
                 proxy_url: "http://127.0.0.1:11435".into(),
+                demo: false,
             },
             RouteInfo {
                 name: "demo".into(),
                 listen: "127.0.0.1:40000".into(),
                 upstream: "http://127.0.0.1:39999".into(),
                 proxy_url: "http://127.0.0.1:40000".into(),
+                demo: true,
             },
         ];
         let inputs = ViewInputs {

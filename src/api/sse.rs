@@ -114,6 +114,7 @@ mod tests {
             api: ApiKind::OllamaChat,
             model: Some("qwen3:8b".into()),
             started_at: "2026-11-30T10:42:07.123Z".into(),
+            demo: false,
         }
     }
 

@@ -334,6 +334,7 @@ mod tests {
             api: ApiKind::OpenaiChat,
             model: model.map(str::to_string),
             started_at: "2026-11-30T10:42:07.123Z".into(),
+            demo: false,
         }
     }
 

@@ -98,7 +98,16 @@ pub struct CallActor {
     frames: Option<Arc<FrameQueue>>,
     /// The drained batch, its capacity kept for the next one.
     batch: Vec<Frame>,
+    /// The last snapshot sent (with the model it was sent under) and
+    /// when: the same snapshot is never sent twice, and a waiting call's
+    /// is refreshed every [`WAITING_REFRESH`].
+    last_sent: Option<(Option<String>, crate::model::Snapshot, Instant)>,
 }
+
+/// How often a call still waiting for its first token republishes its
+/// snapshot with the time waited, with or without telemetry, so its
+/// `elapsed_ms` stays current (the tray's "waiting N s" moves each second).
+pub const WAITING_REFRESH: Duration = Duration::from_secs(1);
 
 impl CallActor {
     pub fn new(setup: CallSetup) -> Self {
@@ -123,6 +132,7 @@ impl CallActor {
             error_body: Vec::new(),
             frames: None,
             batch: Vec::new(),
+            last_sent: None,
         }
     }
 
@@ -190,7 +200,8 @@ impl CallActor {
     /// measured from dispatch. Called whenever the limit may have moved
     /// (model, prompt size or cold start learned).
     fn arm_alarm(&mut self, ctx: &mut Context<Self>) {
-        if self.alarm_fired || !self.waiting() {
+        // A demo call is never the subject of a notification.
+        if self.alarm_fired || !self.waiting() || self.setup.identity.demo {
             return;
         }
         if let Some(h) = self.alarm.take() {
@@ -250,6 +261,18 @@ impl CallActor {
         false
     }
 
+    /// A call still waiting republishes its snapshot with the time waited
+    /// once [`WAITING_REFRESH`] passed since the last one it sent.
+    fn refresh_waiting(&mut self, now: Instant) {
+        let due = self
+            .last_sent
+            .as_ref()
+            .is_none_or(|(_, _, at)| now.saturating_duration_since(*at) >= WAITING_REFRESH);
+        if self.waiting() && due {
+            self.publish(self.latest_now());
+        }
+    }
+
     /// The latest snapshot to publish again (its model or its wait
     /// changed). A call still waiting has no newer reading of its own, so
     /// its elapsed time is brought up to now: republished as it was, it
@@ -263,10 +286,24 @@ impl CallActor {
         speed
     }
 
-    fn publish(&self, mut speed: crate::model::Snapshot) {
+    fn publish(&mut self, mut speed: crate::model::Snapshot) {
         if speed.phase == Phase::AwaitingFirstToken && !speed.is_final {
             speed.wait = self.wait.clone();
         }
+        // Bytes lost in capture: neither the count nor the span is known,
+        // so no live rate either (see `record` for the settled one).
+        if self.capture_gap {
+            speed.output_tokens_per_second = None;
+        }
+        let model = self.setup.identity.model.clone();
+        if self
+            .last_sent
+            .as_ref()
+            .is_some_and(|(m, sent, _)| *m == model && *sent == speed)
+        {
+            return;
+        }
+        self.last_sent = Some((model, speed.clone(), Instant::now()));
         self.setup.supervisor.do_send(CallProgress {
             seq: self.setup.seq,
             identity: self.setup.identity.clone(),
@@ -292,12 +329,7 @@ impl CallActor {
         }
         let ending = self.ending(&report);
         let details = self.details(&report, &ending);
-        self.learn(
-            &report,
-            ending.server_prompt,
-            ending.truncated.is_some(),
-            ending.start,
-        );
+        self.learn(&report, &ending);
         if let Some(cut) = &ending.truncated {
             self.announce_truncation(cut);
         }
@@ -320,12 +352,7 @@ impl CallActor {
             .map(|n| n + timings.cached_tokens.unwrap_or(0))
             .or(report.input_tokens);
         let estimate = self.prompt.map(|(_, calibrated)| calibrated);
-        let truncated = details::truncation(
-            estimate,
-            server_prompt,
-            timings.cached_tokens.is_some(),
-            self.facts.context_size,
-        );
+        let truncated = details::truncation(server_prompt, self.facts.context_size, estimate);
         let start = match self.facts.cold {
             Some(true) => Some(StartKind::Cold),
             Some(false) => Some(StartKind::Warm),
@@ -394,6 +421,9 @@ impl CallActor {
         let Some(model) = &self.setup.identity.model else {
             return;
         };
+        if self.setup.identity.demo {
+            return;
+        }
         let first = self
             .setup
             .normals
@@ -473,14 +503,11 @@ struct Ending {
 }
 
 impl CallActor {
-    /// Teaches the route's normal from a call that ended well.
-    fn learn(
-        &self,
-        report: &CallReport,
-        server_prompt: Option<u64>,
-        truncated: bool,
-        start: Option<StartKind>,
-    ) {
+    /// Teaches the route's normal from a call that ended well. Its prompt
+    /// count teaches the prompt factor whenever it is the whole prompt,
+    /// flagged or not ([`details::count_is_whole_prompt`]).
+    fn learn(&self, report: &CallReport, ending: &Ending) {
+        let (server_prompt, start) = (ending.server_prompt, ending.start);
         let (Some(model), Some(ttft_ms)) = (
             self.setup.identity.model.as_deref(),
             report.snapshot.time_to_first_token_ms,
@@ -497,11 +524,9 @@ impl CallActor {
             cold: start == Some(StartKind::Cold),
             load_ms: timings.load_ms,
             prefill: timings.prompt_tokens.zip(timings.prompt_ms),
-            prompt_estimate: if truncated {
-                None
-            } else {
-                self.prompt.map(|(raw, _)| raw).zip(server_prompt)
-            },
+            prompt_estimate: self.prompt.map(|(raw, _)| raw).zip(server_prompt).filter(
+                |(_, server)| details::count_is_whole_prompt(*server, self.facts.context_size),
+            ),
         };
         if let Ok(mut normals) = self.setup.normals.write() {
             normals.observe(&self.setup.identity.route, model, &observation);
@@ -514,6 +539,11 @@ impl Actor for CallActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let first = self.metering.start();
+        self.last_sent = Some((
+            self.setup.identity.model.clone(),
+            first.clone(),
+            Instant::now(),
+        ));
         self.setup.supervisor.do_send(CallOpened {
             seq: self.setup.seq,
             call: Call {
@@ -552,6 +582,7 @@ impl Actor for CallActor {
             if let Some(s) = act.metering.tick(now) {
                 act.publish(s);
             }
+            act.refresh_waiting(now);
         });
         // The slow-first-token alarm fires while the call is still waiting,
         // measured from dispatch (not from the actor's start).
@@ -815,6 +846,7 @@ mod tests {
                     api: ApiKind::OpenaiChat,
                     model: None,
                     started_at: String::new(),
+                    demo: false,
                 },
                 method: "POST".into(),
                 path: "/v1/chat/completions".into(),
@@ -959,6 +991,7 @@ mod tests {
                 api: ApiKind::OpenaiChat,
                 model: Some("m".into()),
                 started_at: String::new(),
+                demo: false,
             },
             status,
             http_status: Some(200),
@@ -1096,6 +1129,35 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_call_without_telemetry_keeps_its_elapsed_time_current_and_never_repeats_a_snapshot(
+    ) {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            h.at(400).await;
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            flush().await;
+            h.at(11_000).await;
+            let mut sent = Vec::new();
+            while let Ok(event) = h.events.try_recv() {
+                if let EngineEvent::Speed { call, speed } = event {
+                    assert_eq!(speed.phase, Phase::AwaitingFirstToken);
+                    sent.push((call.model, speed));
+                }
+            }
+            let elapsed: Vec<u64> = sent.iter().map(|(_, s)| s.elapsed_ms).collect();
+            // Never the same snapshot twice, and never more than a
+            // refresh (plus one tick) apart while it waits 11 s.
+            assert!(elapsed.windows(2).all(|w| w[0] < w[1]), "{elapsed:?}");
+            assert!(
+                elapsed.windows(2).all(|w| w[1] - w[0] <= 1_250),
+                "{elapsed:?}"
+            );
+            assert!(*elapsed.last().unwrap() >= 10_000, "{elapsed:?}");
+        });
+    }
+
+    #[test]
     fn the_slow_first_token_alarm_fires_once_at_exactly_slow_ttft_after_dispatch() {
         run_paused(async {
             let mut h = Harness::new().await;
@@ -1119,6 +1181,7 @@ mod tests {
                     api: ApiKind::OpenaiChat,
                     model: Some("m".into()),
                     started_at: String::new(),
+                    demo: false,
                 },
                 waited_ms: 5_000,
                 threshold_ms: 5_000,

@@ -49,31 +49,34 @@ pub fn context_refusal(body: &[u8]) -> Option<String> {
     })
 }
 
-/// Whether the server cut the prompt, from the request's calibrated
-/// estimate, the server's prompt count (processed plus cached) and the
-/// loaded context size. Two rules (`docs/metering.md`, "Truncation"):
-/// - the estimate is over the context size by more than 10% while the
-///   server read no more than the context: the prompt can't have fit;
-/// - where the server reports its cache (so its count is the whole
-///   prompt), it read under half the estimate and at least 256 tokens
-///   fewer.
+/// Whether the server cut the prompt, from the server's own numbers only
+/// (`docs/metering.md`, "Truncation"): its prompt count (processed plus
+/// cached) reached its own context size, so the prompt filled the whole
+/// context and was cut to fit it (Ollama cuts to `num_ctx` silently).
+/// speedtap's estimate of the request never decides: an estimate from
+/// the body's bytes can be off by a factor of two or three, and an alarm
+/// must not rest on a guess. It is only carried along, labelled, as what
+/// the request held, and never below what the server read (a request
+/// holds at least the tokens the server took from it).
 pub fn truncation(
-    estimate: Option<u64>,
     server: Option<u64>,
-    cache_reported: bool,
     context_size: Option<u64>,
+    estimate: Option<u64>,
 ) -> Option<PromptTruncation> {
-    let (estimate, server) = (estimate?, server?);
-    let over_context =
-        context_size.is_some_and(|c| estimate as f64 > c as f64 * 1.1 && server <= c);
-    let far_below = cache_reported
-        && (server as f64) < estimate as f64 * 0.5
-        && estimate.saturating_sub(server) >= 256;
-    (over_context || far_below).then_some(PromptTruncation {
-        request_tokens: estimate,
+    let (server, context) = (server?, context_size?);
+    (context > 0 && server >= context).then(|| PromptTruncation {
+        request_tokens: estimate.unwrap_or(0).max(server),
         server_tokens: server,
-        context_size,
+        context_size: Some(context),
     })
+}
+
+/// Whether the server's prompt count is the whole prompt, so it may teach
+/// the prompt calibration: a count that reached the context size is the
+/// context's size, not the prompt's. Nothing else keeps a call from
+/// teaching, so no flag can freeze the calibration.
+pub fn count_is_whole_prompt(server: u64, context_size: Option<u64>) -> bool {
+    context_size.is_none_or(|c| server < c)
 }
 
 /// The app behind a User-Agent, as a short stable name: `openai-python`,
@@ -240,22 +243,42 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_prompt_is_one_over_the_context_or_far_below_a_full_count() {
-        // Ollama: 9,000 sent, 2,048 read, context 2,048.
-        let t = truncation(Some(9_000), Some(2_048), false, Some(2_048)).unwrap();
+    fn a_cut_prompt_is_a_server_count_that_reached_its_context() {
+        // Ollama: 2,048 read, context 2,048: cut, whatever the estimate.
+        let t = truncation(Some(2_048), Some(2_048), Some(9_000)).unwrap();
         assert_eq!(t.server_tokens, 2_048);
         assert_eq!(t.context_size, Some(2_048));
-        // Ollama without the context known: its count may leave out its
-        // cache, so a low count alone proves nothing.
-        assert_eq!(truncation(Some(9_000), Some(100), false, None), None);
-        // llama.cpp reports its cache: a count far below is a cut.
-        assert!(truncation(Some(9_000), Some(2_000), true, None).is_some());
-        // Close enough: estimate error, not a cut.
+        assert_eq!(t.request_tokens, 9_000);
+        // An estimate below the count is not shown as what was sent: the
+        // request held at least what the server read.
+        let low = truncation(Some(2_048), Some(2_048), Some(1_000)).unwrap();
+        assert_eq!(low.request_tokens, 2_048);
         assert_eq!(
-            truncation(Some(2_100), Some(2_000), true, Some(4_096)),
-            None
+            truncation(Some(2_048), Some(2_048), None)
+                .unwrap()
+                .request_tokens,
+            2_048
         );
-        assert_eq!(truncation(None, Some(2_000), true, Some(1)), None);
+    }
+
+    #[test]
+    fn an_estimate_far_above_the_servers_count_raises_no_flag() {
+        // The case: 46,533 estimated, 18,631 read, context 131,072.
+        assert_eq!(truncation(Some(18_631), Some(131_072), Some(46_533)), None);
+        // 5,109 estimated, 1,553 read, context 4,096.
+        assert_eq!(truncation(Some(1_553), Some(4_096), Some(5_109)), None);
+        // An estimate over the context, the server's count under it.
+        assert_eq!(truncation(Some(3_000), Some(4_096), Some(90_000)), None);
+        // Without the server's context size there is no evidence at all.
+        assert_eq!(truncation(Some(9_000), None, Some(90_000)), None);
+        assert_eq!(truncation(None, Some(2_048), Some(90_000)), None);
+    }
+
+    #[test]
+    fn only_a_count_at_the_context_size_keeps_a_call_from_teaching_the_prompt_factor() {
+        assert!(count_is_whole_prompt(1_553, Some(4_096)));
+        assert!(count_is_whole_prompt(1_553, None));
+        assert!(!count_is_whole_prompt(4_096, Some(4_096)));
     }
 
     #[test]

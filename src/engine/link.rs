@@ -11,7 +11,7 @@
 //! so the proxy and the capture build the same [`CallSetup`] by
 //! construction, not by copy.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
@@ -58,6 +58,9 @@ pub struct EngineLink {
     /// The live telemetry poller of each (route, upstream base URL), held
     /// weakly: see [`EngineLink::telemetry_for`].
     pub pollers: Mutex<HashMap<(String, String), WeakAddr<TelemetryPoller>>>,
+    /// The routes of the demo's traffic: their calls are marked `demo`
+    /// (never stored in History, never notified).
+    pub demo_routes: RwLock<HashSet<String>>,
 }
 
 /// One of the proxy's own upstream connections: its local address, and
@@ -105,6 +108,7 @@ impl CallStart {
             api: self.api,
             model: None,
             started_at: humantime::format_rfc3339_millis(self.started_at).to_string(),
+            demo: false,
         }
     }
 }
@@ -120,9 +124,11 @@ impl EngineLink {
     /// the interceptor's threads): the one place either interceptor starts
     /// a call, so both set calls up alike.
     pub(crate) fn start_call(&self, call: CallStart) -> Addr<CallActor> {
+        let mut identity = call.identity();
+        identity.demo = self.is_demo_route(&call.route);
         let setup = CallSetup {
             seq: call.seq,
-            identity: call.identity(),
+            identity,
             method: call.method,
             path: call.path,
             dispatched_at: call.dispatched_at,
@@ -137,6 +143,22 @@ impl EngineLink {
             telemetry: call.telemetry,
         };
         CallActor::start_in_arbiter(self.arbiter(), move |_| CallActor::new(setup))
+    }
+
+    /// Marks `route` as the demo's: its calls are demo calls from now on.
+    pub fn mark_demo_route(&self, route: &str) {
+        self.demo_routes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(route.to_owned());
+    }
+
+    /// Whether `route` carries the demo's traffic.
+    pub(crate) fn is_demo_route(&self, route: &str) -> bool {
+        self.demo_routes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(route)
     }
 
     /// The telemetry poller for `route`'s calls to `upstream`, started on
@@ -199,6 +221,7 @@ impl EngineLink {
             normals: Default::default(),
             telemetry: false,
             pollers: Default::default(),
+            demo_routes: Default::default(),
         }
     }
 }

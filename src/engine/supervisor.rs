@@ -81,13 +81,17 @@ impl Supervisor {
 
     fn broadcast(&mut self, event: EngineEvent) {
         let mut dropped = 0;
+        // Only a reader that fell behind (its queue full) is counted as
+        // dropped; one that went away (an SSE client that disconnected)
+        // is simply let go.
         self.subscribers
             .retain(|tx| match tx.try_send(event.clone()) {
                 Ok(()) => true,
-                Err(_) => {
+                Err(mpsc::error::TrySendError::Full(_)) => {
                     dropped += 1;
                     false
                 }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
             });
         if dropped > 0 {
             self.dropped_subscribers += dropped;
@@ -160,8 +164,10 @@ impl Supervisor {
     /// final snapshot) until the writer confirms it is durable, so a crash
     /// never loses a call the API reported settled; without one it settles
     /// at once.
+    /// A demo call is never stored: it settles at once, kept only in the
+    /// recent calls for the live views.
     fn finish_call(&mut self, seq: u64, call: Call) {
-        let Some(store) = &self.store else {
+        let Some(store) = self.store.as_ref().filter(|_| !call.identity.demo) else {
             self.settle(seq, call);
             return;
         };
@@ -236,7 +242,7 @@ impl Handler<CallProgress> for Supervisor {
         if let Some(at) = msg.last_output_at {
             let estimated = msg.speed.token_source == TokenSource::Estimated;
             self.global
-                .observe(msg.seq, msg.speed.output_tokens, estimated, at);
+                .observe(msg.seq, msg.speed.output_tokens_per_second, estimated, at);
         }
         if let Some(call) = self.active.get_mut(&msg.seq) {
             call.identity = msg.identity.clone();
@@ -266,6 +272,11 @@ impl Handler<CallClosed> for Supervisor {
             }
         }
         if let Some(speed) = msg.call.speed.clone() {
+            // The hour's high and low take settled rates only.
+            if let (CallStatus::Ok, Some(rate)) = (msg.call.status, speed.output_tokens_per_second)
+            {
+                self.global.record_settled(rate, Instant::now());
+            }
             self.broadcast(EngineEvent::Speed {
                 call: msg.call.identity.clone(),
                 speed,
@@ -465,6 +476,7 @@ pub(crate) mod tests {
             api: ApiKind::OpenaiChat,
             model: Some("m".into()),
             started_at: String::new(),
+            demo: false,
         }
     }
 
@@ -536,12 +548,16 @@ pub(crate) mod tests {
         progress(sup, seq, tokens).await;
     }
 
-    /// The call's output reached `tokens`, now.
+    /// The call's output reached `tokens`, now, at its own live rate of
+    /// 10 tok/s.
     async fn progress(sup: &Addr<Supervisor>, seq: u64, tokens: u64) {
         sup.send(CallProgress {
             seq,
             identity: identity(seq, "a"),
-            speed: speed(tokens),
+            speed: Snapshot {
+                output_tokens_per_second: Some(10.0),
+                ..speed(tokens)
+            },
             last_output_at: Some(Instant::now()),
         })
         .await
@@ -691,6 +707,27 @@ pub(crate) mod tests {
             assert_eq!(roomy.try_recv(), Err(TryRecvError::Empty));
             // The drop is shown, not just counted.
             assert_eq!(sup.send(GetStats).await.unwrap().dropped_subscribers, 1);
+        });
+    }
+
+    #[test]
+    fn a_reader_that_went_away_is_let_go_without_being_counted_as_dropped() {
+        run_paused(async {
+            let sup = start();
+            let gone = subscribe(&sup, 64).await;
+            let mut kept = subscribe(&sup, 64).await;
+            drop(gone);
+            let alarm = EngineEvent::SlowFirstToken(SlowFirstToken {
+                call: identity(1, "x"),
+                waited_ms: 5_000,
+                threshold_ms: 5_000,
+                reason: None,
+                usual_ms: None,
+            });
+            sup.send(Broadcast(alarm.clone())).await.unwrap();
+            assert!(matches!(kept.try_recv(), Ok(EngineEvent::Stats(_))));
+            assert_eq!(kept.try_recv(), Ok(alarm));
+            assert_eq!(sup.send(GetStats).await.unwrap().dropped_subscribers, 0);
         });
     }
 

@@ -2,6 +2,10 @@
 //! at it: the built-in simulator behind a `demo` route, and a minute of
 //! mixed calls through that route (every protocol, reasoning, tool-less
 //! answers, fast and slow models, a slow first token now and then).
+//!
+//! Its calls are demo calls (`demo: true`, see `EngineLink::mark_demo_route`)
+//! and every one names a model under `demo/`, so nothing of the demo can be
+//! mistaken for, or merged with, a real model's calls.
 
 use std::time::Duration;
 
@@ -30,7 +34,12 @@ pub struct DemoCall {
 
 /// The demo schedule: deterministic, so a demo looks the same every time.
 pub fn schedule() -> Vec<DemoCall> {
-    const MODELS: [&str; 4] = ["qwen3:8b", "llama3.2:3b", "gemma3:4b", "deepseek-r1:7b"];
+    const MODELS: [&str; 4] = [
+        "demo/qwen3:8b",
+        "demo/llama3.2:3b",
+        "demo/gemma3:4b",
+        "demo/deepseek-r1:7b",
+    ];
     const TTFT: [u64; 6] = [180, 420, 900, 260, 2_600, 350];
     const TPS: [u64; 5] = [42, 28, 75, 110, 18];
     const TOKENS: [u64; 3] = [90, 160, 240];
@@ -43,9 +52,9 @@ pub fn schedule() -> Vec<DemoCall> {
                 2 => ("/v1/messages", format!(r#"{{"model":"{model}","stream":true,"max_tokens":512,"messages":[{{"role":"user","content":"demo"}}]}}"#)),
                 3 => ("/v1/completions", format!(r#"{{"model":"{model}","stream":true,"prompt":"demo"}}"#)),
                 4 => ("/v1/responses", format!(r#"{{"model":"{model}","stream":true,"input":"demo"}}"#)),
-                5 => ("/completion", r#"{"prompt":"demo","stream":true}"#.to_owned()),
+                5 => ("/completion", format!(r#"{{"model":"{model}","prompt":"demo","stream":true}}"#)),
                 6 => ("/api/generate", format!(r#"{{"model":"{model}","prompt":"demo"}}"#)),
-                _ => ("/generate_stream", r#"{"inputs":"demo"}"#.to_owned()),
+                _ => ("/generate_stream", format!(r#"{{"model":"{model}","inputs":"demo"}}"#)),
             };
             DemoCall {
                 path,
@@ -53,7 +62,7 @@ pub fn schedule() -> Vec<DemoCall> {
                 ttft_ms: TTFT[i % TTFT.len()],
                 tps: TPS[i % TPS.len()],
                 tokens: TOKENS[i % TOKENS.len()],
-                reasoning: if model.starts_with("deepseek") || i % 5 == 4 { 60 } else { 0 },
+                reasoning: if model.starts_with("demo/deepseek") || i % 5 == 4 { 60 } else { 0 },
                 server_timings: i % 3 == 1,
             }
         })
@@ -111,6 +120,19 @@ mod tests {
             assert!(
                 serde_json::from_str::<serde_json::Value>(&c.body).is_ok(),
                 "{}",
+                c.body
+            );
+        }
+    }
+
+    #[test]
+    fn every_demo_call_names_a_model_under_demo() {
+        for c in schedule() {
+            let model = detect_request("POST", c.path, c.body.as_bytes()).model;
+            assert!(
+                model.as_deref().is_some_and(|m| m.starts_with("demo/")),
+                "{} {}: {model:?}",
+                c.path,
                 c.body
             );
         }

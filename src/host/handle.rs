@@ -198,7 +198,14 @@ impl EngineQueries for EngineHandle {
 
     async fn routes(&self) -> RoutesDoc {
         RoutesDoc {
-            routes: self.bound_routes().iter().map(RouteInfo::from).collect(),
+            routes: self
+                .bound_routes()
+                .iter()
+                .map(|r| RouteInfo {
+                    demo: self.shared.link.is_demo_route(&r.name),
+                    ..RouteInfo::from(r)
+                })
+                .collect(),
         }
     }
 
@@ -324,6 +331,8 @@ impl EngineQueries for EngineHandle {
                 .unwrap_or_else(|| "demo".to_owned());
             let spec =
                 RouteSpec::new(&name, "127.0.0.1:0", &sim.base_url()).map_err(QueryError::Io)?;
+            // Marked before it binds: its first call is a demo call too.
+            self.shared.link.mark_demo_route(&name);
             let route = self
                 .add_route(spec)
                 .await
@@ -344,7 +353,10 @@ impl EngineQueries for EngineHandle {
         }
         Ok(DemoDoc {
             running: true,
-            route: RouteInfo::from(&state.route),
+            route: RouteInfo {
+                demo: true,
+                ..RouteInfo::from(&state.route)
+            },
         })
     }
 }

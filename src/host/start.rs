@@ -195,6 +195,7 @@ fn share_state(
         normals: Arc::new(RwLock::new(saved.normals)),
         telemetry: options.telemetry,
         pollers: Default::default(),
+        demo_routes: Default::default(),
     });
     Arc::new(Shared {
         link,

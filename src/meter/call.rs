@@ -40,8 +40,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::calibration::plausible_drift;
-use super::limits::{MIN_FINAL_RATE_TOKENS, MIN_RATE_SPAN, SNAPSHOT_INTERVAL};
-use super::rate::RateWindow;
+use super::limits::{MIN_FINAL_RATE_TOKENS, SNAPSHOT_INTERVAL};
+use super::rate::{is_timed, RateWindow};
 use crate::decode::event::{OutputChannel, ServerTimings, Usage};
 use crate::model::snapshot::{round_rate, Phase, Snapshot, TokenSource};
 use crate::tokens::TokenEstimator;
@@ -452,16 +452,30 @@ impl CallMeter {
             elapsed_ms: self.elapsed_ms(now),
             time_to_first_token_ms: self.ttft_ms(),
             output_tokens: self.live_count().round() as u64,
-            output_tokens_per_second: if !self.streamed {
-                None
-            } else if self.live_from_server {
-                self.live_server_rate()
-                    .or_else(|| self.window.rate(self.first_output_at))
-            } else {
-                self.window.rate(self.first_output_at)
-            },
+            output_tokens_per_second: self.live_rate(),
             token_source: self.live_source(),
             wait: None,
+        }
+    }
+
+    /// The live rate of a streamed call, once its output passes the one
+    /// rule every rate shown passes ([`is_timed`]: 20 tokens over 500 ms
+    /// of output, so a burst held open has none): the server's running
+    /// figure where it reports one, else the sliding window.
+    fn live_rate(&self) -> Option<f64> {
+        if !self.streamed {
+            return None;
+        }
+        let first = self.first_output_at?;
+        let span = self.last_output_at?.saturating_duration_since(first);
+        if !is_timed(self.live_count(), span) {
+            return None;
+        }
+        if self.live_from_server {
+            self.live_server_rate()
+                .or_else(|| self.window.rate(Some(first)))
+        } else {
+            self.window.rate(Some(first))
         }
     }
 
@@ -534,13 +548,10 @@ impl CallMeter {
     /// (tokens - 1) / (last output - first output): the first token arrived
     /// at TTFT and the span starts there.
     fn decode_rate(&self, tokens: u64) -> Option<f64> {
-        if tokens < MIN_FINAL_RATE_TOKENS {
-            return None;
-        }
         let span = self
             .last_output_at?
             .saturating_duration_since(self.first_output_at?);
-        if span < MIN_RATE_SPAN {
+        if !is_timed(tokens as f64, span) {
             return None;
         }
         positive_rate((tokens - 1) as f64 / span.as_secs_f64())
@@ -680,6 +691,47 @@ mod tests {
         assert_eq!(s.elapsed_ms, 1234);
         assert_eq!(s.phase, Phase::Responding);
         assert_eq!(s.output_tokens, 1);
+    }
+
+    #[test]
+    fn a_burst_held_open_has_no_live_rate_and_no_settled_rate() {
+        let t0 = Instant::now();
+        let mut m = streamed(t0);
+        // 300 tokens in 30 ms (one word a 0.1 ms), then nothing for 3 s.
+        for i in 0..300u64 {
+            let now = t0 + Duration::from_millis(100) + Duration::from_micros(100 * i);
+            let _ = m.on_output(OutputChannel::Text, "w ", now);
+        }
+        let mut rates = Vec::new();
+        for k in 1..=12u64 {
+            if let Some(s) = m.tick(at(t0, 100 + 250 * k)) {
+                rates.push(s.output_tokens_per_second);
+            }
+        }
+        assert!(!rates.is_empty(), "the pending text was published");
+        assert!(rates.iter().all(Option::is_none), "{rates:?}");
+        let settled = m.settle(at(t0, 3_100));
+        assert_eq!(settled.snapshot.output_tokens, 300);
+        assert_eq!(settled.snapshot.output_tokens_per_second, None);
+    }
+
+    #[test]
+    fn a_live_rate_needs_twenty_tokens_over_half_a_second_of_output() {
+        let t0 = Instant::now();
+        let mut m = streamed(t0);
+        // 10 tok/s: one token every 100 ms from 1 s.
+        let snaps = stream(&mut m, t0, 1_000, 100, 30, 1);
+        let first_rated = snaps
+            .iter()
+            .find(|s| s.output_tokens_per_second.is_some())
+            .unwrap();
+        // 500 ms of output held only 6 tokens: no rate until the 20th.
+        assert!(first_rated.output_tokens >= 20, "{first_rated:?}");
+        assert!(snaps
+            .iter()
+            .filter(|s| s.output_tokens < 20)
+            .all(|s| s.output_tokens_per_second.is_none()));
+        assert_eq!(first_rated.output_tokens_per_second, Some(10.0));
     }
 
     #[test]

@@ -1,13 +1,23 @@
 //! The global meter: one reading over every active stream
-//! (`docs/metering.md` "All calls: the global meter"), plus the aggregate throughput speedtap adds
-//! (exact numbers where a server gives them).
+//! (`docs/metering.md` "All calls: the global meter"), plus the aggregate
+//! throughput and the hour's high and low.
 //!
-//! The supervisor feeds it each call's running token total as snapshots are
+//! It computes no rate of its own. A stream's rate is the call's own live
+//! rate, as the per-call meter published it under the one rule every rate
+//! shown passes ([`super::rate::is_timed`]: at least 20 tokens over at
+//! least 500 ms, so a single burst has none; the call actor drops it on a
+//! capture gap). So the headline can never read above the calls it comes
+//! from, and a burst or a gap moves nothing. The hour's high and low come
+//! from settled per-call rates only ([`GlobalMeter::record_settled`]),
+//! never from a live reading taken before the call's count was settled.
+//!
+//! The supervisor feeds it each call's live rate as snapshots are
 //! published ([`GlobalMeter::observe`]), tells it when a call ends
-//! ([`GlobalMeter::remove`]) and asks for a reading at the publishing cadence
-//! ([`GlobalMeter::sample`], [`GlobalMeter::publish_interval`]). Everything is
-//! pure: no clock is read here, every time is passed in, so tests can walk a
-//! virtual hour exactly.
+//! ([`GlobalMeter::remove`]) and what the call settled at, and asks for a
+//! reading at the publishing cadence ([`GlobalMeter::sample`],
+//! [`GlobalMeter::publish_interval`]). Everything is pure: no clock is
+//! read here, every time is passed in, so tests can walk a virtual hour
+//! exactly.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -21,12 +31,11 @@ pub use crate::model::Stats;
 /// stops pulling the mean down with a rate that no longer describes anything).
 pub const STALE: Duration = Duration::from_secs(60);
 
-/// How far back `high` and `low` look: the rolling window of readings.
+/// How far back `high` and `low` look: the rolling window of settled rates.
 pub const HISTORY: Duration = Duration::from_secs(60 * 60);
 
-/// Readings below this many tokens/s don't count towards `high`/`low`: a
-/// stream that barely started (or a stalled one) would otherwise pin `low`
-/// near zero and make it meaningless.
+/// Settled rates below this many tokens/s don't count towards `high`/`low`:
+/// a crawl would pin `low` near zero and make it meaningless.
 pub const HIGH_LOW_FLOOR: f64 = 1.0;
 
 /// The publishing cadence while any stream has had a token within [`STALE`].
@@ -38,46 +47,25 @@ pub const IDLE_CADENCE: Duration = Duration::from_secs(10);
 /// What the meter knows about one stream.
 #[derive(Clone, Copy, Debug)]
 struct StreamState {
-    /// Output + reasoning tokens so far, as last reported.
-    tokens: u64,
-    /// Whether `tokens` is an estimate (not a settled count).
+    /// The call's own live rate, as last published; `None` while the call
+    /// has none (too few tokens, too short a span, one burst, a gap).
+    rate: Option<f64>,
+    /// Whether `rate` rests on an estimated count.
     estimated: bool,
-    /// Time of the first observed token.
-    first_at: Instant,
     /// Time of the latest token.
     last_at: Instant,
 }
 
 impl StreamState {
-    /// The reference rule, to the letter: (output + reasoning tokens) /
-    /// (last token time - first token time). Note that `tokens` is the whole
-    /// running total, including the tokens already counted at the first
-    /// observed time; the reference divides the total by the span, and so do
-    /// we, so readings match the chat UI this mirrors. (Counting only the
-    /// tokens after the first observation would read lower on short streams.)
-    /// No rate until two distinct times exist, and a zero rate is no rate.
-    fn rate(&self) -> Option<f64> {
-        let span = self.last_at.saturating_duration_since(self.first_at);
-        if span.is_zero() || self.tokens == 0 {
-            return None;
-        }
-        Some(self.tokens as f64 / span.as_secs_f64())
-    }
-
     fn is_live(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.last_at) < STALE
     }
 }
 
-/// One entry of the high/low history: the readings of at most one
-/// [`ACTIVE_CADENCE`] folded together.
-///
-/// At the 1 Hz cadence every entry holds exactly one reading. If something
-/// samples faster (say, an API request calling [`GlobalMeter::sample`]
-/// between ticks), readings within one cadence of an entry's first reading
-/// are merged into it, keeping their max and min, so the history stays
-/// bounded at about `HISTORY / ACTIVE_CADENCE` entries and high/low stay
-/// exact. A merged entry expires with its newest reading: an extreme can
+/// One entry of the high/low history: the settled rates of at most one
+/// [`ACTIVE_CADENCE`] folded together, keeping their max and min, so the
+/// history stays bounded however many calls settle and high/low stay
+/// exact. A merged entry expires with its newest rate: an extreme can
 /// linger up to one cadence past the hour, but never leaves early.
 #[derive(Clone, Copy, Debug)]
 struct Reading {
@@ -91,8 +79,7 @@ struct Reading {
 #[derive(Debug, Default)]
 pub struct GlobalMeter {
     streams: HashMap<u64, StreamState>,
-    /// Readings >= [`HIGH_LOW_FLOOR`], oldest first. Readings below the
-    /// floor are not stored: they could never become `high` or `low`.
+    /// Settled rates >= [`HIGH_LOW_FLOOR`], oldest first.
     history: VecDeque<Reading>,
     /// The latest token of any stream, ended ones included, for the cadence.
     last_token_at: Option<Instant>,
@@ -104,45 +91,21 @@ impl GlobalMeter {
         Self::default()
     }
 
-    /// A stream's running totals: `tokens` = output + reasoning tokens so far,
-    /// `estimated` = whether that count is an estimate, `at` = the time of the
-    /// latest token. Starts tracking the stream on its first call.
-    ///
-    /// Choices where the reference is silent:
-    /// - `tokens == 0` for an unknown stream is ignored: no token has arrived,
-    ///   so there is no first token time to start from.
-    /// - The latest count wins even if lower than before (a settled provider
-    ///   count may undercut the estimate); times only move forward, and only
-    ///   a report of more tokens counts as a new token time, so a repeated
-    ///   report doesn't stretch the span or keep a stalled stream alive.
-    /// - A report after [`remove`](Self::remove) starts a new stream; the
-    ///   caller sends the final report before removing.
-    pub fn observe(&mut self, stream: u64, tokens: u64, estimated: bool, at: Instant) {
-        match self.streams.get_mut(&stream) {
-            None => {
-                if tokens == 0 {
-                    return;
-                }
-                self.streams.insert(
-                    stream,
-                    StreamState {
-                        tokens,
-                        estimated,
-                        first_at: at,
-                        last_at: at,
-                    },
-                );
-            }
-            Some(s) => {
-                let more = tokens > s.tokens;
-                s.tokens = tokens;
-                s.estimated = estimated;
-                if !more {
-                    return;
-                }
-                s.last_at = s.last_at.max(at);
-            }
-        }
+    /// A stream's latest published snapshot: its own live `rate` (absent
+    /// while the call has none), whether that rate rests on an
+    /// `estimated` count, and `at`, the time of its latest token. Starts
+    /// tracking the stream on its first report; the caller reports only
+    /// streams that have had a token. Times only move forward, so a repeated
+    /// report doesn't stretch a stalled stream's life.
+    pub fn observe(&mut self, stream: u64, rate: Option<f64>, estimated: bool, at: Instant) {
+        let s = self.streams.entry(stream).or_insert(StreamState {
+            rate,
+            estimated,
+            last_at: at,
+        });
+        s.rate = rate.filter(|r| r.is_finite() && *r > 0.0);
+        s.estimated = estimated;
+        s.last_at = s.last_at.max(at);
         self.last_token_at = Some(self.last_token_at.map_or(at, |t| t.max(at)));
     }
 
@@ -152,31 +115,43 @@ impl GlobalMeter {
         self.streams.remove(&stream);
     }
 
-    /// The reading at `now`, recorded into the history when it has a real
-    /// `tps`. Call it once per publish; use [`peek`](Self::peek) for
-    /// reading without recording.
-    ///
-    /// Drops streams with no token for [`STALE`] (exactly 60 s is stale) and
-    /// history older than [`HISTORY`] (exactly 60 min is gone). `high`/`low`
-    /// include this reading. Rates are averaged and summed unrounded; only
-    /// the published numbers are rounded to one decimal, and the history
-    /// stores what was published.
+    /// A call settled `ok` with its own final rate (already judged by the
+    /// per-call rules: absent for a burst, a short span, few tokens or a
+    /// capture gap): the only input of the hour's high and low.
+    pub fn record_settled(&mut self, rate: f64, now: Instant) {
+        if !rate.is_finite() || rate < HIGH_LOW_FLOOR {
+            return;
+        }
+        self.prune_history(now);
+        if let Some(last) = self.history.back_mut() {
+            if now.saturating_duration_since(last.first_at) < ACTIVE_CADENCE {
+                last.last_at = last.last_at.max(now);
+                last.high = last.high.max(rate);
+                last.low = last.low.min(rate);
+                return;
+            }
+        }
+        self.history.push_back(Reading {
+            first_at: now,
+            last_at: now,
+            high: rate,
+            low: rate,
+        });
+    }
+
+    /// The reading at `now`. Drops streams with no token for [`STALE`]
+    /// (exactly 60 s is stale) and settled rates older than [`HISTORY`]
+    /// (exactly 60 min is gone). Rates are averaged and summed unrounded;
+    /// only the published numbers are rounded to one decimal.
     pub fn sample(&mut self, now: Instant) -> Stats {
         self.streams.retain(|_, s| s.is_live(now));
         self.prune_history(now);
-        let mut stats = self.current(now);
-        if let Some(tps) = stats.tps {
-            self.record(tps, now);
-        }
-        // High/low describe the last hour, not this moment: they stay
-        // published while no stream has a rate, until they age out.
-        stats.high = self.high();
-        stats.low = self.low();
-        stats
+        self.peek(now)
     }
 
-    /// The reading at `now` without recording it or dropping anything: for
-    /// an API request between publishing ticks.
+    /// The reading at `now` without dropping anything: for an API request
+    /// between publishing ticks. High/low describe the last hour, not this
+    /// moment: they stay published while nothing streams, until they age out.
     pub fn peek(&self, now: Instant) -> Stats {
         let mut stats = self.current(now);
         let live = self.history.iter().filter(|r| Self::in_window(r, now));
@@ -184,10 +159,6 @@ impl GlobalMeter {
         for r in live {
             high = Some(high.map_or(r.high, |h| h.max(r.high)));
             low = Some(low.map_or(r.low, |l| l.min(r.low)));
-        }
-        if let Some(tps) = stats.tps.filter(|&t| t >= HIGH_LOW_FLOOR) {
-            high = Some(high.map_or(tps, |h| h.max(tps)));
-            low = Some(low.map_or(tps, |l| l.min(tps)));
         }
         stats.high = high;
         stats.low = low;
@@ -197,8 +168,7 @@ impl GlobalMeter {
     /// The publishing cadence: [`ACTIVE_CADENCE`] while any stream (ended
     /// ones included) has had a token within [`STALE`], else
     /// [`IDLE_CADENCE`]. Counting ended streams keeps the 1 Hz beat for a
-    /// minute after a call finishes, as the reference says "any stream has
-    /// had a token"; those samples have no `tps` and so are not recorded.
+    /// minute after a call finishes.
     pub fn publish_interval(&self, now: Instant) -> Duration {
         if self.is_active(now) {
             ACTIVE_CADENCE
@@ -226,7 +196,7 @@ impl GlobalMeter {
         let mut active = 0usize;
         for s in self.streams.values().filter(|s| s.is_live(now)) {
             active += 1;
-            if let Some(rate) = s.rate().filter(|&r| r > 0.0) {
+            if let Some(rate) = s.rate {
                 sum += rate;
                 n += 1;
                 estimated |= s.estimated;
@@ -263,34 +233,6 @@ impl GlobalMeter {
             self.history.pop_front();
         }
     }
-
-    fn record(&mut self, tps: f64, now: Instant) {
-        if tps < HIGH_LOW_FLOOR {
-            return;
-        }
-        if let Some(last) = self.history.back_mut() {
-            if now.saturating_duration_since(last.first_at) < ACTIVE_CADENCE {
-                last.last_at = last.last_at.max(now);
-                last.high = last.high.max(tps);
-                last.low = last.low.min(tps);
-                return;
-            }
-        }
-        self.history.push_back(Reading {
-            first_at: now,
-            last_at: now,
-            high: tps,
-            low: tps,
-        });
-    }
-
-    fn high(&self) -> Option<f64> {
-        self.history.iter().map(|r| r.high).reduce(f64::max)
-    }
-
-    fn low(&self) -> Option<f64> {
-        self.history.iter().map(|r| r.low).reduce(f64::min)
-    }
 }
 
 #[cfg(test)]
@@ -305,110 +247,83 @@ mod tests {
         Duration::from_secs(n)
     }
 
-    /// One stream whose reference rate (total / span) is exactly `rate`:
-    /// 1 token at `start`, `rate * end_s` tokens at `start + end_s` seconds.
-    fn steady(m: &mut GlobalMeter, id: u64, start: Instant, rate: u64, end_s: u64) {
-        m.observe(id, 1, false, start);
-        m.observe(id, rate * end_s, false, start + secs(end_s));
-    }
-
     #[test]
-    fn mean_of_two_streams_and_aggregate_sum() {
+    fn the_reading_is_the_mean_of_the_calls_own_rates_and_the_aggregate_their_sum() {
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        // A: 100 tokens over 3 s (t0+1 .. t0+4) = 33.333.. tok/s
-        m.observe(1, 10, false, t0 + secs(1));
-        m.observe(1, 100, false, t0 + secs(4));
-        // B: 50 tokens over 2 s = 25 tok/s
-        m.observe(2, 5, false, t0 + secs(2));
-        m.observe(2, 50, false, t0 + secs(4));
+        m.observe(1, Some(33.3), false, t0 + secs(4));
+        m.observe(2, Some(25.0), false, t0 + secs(4));
         let s = m.sample(t0 + secs(5));
-        assert_eq!(s.tps, Some(29.2)); // (33.333 + 25) / 2 = 29.1666
-        assert_eq!(s.aggregate_tps, Some(58.3)); // 58.333
+        assert_eq!(s.tps, Some(29.2)); // (33.3 + 25) / 2 = 29.15
+        assert_eq!(s.aggregate_tps, Some(58.3));
         assert!(s.tps_available);
         assert!(!s.estimated);
         assert_eq!(s.active, 2);
-        assert_eq!((s.high, s.low), (Some(29.2), Some(29.2)));
+        // Live readings never make the hour's high or low.
+        assert_eq!((s.high, s.low), (None, None));
     }
 
     #[test]
-    fn rate_divides_the_whole_total_by_the_span() {
-        // The reference to the letter: 40 tokens at t0+1 s, 60 at t0+3 s →
-        // 60 / 2 s = 30, not (60 - 40) / 2 s = 10.
+    fn no_reading_is_above_the_fastest_calls_own_rate() {
+        // The issue's headline of 43.6 beside two rows at 40.0: the
+        // reading is made of the rows' own rates, so it can't be.
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        m.observe(7, 40, false, t0 + secs(1));
-        m.observe(7, 60, false, t0 + secs(3));
-        assert_eq!(m.sample(t0 + secs(3)).tps, Some(30.0));
+        m.observe(1, Some(40.0), false, t0);
+        m.observe(2, Some(40.0), false, t0);
+        assert_eq!(m.sample(t0 + ms(300)).tps, Some(40.0));
     }
 
     #[test]
-    fn a_stream_with_one_time_has_no_rate() {
+    fn a_stream_without_a_rate_is_active_but_moves_no_figure() {
+        // A burst: the call has tokens but no honest rate.
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        m.observe(1, 12, true, t0);
-        m.observe(1, 30, true, t0); // more tokens, same time: still one time
-        let s = m.sample(t0 + ms(500));
-        assert_eq!(s.tps, None);
+        m.observe(1, None, true, t0);
+        m.observe(1, None, true, t0 + ms(30));
+        let s = m.sample(t0 + secs(3));
+        assert_eq!((s.tps, s.aggregate_tps, s.high), (None, None, None));
         assert!(!s.tps_available);
-        assert_eq!(s.aggregate_tps, None);
         assert!(!s.estimated, "nothing is claimed without a number");
         assert_eq!(s.active, 1);
-        assert_eq!((s.high, s.low), (None, None));
-        assert_eq!(m.history_len(), 0);
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(
             json,
             r#"{"tps_available":false,"estimated":false,"active":1,"dropped_subscribers":0,"capture_dropped_packets":0}"#
         );
+        // Beside a stream with a rate, it doesn't pull the mean down.
+        m.observe(2, Some(40.0), false, t0 + secs(3));
+        assert_eq!(m.sample(t0 + secs(3)).tps, Some(40.0));
     }
 
     #[test]
-    fn streams_without_rate_do_not_pull_the_mean_down() {
+    fn a_rate_the_call_withdrew_leaves_the_reading() {
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        steady(&mut m, 1, t0, 40, 2); // 80 / 2 s = 40
-        m.observe(2, 3, false, t0 + secs(2)); // one time only
-        let s = m.sample(t0 + secs(2));
-        assert_eq!(s.tps, Some(40.0));
-        assert_eq!(s.aggregate_tps, Some(40.0));
-        assert_eq!(s.active, 2);
-    }
-
-    #[test]
-    fn zero_tokens_do_not_start_a_stream() {
-        let t0 = Instant::now();
-        let mut m = GlobalMeter::new();
-        m.observe(1, 0, true, t0);
-        assert_eq!(m.sample(t0).active, 0);
-        assert!(!m.is_active(t0));
+        m.observe(1, Some(40.0), false, t0);
+        m.observe(1, None, false, t0 + secs(1));
+        assert_eq!(m.sample(t0 + secs(1)).tps, None);
     }
 
     #[test]
     fn stale_stream_dropped_at_exactly_sixty_seconds() {
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        steady(&mut m, 1, t0, 20, 2); // last token at t0 + 2 s; 40 / 2 s = 20
-        let last = t0 + secs(2);
-
-        let kept = m.sample(last + ms(59_900));
-        assert_eq!(kept.active, 1);
-        assert_eq!(kept.tps, Some(20.0));
-
-        let dropped = m.sample(last + secs(60));
-        assert_eq!(dropped.active, 0);
-        assert_eq!(dropped.tps, None);
+        m.observe(1, Some(20.0), false, t0);
+        let kept = m.sample(t0 + ms(59_900));
+        assert_eq!((kept.active, kept.tps), (1, Some(20.0)));
+        let dropped = m.sample(t0 + secs(60));
+        assert_eq!((dropped.active, dropped.tps), (0, None));
         assert!(!dropped.tps_available);
-        // The earlier reading still stands in the hourly window.
-        assert_eq!((dropped.high, dropped.low), (Some(20.0), Some(20.0)));
     }
 
     #[test]
     fn repeated_report_without_new_tokens_does_not_keep_a_stream_alive() {
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        steady(&mut m, 1, t0, 10, 2);
-        m.observe(1, 20, false, t0 + secs(30)); // same total, later time
+        m.observe(1, Some(10.0), false, t0 + secs(2));
+        // Reported again later, with the same latest token time.
+        m.observe(1, Some(10.0), false, t0 + secs(2));
         assert_eq!(m.sample(t0 + secs(62)).active, 0);
     }
 
@@ -416,71 +331,74 @@ mod tests {
     fn removed_stream_leaves_the_active_set() {
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        steady(&mut m, 1, t0, 10, 2);
-        steady(&mut m, 2, t0, 30, 2);
+        m.observe(1, Some(10.0), false, t0);
+        m.observe(2, Some(30.0), false, t0);
         m.remove(1);
         let s = m.sample(t0 + secs(2));
-        assert_eq!(s.active, 1);
-        assert_eq!(s.tps, Some(30.0));
-        assert_eq!(s.aggregate_tps, Some(30.0));
+        assert_eq!(
+            (s.active, s.tps, s.aggregate_tps),
+            (1, Some(30.0), Some(30.0))
+        );
     }
 
     #[test]
-    fn high_low_roll_over_a_virtual_hour() {
+    fn the_hours_high_and_low_come_from_settled_rates_only() {
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        // Minute 0: a stream at 50 tok/s → reading 50.0.
-        steady(&mut m, 1, t0, 50, 1);
-        let s = m.sample(t0 + secs(1));
-        assert_eq!((s.tps, s.high, s.low), (Some(50.0), Some(50.0), Some(50.0)));
+        // A live first reading above the call's settled rate moves nothing.
+        m.observe(1, Some(43.7), true, t0);
+        assert_eq!(m.sample(t0 + secs(1)).high, None);
         m.remove(1);
+        m.record_settled(40.0, t0 + secs(3));
+        let s = m.sample(t0 + secs(3));
+        assert_eq!((s.high, s.low), (Some(40.0), Some(40.0)));
+        m.record_settled(15.0, t0 + secs(10));
+        let s = m.peek(t0 + secs(10));
+        assert_eq!((s.high, s.low), (Some(40.0), Some(15.0)));
+    }
 
-        // Minute 30: a stream at 20 tok/s → low 20, high still 50.
-        let t30 = t0 + secs(30 * 60);
-        steady(&mut m, 2, t30, 20, 1);
-        let s = m.sample(t30 + secs(1));
+    #[test]
+    fn settled_rates_roll_out_of_the_hour() {
+        let t0 = Instant::now();
+        let mut m = GlobalMeter::new();
+        m.record_settled(50.0, t0);
+        m.record_settled(20.0, t0 + secs(30 * 60));
+        let s = m.sample(t0 + secs(60 * 60) - ms(1));
         assert_eq!((s.high, s.low), (Some(50.0), Some(20.0)));
-        m.remove(2);
-
-        // Minute 59:59 after the first reading (taken at t0 + 1 s): still in.
-        let t_edge = t0 + secs(1) + secs(60 * 60) - ms(1);
-        steady(&mut m, 3, t_edge - secs(1), 30, 1);
-        let s = m.sample(t_edge);
-        assert_eq!((s.high, s.low), (Some(50.0), Some(20.0)));
-        m.remove(3);
-
-        // Exactly 60 min after the minute-0 reading: it is gone.
-        let t60 = t0 + secs(1) + secs(60 * 60);
-        steady(&mut m, 4, t60 - secs(1), 30, 1);
-        let s = m.sample(t60);
-        assert_eq!((s.high, s.low), (Some(30.0), Some(20.0)));
-        m.remove(4);
-
-        // 60 min after the minute-30 reading, idle: only the 30.0 readings
-        // (merged, 1 ms apart) are left, and they age out 60 min after t60.
-        let s = m.sample(t30 + secs(1) + secs(60 * 60));
-        assert_eq!((s.high, s.low), (Some(30.0), Some(30.0)));
-        let s = m.sample(t60 + secs(60 * 60));
+        // Exactly an hour after the 50: gone.
+        let s = m.sample(t0 + secs(60 * 60));
+        assert_eq!((s.high, s.low), (Some(20.0), Some(20.0)));
+        let s = m.sample(t0 + secs(90 * 60));
         assert_eq!((s.high, s.low), (None, None));
         assert_eq!(m.history_len(), 0);
     }
 
     #[test]
-    fn readings_below_the_floor_are_ignored_for_high_low() {
+    fn settled_rates_below_the_floor_or_not_numbers_are_ignored() {
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        // 9 tokens over 10 s = 0.9 tok/s: a real tps, but below the floor.
-        m.observe(1, 1, false, t0);
-        m.observe(1, 9, false, t0 + secs(10));
-        let s = m.sample(t0 + secs(10));
-        assert_eq!(s.tps, Some(0.9));
-        assert!(s.tps_available);
-        assert_eq!((s.high, s.low), (None, None));
-        // 10 tokens over 10 s = 1.0: at the floor, counts.
-        m.observe(1, 10, false, t0 + secs(10));
-        let s = m.sample(t0 + secs(11));
-        assert_eq!(s.tps, Some(1.0));
-        assert_eq!((s.high, s.low), (Some(1.0), Some(1.0)));
+        m.record_settled(0.9, t0);
+        m.record_settled(f64::NAN, t0);
+        assert_eq!(m.sample(t0).high, None);
+        m.record_settled(1.0, t0);
+        assert_eq!(m.sample(t0).low, Some(1.0));
+    }
+
+    #[test]
+    fn many_settled_calls_keep_the_history_bounded_and_high_low_exact() {
+        let t0 = Instant::now();
+        let mut m = GlobalMeter::new();
+        let (mut max, mut min) = (f64::MIN, f64::MAX);
+        // Ten calls settling a second for two minutes.
+        for i in 1..=1200u64 {
+            let rate = 10.0 + ((i * 7) % 37) as f64;
+            m.record_settled(rate, t0 + ms(100 * i));
+            max = max.max(rate);
+            min = min.min(rate);
+            let s = m.peek(t0 + ms(100 * i));
+            assert_eq!((s.high, s.low), (Some(max), Some(min)), "call {i}");
+        }
+        assert!(m.history_len() <= 121, "{}", m.history_len());
     }
 
     #[test]
@@ -489,12 +407,12 @@ mod tests {
         let mut m = GlobalMeter::new();
         assert_eq!(m.publish_interval(t0), IDLE_CADENCE);
         assert!(!m.is_active(t0));
-        m.observe(1, 5, true, t0);
+        m.observe(1, None, true, t0);
         assert_eq!(m.publish_interval(t0), ACTIVE_CADENCE);
         assert_eq!(m.publish_interval(t0 + ms(59_900)), ACTIVE_CADENCE);
         assert_eq!(m.publish_interval(t0 + secs(60)), IDLE_CADENCE);
         // A new token brings the fast beat back.
-        m.observe(1, 6, true, t0 + secs(70));
+        m.observe(1, None, true, t0 + secs(70));
         assert_eq!(m.publish_interval(t0 + secs(70)), ACTIVE_CADENCE);
         assert!(m.is_active(t0 + secs(129)));
         assert!(!m.is_active(t0 + secs(130)));
@@ -504,13 +422,11 @@ mod tests {
     fn cadence_stays_fast_for_a_minute_after_a_stream_ends() {
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        steady(&mut m, 1, t0, 10, 2);
-        assert_eq!(m.sample(t0 + secs(2)).tps, Some(10.0));
+        m.observe(1, Some(10.0), false, t0 + secs(2));
         m.remove(1);
         assert_eq!(m.publish_interval(t0 + secs(30)), ACTIVE_CADENCE);
         let s = m.sample(t0 + secs(30));
         assert_eq!((s.tps, s.active), (None, 0));
-        assert_eq!(m.history_len(), 1, "the idle sample added no reading");
         assert_eq!(m.publish_interval(t0 + secs(62)), IDLE_CADENCE);
     }
 
@@ -518,63 +434,17 @@ mod tests {
     fn estimated_when_any_contributing_stream_is_estimated() {
         let t0 = Instant::now();
         let mut m = GlobalMeter::new();
-        steady(&mut m, 1, t0, 10, 2);
+        m.observe(1, Some(10.0), false, t0);
         // An estimated stream with no rate doesn't contribute.
-        m.observe(2, 4, true, t0 + secs(2));
-        assert!(!m.sample(t0 + secs(2)).estimated);
-        // Once it has a rate, the number rests partly on an estimate.
-        m.observe(2, 40, true, t0 + secs(4));
-        let s = m.sample(t0 + secs(4));
+        m.observe(2, None, true, t0);
+        assert!(!m.sample(t0).estimated);
+        m.observe(2, Some(20.0), true, t0 + secs(2));
+        let s = m.sample(t0 + secs(2));
         assert!(s.estimated);
-        assert_eq!(s.tps, Some(15.0)); // (20/2 + 40/2) / 2
-                                       // Settled: the count is exact again.
-        m.observe(2, 40, false, t0 + secs(4));
-        assert!(!m.sample(t0 + secs(4)).estimated);
-    }
-
-    #[test]
-    fn faster_sampling_keeps_history_bounded_and_high_low_exact() {
-        let t0 = Instant::now();
-        let mut m = GlobalMeter::new();
-        m.observe(1, 1, false, t0);
-        // 10 samples a second for 2 minutes, the rate drifting each time.
-        let mut max = f64::MIN;
-        let mut min = f64::MAX;
-        for i in 1..=1200u64 {
-            let at = t0 + ms(100 * i);
-            m.observe(1, 40 * i + (i * 7) % 37, false, at); // monotonic
-            let s = m.sample(at);
-            let tps = s.tps.unwrap();
-            max = max.max(tps);
-            min = min.min(tps);
-            assert_eq!((s.high, s.low), (Some(max), Some(min)), "sample {i}");
-        }
-        assert!(m.history_len() <= 121, "{}", m.history_len());
-    }
-
-    #[test]
-    fn history_stays_within_an_hour_of_one_hertz_samples() {
-        let t0 = Instant::now();
-        let mut m = GlobalMeter::new();
-        m.observe(1, 1, false, t0);
-        for i in 1..=7200u64 {
-            let at = t0 + secs(i);
-            m.observe(1, 5 * i, false, at);
-            m.sample(at);
-        }
-        assert_eq!(m.history_len(), 3600);
-    }
-
-    #[test]
-    fn peek_does_not_record() {
-        let t0 = Instant::now();
-        let mut m = GlobalMeter::new();
-        steady(&mut m, 1, t0, 25, 2);
-        let p = m.peek(t0 + secs(2));
-        assert_eq!((p.tps, p.high, p.low), (Some(25.0), Some(25.0), Some(25.0)));
-        assert_eq!(m.history_len(), 0);
-        assert_eq!(m.sample(t0 + secs(2)), p);
-        assert_eq!(m.history_len(), 1);
+        assert_eq!(s.tps, Some(15.0));
+        // The server's own count: exact again.
+        m.observe(2, Some(20.0), false, t0 + secs(2));
+        assert!(!m.sample(t0 + secs(2)).estimated);
     }
 
     #[test]

@@ -11,8 +11,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::limits::{MIN_RATE_SPAN, RATE_WINDOW};
+use super::limits::{MIN_FINAL_RATE_TOKENS, MIN_RATE_SPAN, RATE_WINDOW};
 use crate::model::snapshot::round_rate;
+
+/// The one rule every rate speedtap shows passes (`docs/metering.md`,
+/// "One rule for every rate shown"): at least [`MIN_FINAL_RATE_TOKENS`]
+/// tokens, timed over at least [`MIN_RATE_SPAN`] of output. A single
+/// burst has no span and fails it. The per-call meter applies it to its
+/// live and its settled rates, and everything else shown (the global
+/// reading, the tray label, the sparkline, the hour's high and low) is
+/// made only of those rates, so the rule is written here once.
+pub fn is_timed(tokens: f64, span: Duration) -> bool {
+    tokens >= MIN_FINAL_RATE_TOKENS as f64 && span >= MIN_RATE_SPAN
+}
 
 /// The sliding window behind the live rate. Pure: time is passed in.
 #[derive(Clone, Debug, Default)]
@@ -229,6 +240,14 @@ mod tests {
         w.push(at(t0, 100_000), 1.0);
         // 0.01 tok/s rounds to 0.0: reported as no rate.
         assert_eq!(w.rate(Some(t0)), None);
+    }
+
+    #[test]
+    fn a_rate_needs_twenty_tokens_over_half_a_second() {
+        assert!(is_timed(20.0, Duration::from_millis(500)));
+        assert!(!is_timed(19.9, Duration::from_secs(3)));
+        assert!(!is_timed(300.0, Duration::from_millis(30)), "one burst");
+        assert!(!is_timed(300.0, Duration::ZERO));
     }
 
     #[test]

@@ -25,6 +25,11 @@ pub struct CallIdentity {
     pub model: Option<String>,
     /// Wall-clock dispatch time, RFC 3339 UTC with milliseconds.
     pub started_at: String,
+    /// A call of the demo's traffic (`POST /api/v1/demo`): shown live, its
+    /// model named `demo/…`, never stored in History and never the subject
+    /// of a notification. Absent (false) for every real call.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub demo: bool,
 }
 
 /// Where a call stands. Spellings are the contract's.
@@ -139,7 +144,9 @@ impl SlowFirstToken {
 pub struct PromptTruncated {
     /// The call whose prompt was cut.
     pub call: CallIdentity,
-    /// The request's prompt size, estimated from its body and calibrated.
+    /// The request's prompt size as speedtap estimated it from its body
+    /// (calibrated), never below what the server read: an estimate, shown
+    /// as one, that never raised the alarm.
     pub request_tokens: u64,
     /// The prompt tokens the server reports it read.
     pub server_tokens: u64,
@@ -150,17 +157,24 @@ pub struct PromptTruncated {
 
 impl PromptTruncated {
     /// The one-line human message, e.g. `qwen3:32b on ollama cut the
-    /// prompt: 9,000 tokens sent, 2,048 read (context 2,048)`.
+    /// prompt: it read 2,048 tokens, its whole context of 2,048 (the
+    /// request held about 9,000, estimated)`. The server's numbers are
+    /// stated as facts, speedtap's estimate as an estimate.
     pub fn message(&self) -> String {
         let mut s = format!(
-            "{} on {} cut the prompt: {} tokens sent, {} read",
+            "{} on {} cut the prompt: it read {} tokens",
             self.call.model.as_deref().unwrap_or("a model"),
             self.call.route,
-            thousands(self.request_tokens),
             thousands(self.server_tokens)
         );
         if let Some(n) = self.context_size {
-            s.push_str(&format!(" (context {})", thousands(n)));
+            s.push_str(&format!(", its whole context of {}", thousands(n)));
+        }
+        if self.request_tokens > self.server_tokens {
+            s.push_str(&format!(
+                " (the request held about {}, estimated)",
+                thousands(self.request_tokens)
+            ));
         }
         s
     }
@@ -229,6 +243,7 @@ mod tests {
                 api: ApiKind::OpenaiChat,
                 model: Some("qwen3:8b".into()),
                 started_at: "2026-11-30T10:42:07.123Z".into(),
+                demo: false,
             },
             status: CallStatus::Ok,
             http_status: Some(200),
@@ -267,6 +282,7 @@ mod tests {
                 api: ApiKind::OllamaChat,
                 model: Some("qwen3:32b".into()),
                 started_at: String::new(),
+                demo: false,
             },
             waited_ms: 5000,
             threshold_ms: 5000,
@@ -280,7 +296,7 @@ mod tests {
     }
 
     #[test]
-    fn the_truncation_message_names_both_counts_and_the_context() {
+    fn the_truncation_message_states_the_servers_numbers_and_labels_the_estimate() {
         let t = PromptTruncated {
             call: CallIdentity {
                 id: "c-000001".into(),
@@ -288,6 +304,7 @@ mod tests {
                 api: ApiKind::OllamaChat,
                 model: Some("qwen3:32b".into()),
                 started_at: String::new(),
+                demo: false,
             },
             request_tokens: 9000,
             server_tokens: 2048,
@@ -295,7 +312,7 @@ mod tests {
         };
         assert_eq!(
             t.message(),
-            "qwen3:32b on ollama cut the prompt: 9,000 tokens sent, 2,048 read (context 2,048)"
+            "qwen3:32b on ollama cut the prompt: it read 2,048 tokens, its whole context of 2,048 (the request held about 9,000, estimated)"
         );
     }
 
@@ -309,6 +326,7 @@ mod tests {
                 api: ApiKind::OllamaChat,
                 model: Some("qwen3:32b".into()),
                 started_at: String::new(),
+                demo: false,
             },
             waited_ms: 9100,
             threshold_ms: 8000,

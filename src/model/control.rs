@@ -39,6 +39,10 @@ pub struct RouteInfo {
     pub upstream: String,
     /// The URL to point a client at instead of the upstream's.
     pub proxy_url: String,
+    /// The demo's route (its own simulator, for demo traffic only): never
+    /// offered as a URL to give clients. Absent (false) for real routes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub demo: bool,
 }
 
 impl From<&BoundRoute> for RouteInfo {
@@ -48,6 +52,7 @@ impl From<&BoundRoute> for RouteInfo {
             listen: r.listen.to_string(),
             upstream: r.upstream.clone(),
             proxy_url: r.proxy_url(),
+            demo: false,
         }
     }
 }

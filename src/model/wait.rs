@@ -111,12 +111,14 @@ impl Wait {
     }
 }
 
-/// The server read fewer prompt tokens than the request held: it cut the
-/// prompt (Ollama cuts to `num_ctx` without saying so), or the prompt is
-/// larger than the loaded context.
+/// The server cut the prompt: its own prompt count reached its own
+/// context size (Ollama cuts to `num_ctx` without saying so). Flagged from
+/// the server's numbers only, never from speedtap's estimate.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PromptTruncation {
-    /// The request's prompt size, estimated from its body and calibrated.
+    /// The request's prompt size as speedtap estimated it from its body
+    /// (calibrated), never below `server_tokens`: an estimate, labelled
+    /// so wherever it is shown, that plays no part in the flag.
     pub request_tokens: u64,
     /// The prompt tokens the server reports it read (processed plus
     /// cached).

@@ -313,6 +313,7 @@ fn csv_call(f: &[String]) -> Result<Call, String> {
             api: r.named(2)?,
             model: r.text(3),
             started_at: f[7].clone(),
+            demo: false,
         },
         status: r.named(5)?,
         http_status: r.num(6)?,

@@ -128,6 +128,7 @@ pub(crate) fn from_row(row: &Row<'_>) -> rusqlite::Result<Call> {
             route: row.get(3)?,
             api: enum_from(row.get::<_, String>(4)?, 4)?,
             model: row.get(5)?,
+            demo: false,
         },
         status: enum_from(row.get::<_, String>(7)?, 7)?,
         http_status: row.get(8)?,

@@ -408,6 +408,7 @@ mod tests {
                 api: ApiKind::OpenaiChat,
                 model: None,
                 started_at: "2026-11-30T10:42:07.123Z".into(),
+                demo: false,
             },
             status: CallStatus::Ok,
             http_status: Some(200),

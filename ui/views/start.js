@@ -49,8 +49,10 @@ export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document
 
   async function loadRoutes() {
     try {
-      const { routes = [] } = await source.routes();
-      boundUrls = new Set(routes.map((r) => r.proxy_url));
+      const { routes: all = [] } = await source.routes();
+      boundUrls = new Set(all.map((r) => r.proxy_url));
+      // The demo's route feeds its own simulator: never a URL for clients.
+      const routes = all.filter((r) => !r.demo);
       if (routes.length === 0) {
         message(routesBox, "No routes are bound. Add one in Settings, or start demo traffic.");
         return;
@@ -222,7 +224,7 @@ export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document
     demoStatus.textContent = "Starting…";
     try {
       const answer = await source.startDemo();
-      demoStatus.textContent = `Demo traffic running on route "${answer.route?.name ?? "demo"}" (${answer.route?.proxy_url ?? ""}) for about a minute.`;
+      demoStatus.textContent = `Demo traffic running on route "${answer.route?.name ?? "demo"}" for about a minute. Its calls are marked demo and kept out of History.`;
       loadRoutes();
       onDemoStarted(answer);
     } catch (err) {
