@@ -163,8 +163,9 @@ pub fn decide(
         if owner.pid == own_pid && kind.is_none() {
             return Err(SkipReason::Own);
         }
-        if kind == Some(ProcessKind::LlamaServer) && owner.parent_comm.as_deref() == Some("ollama")
-        {
+        // Ollama starts its runners (llama-server, or `ollama runner`)
+        // as its own children: each is measured as Ollama, never alone.
+        if kind.is_some() && owner.parent_comm.as_deref() == Some("ollama") {
             return Err(SkipReason::OllamaRunner);
         }
     }
@@ -188,7 +189,11 @@ pub fn process_kind(owner: &Owner) -> Option<ProcessKind> {
     }
     KNOWN_NAMES
         .iter()
-        .find(|(_, known)| names.iter().any(|name| known.contains(&name.as_str())))
+        .find(|(_, known)| {
+            names
+                .iter()
+                .any(|name| known.iter().any(|k| is_named(name, k)))
+        })
         .map(|(kind, _)| *kind)
 }
 
@@ -237,6 +242,15 @@ fn names_of(owner: &Owner) -> Vec<String> {
 /// Servers run as `python main.py` or `python server.py` from their own
 /// checkout, known only by the checkout's folder.
 const SCRIPT_FOLDERS: &[&str] = &["tabbyapi", "text-generation-webui"];
+
+/// Whether a process `name` is the known name `known`: the same, or a
+/// release's versioned file of it (`llama-server-b6890`,
+/// `ollama-linux-amd64`, `llama-server.exe`). A wrong match costs one
+/// probe; only a server that answers like one becomes a route.
+fn is_named(name: &str, known: &str) -> bool {
+    name.strip_prefix(known)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['-', '.', '_']))
+}
 
 fn base_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
@@ -380,6 +394,24 @@ mod tests {
         runner.parent_comm = Some("ollama".into());
         assert_eq!(
             decide(41234, Some(&runner), &[], 1),
+            Err(SkipReason::OllamaRunner)
+        );
+    }
+
+    #[test]
+    fn a_releases_versioned_binary_is_its_kind_and_ollamas_own_runner_never_is() {
+        let versioned = owner(
+            "llama-server-0.",
+            &["/home/u/.cache/llama-server-0.3.36-x86v3", "--port", "8099"],
+        );
+        assert_eq!(process_kind(&versioned), Some(ProcessKind::LlamaServer));
+        let release = owner("ollama-linux-am", &["/opt/ollama-linux-amd64", "serve"]);
+        assert_eq!(process_kind(&release), Some(ProcessKind::Ollama));
+        assert_eq!(process_kind(&owner("janitor", &["/usr/bin/janitor"])), None);
+        let mut runner = owner("ollama", &["/usr/bin/ollama", "runner", "--port", "40001"]);
+        runner.parent_comm = Some("ollama".into());
+        assert_eq!(
+            decide(40001, Some(&runner), &[], 1),
             Err(SkipReason::OllamaRunner)
         );
     }
