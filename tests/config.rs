@@ -118,6 +118,7 @@ fn the_full_fixture_sets_every_key() {
             max_connections: Some(512),
         }
     );
+    assert_eq!(s.watch_ports, [7000, 9500]);
     let names: Vec<&str> = s.routes.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["ollama", "llamacpp"]);
     assert_eq!(s.routes[1].listen, addr("127.0.0.1:8081"));

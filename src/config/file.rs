@@ -46,6 +46,7 @@ pub struct ConfigFile {
     pub proxy: ProxySettings,
     pub capture: Option<bool>,
     pub capture_interface: Option<String>,
+    pub watch_ports: Option<Vec<u16>>,
     #[serde(
         rename = "route",
         serialize_with = "write_routes",
@@ -131,6 +132,9 @@ struct FileKeys {
     capture: Option<bool>,
     #[serde(deserialize_with = "values::de_interface")]
     capture_interface: Option<String>,
+    /// Ports whose listeners are probed whoever owns them.
+    #[serde(deserialize_with = "values::de_ports")]
+    watch_ports: Option<Vec<u16>>,
     route: Vec<Spanned<RouteEntry>>,
 }
 
@@ -190,6 +194,7 @@ impl FileKeys {
             },
             capture: self.capture,
             capture_interface: self.capture_interface,
+            watch_ports: self.watch_ports,
             routes: routes.iter().map(|(r, _)| r.clone()).collect(),
             origin: Origin(Some(Lines { routes, ..lines })),
         }

@@ -53,6 +53,10 @@ pub struct Settings {
     pub capture_interface: String,
     /// Routes measured by capture alone (`--route NAME=UPSTREAM`).
     pub capture_routes: Vec<CaptureOnlyRoute>,
+    /// Ports whose new listeners are probed whoever owns them, besides
+    /// model servers by name and the well-known ports (`watch_ports`,
+    /// `--watch-port`; default none).
+    pub watch_ports: Vec<u16>,
 }
 
 impl Default for Settings {
@@ -74,6 +78,7 @@ impl Default for Settings {
             capture: false,
             capture_interface: DEFAULT_CAPTURE_INTERFACE.to_owned(),
             capture_routes: Vec::new(),
+            watch_ports: Vec::new(),
         }
     }
 }
@@ -97,6 +102,7 @@ pub struct CliOverrides {
     pub capture: bool,
     pub capture_interface: Option<String>,
     pub capture_routes: Vec<CaptureOnlyRoute>,
+    pub watch_ports: Vec<u16>,
 }
 
 /// Where a setting came from, for error messages.
@@ -339,6 +345,11 @@ fn merge(
             .or(file.capture_interface)
             .unwrap_or(defaults.capture_interface),
         capture_routes: flags.capture_routes,
+        watch_ports: if flags.watch_ports.is_empty() {
+            file.watch_ports.unwrap_or(defaults.watch_ports)
+        } else {
+            flags.watch_ports
+        },
     }
 }
 

@@ -185,6 +185,22 @@ pub(super) fn de_count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D
         .map_err(D::Error::custom)
 }
 
+/// Ports to watch (`watch_ports`): each one 1 to 65535.
+pub(super) fn de_ports<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u16>>, D::Error> {
+    let ports = Vec::<u64>::deserialize(d)?;
+    ports
+        .into_iter()
+        .map(|p| {
+            u16::try_from(p)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("{p} is not a port (1 to 65535)"))
+        })
+        .collect::<Result<Vec<u16>, String>>()
+        .map(Some)
+        .map_err(D::Error::custom)
+}
+
 /// A string through `check`, whose message toml places at the value.
 fn de_text<'de, D, T, E>(
     d: D,

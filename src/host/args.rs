@@ -73,6 +73,11 @@ pub struct RunArgs {
     /// containers (bridges).
     #[arg(long, value_name = "IFACE")]
     pub capture_interface: Option<String>,
+    /// With no route configured, also probe new listeners on this port
+    /// whoever owns them (model servers are found by process name and on
+    /// the well-known ports anyway); repeat it for more ports.
+    #[arg(long = "watch-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub watch_ports: Vec<u16>,
     /// Don't ask the model servers what they publish (`/api/ps`, `/slots`,
     /// `/props`, `/metrics`): waits are then not explained beyond what the
     /// stream shows.

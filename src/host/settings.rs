@@ -120,6 +120,7 @@ fn resolve_with(args: &RunArgs, file: Option<config::ConfigFile>) -> Result<Sett
         },
         capture: args.capture,
         capture_interface: args.capture_interface.clone(),
+        watch_ports: args.watch_ports.clone(),
         capture_routes,
     };
     Ok(config::resolve(file, flags)?)
@@ -141,6 +142,7 @@ pub fn watch_options(
             .path()
             .map(|db| db.with_file_name("servers.json")),
         announce: Some(announce),
+        watch_ports: settings.watch_ports.clone(),
         ..WatchOptions::default()
     })
 }
