@@ -145,6 +145,10 @@ pub enum SkipReason {
     Stranger,
     /// A runner Ollama started for itself: measured as Ollama.
     OllamaRunner,
+    /// A server a relay started for itself (llama-swap's llama-server
+    /// children): its calls come through the relay and are measured there,
+    /// once.
+    RelayChild,
     /// One of speedtap's own listeners (its proxy routes, its API).
     Own,
 }
@@ -167,6 +171,9 @@ pub fn decide(
         // as its own children: each is measured as Ollama, never alone.
         if kind.is_some() && owner.parent_comm.as_deref() == Some("ollama") {
             return Err(SkipReason::OllamaRunner);
+        }
+        if kind.is_some() && owner.parent_comm.as_deref().is_some_and(is_relay_name) {
+            return Err(SkipReason::RelayChild);
         }
     }
     if let Some(kind) = kind {
@@ -242,6 +249,15 @@ fn names_of(owner: &Owner) -> Vec<String> {
 /// Servers run as `python main.py` or `python server.py` from their own
 /// checkout, known only by the checkout's folder.
 const SCRIPT_FOLDERS: &[&str] = &["tabbyapi", "text-generation-webui"];
+
+/// Whether a process name (a parent's `comm`) is a relay's.
+fn is_relay_name(comm: &str) -> bool {
+    let comm = comm.to_lowercase();
+    KNOWN_NAMES
+        .iter()
+        .filter(|(kind, _)| kind.is_relay())
+        .any(|(_, names)| names.iter().any(|n| is_named(&comm, n)))
+}
 
 /// Whether a process `name` is the known name `known`: the same, or a
 /// release's versioned file of it (`llama-server-b6890`,
@@ -413,6 +429,18 @@ mod tests {
         assert_eq!(
             decide(40001, Some(&runner), &[], 1),
             Err(SkipReason::OllamaRunner)
+        );
+    }
+
+    #[test]
+    fn a_server_a_relay_started_is_measured_through_the_relay_only() {
+        let mut child = owner("llama-server", &["/usr/bin/llama-server", "--port", "5801"]);
+        child.parent_comm = Some("llama-swap".into());
+        assert_eq!(decide(5801, Some(&child), &[], 1), Err(SkipReason::RelayChild));
+        let relay = owner("llama-swap", &["/usr/bin/llama-swap", "--listen", ":8080"]);
+        assert_eq!(
+            decide(8080, Some(&relay), &[], 1),
+            Ok(ProbeReason::Process(ProcessKind::LlamaSwap))
         );
     }
 
