@@ -213,6 +213,7 @@ async fn all_calls(engine: &speedtap::host::RunningEngine) -> Vec<speedtap::mode
         .calls(speedtap::model::CallsQuery {
             limit: 10_000,
             route: None,
+            unmetered: true,
         })
         .await
 }
@@ -277,6 +278,63 @@ async fn a_loop_through_two_routes_is_answered_508_without_forwarding_more_than_
     );
     // Nothing went round behind the answers: no call besides these two.
     assert_eq!(all_calls(&engine).await.len(), 2);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A real streamed call, then 2,100 polls of `/api/tags` (as Open WebUI
+/// makes all day): more than the 2,000 calls the list holds, yet the real
+/// call is still listed, and the polls are listed only when asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmetered_polls_never_push_a_real_call_out_of_the_list() {
+    let tags = Script::sse(vec![(
+        Duration::ZERO,
+        Bytes::from_static(b"{\"models\":[]}"),
+    )])
+    .with_content_type("application/json");
+    let up = ScriptedUpstream::start(scripts(vec![
+        (
+            "/v1/chat/completions",
+            openai_chat_script(5, MS, MS, Some(5)),
+        ),
+        ("/api/tags", tags),
+    ]))
+    .await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let body = r#"{"model":"m1","stream":true}"#;
+    assert_eq!(
+        send(addr, "POST", "/v1/chat/completions", body)
+            .await
+            .status,
+        200
+    );
+    let real = settled_calls(&engine, 1).await[0].identity.id.clone();
+    for _ in 0..2_100 / 50 {
+        let mut batch = tokio::task::JoinSet::new();
+        for _ in 0..50 {
+            batch.spawn(async move { send(addr, "GET", "/api/tags", "").await.status });
+        }
+        while let Some(status) = batch.join_next().await {
+            assert_eq!(status.unwrap(), 200);
+        }
+    }
+    // Each poll was reported before its answer left the proxy, so this
+    // query is handled after every one of them.
+    let query = |unmetered| speedtap::model::CallsQuery {
+        limit: 10_000,
+        route: None,
+        unmetered,
+    };
+    let listed = engine.handle.calls(query(false)).await;
+    let ids: Vec<&str> = listed.iter().map(|c| c.identity.id.as_str()).collect();
+    assert_eq!(ids, [real.as_str()], "the real call was pushed out");
+    let with_polls = engine.handle.calls(query(true)).await;
+    assert!(with_polls.len() > 100, "{}", with_polls.len());
+    assert!(with_polls.iter().any(|c| c.identity.id == real));
+    assert!(with_polls
+        .iter()
+        .filter(|c| c.identity.id != real)
+        .all(|c| c.status == CallStatus::Unmetered));
     engine.shutdown(Duration::from_secs(1)).await;
 }
 

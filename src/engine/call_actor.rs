@@ -1301,6 +1301,7 @@ mod tests {
                 .send(GetCalls(crate::model::CallsQuery {
                     limit: 10,
                     route: None,
+                    unmetered: true,
                 }))
                 .await
                 .expect("supervisor");
