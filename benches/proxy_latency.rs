@@ -444,6 +444,7 @@ async fn bench(full: bool) -> bool {
             .calls(CallsQuery {
                 limit: 10_000,
                 route: Some(ROUTE.into()),
+                unmetered: true,
             })
             .await;
         let settled = calls.iter().filter(|c| c.status.is_settled()).count();

@@ -664,6 +664,7 @@ async fn check_batch(
             .calls(CallsQuery {
                 limit: 2 * BATCH,
                 route: None,
+                unmetered: true,
             })
             .await;
         let by_client: HashMap<String, CallStatus> = calls

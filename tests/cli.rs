@@ -446,6 +446,60 @@ fn missing_config_file_exits_2_naming_it() {
     assert!(out.stderr.contains("nowhere.toml"), "{}", out.stderr);
 }
 
+/// A route forwarding to speedtap's own listener would loop each request
+/// through the proxy until memory runs out: it is refused before anything
+/// binds, naming the route and where it was given (the file's `upstream`
+/// line, or the flag).
+#[test]
+fn a_route_whose_upstream_is_its_own_listener_is_refused_at_start() {
+    let dir = scratch("self_loop");
+    let path = dir.join("loop.toml");
+    let text = "api = \"127.0.0.1:0\"\n\n[[route]]\nname = \"looped\"\n\
+                listen = \"127.0.0.1:9311\"\nupstream = \"http://localhost:9311\"\n";
+    std::fs::write(&path, text).unwrap();
+    let out = run_to_exit(
+        &dir,
+        &["run", "--no-db", "--config", path.to_str().unwrap()],
+    );
+    assert_eq!(out.code, Some(2), "stderr {}", out.stderr);
+    for fragment in [
+        path.to_str().unwrap(),
+        "line 6:",
+        "route \"looped\"",
+        "loop back into speedtap",
+    ] {
+        assert!(
+            out.stderr.contains(fragment),
+            "{fragment:?}: {}",
+            out.stderr
+        );
+    }
+    let out = run_to_exit(
+        &dir,
+        &[
+            "run",
+            "--no-db",
+            "--api",
+            "127.0.0.1:0",
+            "--route",
+            "looped=127.0.0.1:9312=http://127.0.0.1:9312",
+        ],
+    );
+    assert_eq!(out.code, Some(2), "stderr {}", out.stderr);
+    for fragment in ["--route looped", "loop back into speedtap"] {
+        assert!(
+            out.stderr.contains(fragment),
+            "{fragment:?}: {}",
+            out.stderr
+        );
+    }
+    assert!(
+        !out.stderr.contains("speedtap: route "),
+        "started a route: {}",
+        out.stderr
+    );
+}
+
 /// The good version of the files above starts: the errors were the lines',
 /// and routes and the API from a file come up.
 #[cfg(unix)]

@@ -458,21 +458,31 @@ async fn calls_list_has_the_contract_shape_and_passes_filters_through() {
     assert_eq!(a.json()["calls"][0]["id"], "c-000043");
     let a = get(&server, "/api/v1/calls?limit=50000").await;
     assert_eq!(a.status, StatusCode::OK);
+    let a = get(&server, "/api/v1/calls?unmetered=1").await;
+    assert_eq!(a.status, StatusCode::OK);
 
     assert_eq!(
         *server.queries.lock().unwrap(),
         vec![
             CallsQuery {
                 limit: 100,
-                route: None
+                route: None,
+                unmetered: false,
             },
             CallsQuery {
                 limit: 1,
-                route: Some("llamacpp".into())
+                route: Some("llamacpp".into()),
+                unmetered: false,
             },
             CallsQuery {
                 limit: 10_000,
-                route: None
+                route: None,
+                unmetered: false,
+            },
+            CallsQuery {
+                limit: 100,
+                route: None,
+                unmetered: true,
             },
         ]
     );

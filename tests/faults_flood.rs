@@ -116,6 +116,7 @@ async fn ten_thousand_dropped_connections_leak_nothing() {
             .calls(CallsQuery {
                 limit: usize::MAX,
                 route: None,
+                unmetered: true,
             })
             .await;
         if calls.iter().all(|c| c.status.is_settled()) {

@@ -200,6 +200,144 @@ async fn unreachable_upstream_gets_a_502_naming_it() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    free.local_addr().unwrap().port()
+}
+
+/// Every call the engine lists, settled or not.
+async fn all_calls(engine: &speedtap::host::RunningEngine) -> Vec<speedtap::model::Call> {
+    engine
+        .handle
+        .calls(speedtap::model::CallsQuery {
+            limit: 10_000,
+            route: None,
+            unmetered: true,
+        })
+        .await
+}
+
+/// A route whose upstream is its own listener (no start-time check stands
+/// between the engine and it here): the request comes back over the
+/// proxy's own connection and is answered 508, once, not forwarded again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_looping_into_its_own_route_is_answered_508_and_forwarded_once() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let route =
+        speedtap::model::RouteSpec::new("self", &listen, &format!("http://{listen}")).unwrap();
+    let options = speedtap::host::EngineOptions::new(vec![route]);
+    let engine = speedtap::host::Engine::start(options).await.unwrap();
+    let body = r#"{"model":"m1","stream":true}"#;
+    let got = send(
+        engine.routes[0].listen,
+        "POST",
+        "/v1/chat/completions",
+        body,
+    )
+    .await;
+    assert_eq!(got.status, 508);
+    let answer: serde_json::Value = serde_json::from_slice(&got.body()).unwrap();
+    assert!(
+        answer["error"].as_str().unwrap().contains("loop detected"),
+        "{answer}"
+    );
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls.len(), 1, "forwarded more than once: {calls:#?}");
+    assert_eq!(calls[0].http_status, Some(508));
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Route `a` forwards to route `b`'s listener and `b` to `a`'s: each
+/// request is forwarded by the route it was sent to, then refused by the
+/// other with 508. Two requests, two calls, however long the test waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_through_two_routes_is_answered_508_without_forwarding_more_than_once() {
+    let b_port = free_port();
+    let b_listen = format!("127.0.0.1:{b_port}");
+    let a =
+        speedtap::model::RouteSpec::new("a", "127.0.0.1:0", &format!("http://{b_listen}")).unwrap();
+    let options = speedtap::host::EngineOptions::new(vec![a]);
+    let engine = speedtap::host::Engine::start(options).await.unwrap();
+    let a_listen = engine.routes[0].listen;
+    let b = speedtap::model::RouteSpec::new("b", &b_listen, &format!("http://{a_listen}")).unwrap();
+    let b_bound = engine.handle.add_route(b).await.unwrap();
+    let body = r#"{"model":"m1","stream":true}"#;
+    for (to, route) in [(a_listen, "a"), (b_bound.listen, "b")] {
+        let got = send(to, "POST", "/v1/chat/completions", body).await;
+        assert_eq!(got.status, 508, "sent to {route}");
+    }
+    let calls = settled_calls(&engine, 2).await;
+    let mut routes: Vec<&str> = calls.iter().map(|c| c.identity.route.as_str()).collect();
+    routes.sort_unstable();
+    assert_eq!(routes, ["a", "b"], "{calls:#?}");
+    assert!(
+        calls.iter().all(|c| c.http_status == Some(508)),
+        "{calls:#?}"
+    );
+    // Nothing went round behind the answers: no call besides these two.
+    assert_eq!(all_calls(&engine).await.len(), 2);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A real streamed call, then 2,100 polls of `/api/tags` (as Open WebUI
+/// makes all day): more than the 2,000 calls the list holds, yet the real
+/// call is still listed, and the polls are listed only when asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmetered_polls_never_push_a_real_call_out_of_the_list() {
+    let tags = Script::sse(vec![(
+        Duration::ZERO,
+        Bytes::from_static(b"{\"models\":[]}"),
+    )])
+    .with_content_type("application/json");
+    let up = ScriptedUpstream::start(scripts(vec![
+        (
+            "/v1/chat/completions",
+            openai_chat_script(5, MS, MS, Some(5)),
+        ),
+        ("/api/tags", tags),
+    ]))
+    .await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let body = r#"{"model":"m1","stream":true}"#;
+    assert_eq!(
+        send(addr, "POST", "/v1/chat/completions", body)
+            .await
+            .status,
+        200
+    );
+    let real = settled_calls(&engine, 1).await[0].identity.id.clone();
+    for _ in 0..2_100 / 50 {
+        let mut batch = tokio::task::JoinSet::new();
+        for _ in 0..50 {
+            batch.spawn(async move { send(addr, "GET", "/api/tags", "").await.status });
+        }
+        while let Some(status) = batch.join_next().await {
+            assert_eq!(status.unwrap(), 200);
+        }
+    }
+    // Each poll was reported before its answer left the proxy, so this
+    // query is handled after every one of them.
+    let query = |unmetered| speedtap::model::CallsQuery {
+        limit: 10_000,
+        route: None,
+        unmetered,
+    };
+    let listed = engine.handle.calls(query(false)).await;
+    let ids: Vec<&str> = listed.iter().map(|c| c.identity.id.as_str()).collect();
+    assert_eq!(ids, [real.as_str()], "the real call was pushed out");
+    let with_polls = engine.handle.calls(query(true)).await;
+    assert!(with_polls.len() > 100, "{}", with_polls.len());
+    assert!(with_polls.iter().any(|c| c.identity.id == real));
+    assert!(with_polls
+        .iter()
+        .filter(|c| c.identity.id != real)
+        .all(|c| c.status == CallStatus::Unmetered));
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_2xx_passes_through_unchanged_as_upstream_error() {
     let body = Bytes::from_static(

@@ -129,7 +129,7 @@ fn sse_json(body: &[u8]) -> Vec<Value> {
 fn settled_call(api: SocketAddr) -> Value {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let calls = get(api, "/api/v1/calls?limit=1").json();
+        let calls = get(api, "/api/v1/calls?limit=1&unmetered=1").json();
         let call = calls["calls"][0].clone();
         if call["status"].as_str().is_some_and(|s| s != "in_flight") {
             return call;
@@ -648,7 +648,7 @@ fn waits_are_explained_by_a_real_llama_server() {
             .any(|(_, w)| w["reason"] == "queued" && w["position"] == 1),
         "the second call was not queued behind one: {b:?}"
     );
-    let calls = get(api, "/api/v1/calls?limit=2").json();
+    let calls = get(api, "/api/v1/calls?limit=2&unmetered=1").json();
     for call in calls["calls"].as_array().expect("calls") {
         assert_eq!(call["status"], "ok", "{call}");
     }

@@ -701,9 +701,15 @@ fn secrets_reach_the_upstream_and_nowhere_else() {
     // Everything settled (and so is on disk: settled means stored).
     let deadline = Instant::now() + Duration::from_secs(60);
     let calls = loop {
-        let page = http(api, "GET", "/api/v1/calls?limit=10000", b"", &[])
-            .unwrap()
-            .json();
+        let page = http(
+            api,
+            "GET",
+            "/api/v1/calls?limit=10000&unmetered=1",
+            b"",
+            &[],
+        )
+        .unwrap()
+        .json();
         let calls = page["calls"].as_array().unwrap().clone();
         if calls.len() == requests.len() && calls.iter().all(|c| c["status"] != "in_flight") {
             break calls;
@@ -722,7 +728,7 @@ fn secrets_reach_the_upstream_and_nowhere_else() {
     // Every control API answer.
     let mut scanned: Vec<(String, Vec<u8>)> = Vec::new();
     let mut paths: Vec<String> = [
-        "/api/v1/calls?limit=10000",
+        "/api/v1/calls?limit=10000&unmetered=1",
         "/api/v1/stats",
         "/api/v1/stats/history",
         "/api/v1/routes",

@@ -1064,9 +1064,10 @@ async fn run_soak(settings: Settings, dir: PathBuf) {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let recent: Value =
-        serde_json::from_str(&api_get(&http, child.api, "/api/v1/calls?limit=10000").await)
-            .unwrap();
+    let recent: Value = serde_json::from_str(
+        &api_get(&http, child.api, "/api/v1/calls?limit=10000&unmetered=1").await,
+    )
+    .unwrap();
     let in_flight = recent["calls"]
         .as_array()
         .unwrap()

@@ -141,7 +141,7 @@ fn kill_9_during_traffic_loses_no_call_the_api_reported_settled() {
     let mut reported: BTreeMap<Key, Value> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     let exit = loop {
-        let page = get(run.api, "/api/v1/calls?limit=10000");
+        let page = get(run.api, "/api/v1/calls?limit=10000&unmetered=1");
         assert_eq!(page.status, 200, "{}", String::from_utf8_lossy(&page.body));
         let page = page.json();
         let known = reported.len();
@@ -318,6 +318,7 @@ async fn chat_call(engine: &RunningEngine, headers: &[(&'static str, &'static st
             .calls(CallsQuery {
                 limit: 100,
                 route: None,
+                unmetered: true,
             })
             .await;
         assert_eq!(calls.len(), 1, "{calls:#?}");
@@ -517,7 +518,7 @@ fn mode(path: &std::path::Path) -> u32 {
 fn wait_all_settled(api: std::net::SocketAddr, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let page = get(api, "/api/v1/calls?limit=10000").json();
+        let page = get(api, "/api/v1/calls?limit=10000&unmetered=1").json();
         let calls = calls_of(&page).clone();
         if calls.len() == n && calls.iter().all(|c| c["status"] != "in_flight") {
             return calls;
@@ -598,7 +599,7 @@ fn no_prompt_or_credential_reaches_the_database_logs_or_api() {
     let mut scanned: Vec<(String, Vec<u8>)> = vec![
         (
             "GET /api/v1/calls".into(),
-            get(run.api, "/api/v1/calls?limit=10000").body,
+            get(run.api, "/api/v1/calls?limit=10000&unmetered=1").body,
         ),
         ("GET /metrics".into(), get(run.api, "/metrics").body),
         (

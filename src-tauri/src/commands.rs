@@ -47,6 +47,8 @@ pub async fn calls(
     let query = CallsQuery {
         limit: limit.unwrap_or(CallsQuery::default().limit).min(MAX_LIMIT),
         route: route.filter(|r| !r.is_empty()),
+        // As the HTTP endpoint: the unmetered calls only on request.
+        unmetered: false,
     };
     Ok(CallsDoc {
         calls: engine.0.calls(query).await,

@@ -414,10 +414,11 @@ async fn save_settings<E: EngineQueries>(engine: &E, body: Option<Bytes>) -> Res
     }
 }
 
-/// Parses `limit=N&route=NAME`. Unknown parameters are ignored; the last
-/// occurrence of a repeated one wins. `limit` must be a non-negative integer
-/// (0 is allowed and returns no calls) and is clamped to [`MAX_LIMIT`]; an
-/// empty `route=` means no route filter.
+/// Parses `limit=N&route=NAME&unmetered=1`. Unknown parameters are
+/// ignored; the last occurrence of a repeated one wins. `limit` must be a
+/// non-negative integer (0 is allowed and returns no calls) and is clamped
+/// to [`MAX_LIMIT`]; an empty `route=` means no route filter; `unmetered`
+/// is `1`/`true` or `0`/`false` (a bare `unmetered` is `1`).
 pub fn calls_query(query: Option<&str>) -> Result<CallsQuery, String> {
     let mut out = CallsQuery::default();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -432,6 +433,13 @@ pub fn calls_query(query: Option<&str>) -> Result<CallsQuery, String> {
                 out.limit = usize::try_from(n).unwrap_or(usize::MAX).min(MAX_LIMIT);
             }
             "route" => out.route = (!value.is_empty()).then_some(value),
+            "unmetered" => {
+                out.unmetered = match value.trim() {
+                    "" | "1" | "true" => true,
+                    "0" | "false" => false,
+                    _ => return Err(format!("unmetered must be 1 or 0, got {value:?}")),
+                }
+            }
             _ => {}
         }
     }
@@ -684,7 +692,8 @@ mod tests {
             calls_query(Some("limit=5&route=llama%20cpp&x=1")).unwrap(),
             CallsQuery {
                 limit: 5,
-                route: Some("llama cpp".into())
+                route: Some("llama cpp".into()),
+                unmetered: false,
             }
         );
         assert_eq!(
@@ -695,16 +704,29 @@ mod tests {
             calls_query(Some("limit=0&route=")).unwrap(),
             CallsQuery {
                 limit: 0,
-                route: None
+                route: None,
+                unmetered: false,
             }
         );
         assert_eq!(
             calls_query(Some("route=a+b&limit=1&limit=2")).unwrap(),
             CallsQuery {
                 limit: 2,
-                route: Some("a b".into())
+                route: Some("a b".into()),
+                unmetered: false,
             }
         );
+        for (q, unmetered) in [
+            ("unmetered=1", true),
+            ("unmetered=true", true),
+            ("unmetered", true),
+            ("unmetered=1&unmetered=0", false),
+            ("unmetered=false", false),
+        ] {
+            assert_eq!(calls_query(Some(q)).unwrap().unmetered, unmetered, "{q}");
+        }
+        let err = calls_query(Some("unmetered=yes")).unwrap_err();
+        assert!(err.starts_with("unmetered must be"), "{err}");
     }
 
     #[test]

@@ -97,6 +97,7 @@ pub(super) struct Lines {
 pub(super) struct RouteLines {
     pub(super) name: usize,
     pub(super) listen: usize,
+    pub(super) upstream: usize,
 }
 
 /// The file as serde reads it: the TOML's own shape (flat keys, `route` a
@@ -251,6 +252,7 @@ fn read_routes(
         let lines = RouteLines {
             name: line_of(text, r.name.span().start),
             listen: line_of(text, r.listen.span().start),
+            upstream: line_of(text, r.upstream.span().start),
         };
         let spec = RouteSpec {
             name,

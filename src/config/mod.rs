@@ -16,7 +16,9 @@
 //! - [`resolve`](mod@resolve): [`CliOverrides`] (the flags, also raw) and
 //!   the merge into [`Settings`] (resolved: every value decided and
 //!   checked);
-//! - [`paths`]: the default config and store paths.
+//! - [`paths`]: the default config and store paths;
+//! - [`loops`]: whether a route's upstream is one of speedtap's own
+//!   listeners (refused: every request would come back round).
 //!
 //! # How to add a setting
 //!
@@ -45,6 +47,7 @@
 
 mod error;
 pub mod file;
+pub mod loops;
 pub mod paths;
 pub mod resolve;
 pub mod values;

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::file::{ConfigFile, Lines, RouteLines};
+use super::loops::upstream_reaches;
 use super::values::{at_least_one, check_otlp_endpoint, DbSetting, Millis, ProxySettings};
 use super::{
     ConfigError, DEFAULT_API, DEFAULT_CAPTURE_INTERFACE, DEFAULT_MAX_DB_MB, DEFAULT_RETENTION_DAYS,
@@ -182,6 +183,7 @@ pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings
         file.routes.clone()
     };
     check_routes(&routes, flag_routes, &blame, allow_remote, api)?;
+    check_loops(&routes, flag_routes, &blame, api)?;
     let db = resolve_db(&flags, &file);
     Ok(merge(file, flags, routes, api, db, allow_remote))
 }
@@ -295,6 +297,45 @@ fn check_routes(
     Ok(())
 }
 
+/// No route's upstream may be one of speedtap's own listeners (a route's,
+/// its own included, or the control API's): each request would come back
+/// round and be forwarded again, without end. Names the route's flag, or
+/// the line of its `upstream` in the file.
+fn check_loops(
+    routes: &[RouteSpec],
+    flag_routes: bool,
+    blame: &Blame<'_>,
+    api: SocketAddr,
+) -> Result<(), ConfigError> {
+    let listeners = routes
+        .iter()
+        .map(|r| (format!("route {:?}'s listener", r.name), r.listen))
+        .chain(std::iter::once(("the control API".to_owned(), api)));
+    let listeners: Vec<(String, SocketAddr)> = listeners.collect();
+    for route in routes {
+        let Some((what, addr)) = listeners
+            .iter()
+            .find(|(_, addr)| upstream_reaches(&route.upstream, *addr))
+        else {
+            continue;
+        };
+        let flag = format!("--route {}", route.name);
+        let src = match blame.route_lines(route).filter(|_| !flag_routes) {
+            Some(lines) => Source::Line(lines.upstream),
+            None => Source::Flag(&flag),
+        };
+        return Err(blame.at(
+            &src,
+            format!(
+                "route {:?}: upstream {} is speedtap's own address ({what}, {addr}): \
+                 every request would loop back into speedtap; point it at the model server",
+                route.name, route.upstream
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `--no-db` over `--db` over the file's `db` over the default file.
 fn resolve_db(flags: &CliOverrides, file: &ConfigFile) -> DbSetting {
     if flags.no_db {
@@ -387,6 +428,31 @@ mod tests {
             e,
             "--route b: route \"b\": listening on 0.0.0.0:9001 needs --allow-remote"
         );
+    }
+
+    #[test]
+    fn a_route_whose_upstream_is_a_speedtap_listener_is_refused_naming_its_upstream_line() {
+        let text = "api = \"127.0.0.1:7999\"\n\n[[route]]\nname = \"a\"\nlisten = \"127.0.0.1:9101\"\nupstream = \"http://127.0.0.1:9102\"\n\n[[route]]\nname = \"b\"\nlisten = \"0.0.0.0:9102\"\nupstream = \"http://localhost:9101\"\n";
+        let file = parse_config(text, "s.toml").unwrap();
+        let flags = CliOverrides {
+            allow_remote: true,
+            ..Default::default()
+        };
+        let e = resolve(Some(file), flags).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "s.toml line 6: route \"a\": upstream http://127.0.0.1:9102 is speedtap's own \
+             address (route \"b\"'s listener, 0.0.0.0:9102): every request would loop back \
+             into speedtap; point it at the model server"
+        );
+        let flags = CliOverrides {
+            routes: vec![parse_route_flag("c=127.0.0.1:9103=http://127.0.0.1:7999").unwrap()],
+            api: Some("127.0.0.1:7999".parse().unwrap()),
+            ..Default::default()
+        };
+        let e = resolve(None, flags).unwrap_err().to_string();
+        assert!(e.starts_with("--route c: route \"c\": upstream"), "{e}");
+        assert!(e.contains("(the control API, 127.0.0.1:7999)"), "{e}");
     }
 
     #[test]

@@ -1364,6 +1364,7 @@ mod tests {
                 .send(GetCalls(crate::model::CallsQuery {
                     limit: 10,
                     route: None,
+                    unmetered: true,
                 }))
                 .await
                 .expect("supervisor");

@@ -9,7 +9,9 @@
 //! interceptor says what differs ([`CallStart`]: route, API, seen by,
 //! request line, client, times) and gets the running [`CallActor`] back,
 //! so the proxy and the capture build the same [`CallSetup`] by
-//! construction, not by copy.
+//! construction, not by copy. It also holds [`OwnSockets`], the proxy's
+//! live upstream connections, by which a request that comes back round to
+//! speedtap's own listener is known and refused.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -50,6 +52,10 @@ pub struct EngineLink {
     /// those connections, so a proxied call is recorded once (by the
     /// proxy). Unset, nothing is reported.
     pub own_connections: OnceLock<mpsc::UnboundedSender<OwnConnection>>,
+    /// The proxy's live upstream connections: a request arriving over one
+    /// of them has come back round to speedtap (a route loop) and is
+    /// answered `508 Loop Detected` instead of being forwarded again.
+    pub own_sockets: Arc<OwnSockets>,
     /// Every route's normals (usual TTFT, load time, prompt factor).
     pub normals: Arc<RwLock<Normals>>,
     /// Start a telemetry poller per route (off in tests that count the
@@ -70,6 +76,73 @@ pub struct EngineLink {
 pub struct OwnConnection {
     pub local: SocketAddr,
     pub at: Instant,
+}
+
+/// The proxy's upstream connections still open, each as its pair of
+/// addresses (local, remote). A connection accepted on a route's listener
+/// whose (peer, local) pair is one of them is the proxy talking to itself.
+/// Pairs, not local addresses alone: Linux reuses an ephemeral port for
+/// connections to different destinations, so a client elsewhere may share
+/// a local port with one of ours, never the pair.
+#[derive(Debug, Default)]
+pub struct OwnSockets {
+    live: Mutex<HashSet<(SocketAddr, SocketAddr)>>,
+}
+
+impl OwnSockets {
+    /// Records an upstream connection from `local` to `remote` until the
+    /// returned mark is dropped (with the connection it travels with).
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> OwnSocketMark {
+        let pair = (canonical(local), canonical(remote));
+        self.lock().insert(pair);
+        OwnSocketMark {
+            sockets: self.clone(),
+            pair,
+        }
+    }
+
+    /// Whether a connection accepted from `peer` on `local` is one of the
+    /// proxy's own upstream connections.
+    pub(crate) fn is_own(&self, peer: SocketAddr, local: SocketAddr) -> bool {
+        self.lock().contains(&(canonical(peer), canonical(local)))
+    }
+
+    /// How many upstream connections are open.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no upstream connection is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<(SocketAddr, SocketAddr)>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// An IPv4 peer seen by an IPv6 (`::`) listener reads `::ffff:a.b.c.d`; the
+/// connection's own socket reads `a.b.c.d`.
+fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
+/// One registered upstream connection; dropping it forgets the connection.
+#[derive(Debug)]
+pub struct OwnSocketMark {
+    sockets: Arc<OwnSockets>,
+    pair: (SocketAddr, SocketAddr),
+}
+
+impl Drop for OwnSocketMark {
+    fn drop(&mut self) {
+        self.sockets.lock().remove(&self.pair);
+    }
 }
 
 /// What differs between two calls as an interceptor starts one: the rest
@@ -218,6 +291,7 @@ impl EngineLink {
             slow_ttft_ms: AtomicU64::new(60_000),
             limits: ProxyLimits::default(),
             own_connections: OnceLock::new(),
+            own_sockets: Default::default(),
             normals: Default::default(),
             telemetry: false,
             pollers: Default::default(),
@@ -229,4 +303,30 @@ impl EngineLink {
 /// The id a call is known by in the API: `c-000042`.
 pub fn call_id(seq: u64) -> String {
     format!("c-{seq:06}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_own_connection_is_known_by_its_pair_until_its_mark_is_dropped() {
+        let sockets = Arc::new(OwnSockets::default());
+        let mark = sockets.register(at("127.0.0.1:40000"), at("127.0.0.1:9001"));
+        assert!(sockets.is_own(at("127.0.0.1:40000"), at("127.0.0.1:9001")));
+        // Seen by a `::` listener, the same peer reads as IPv4-mapped.
+        assert!(sockets.is_own(
+            at("[::ffff:127.0.0.1]:40000"),
+            at("[::ffff:127.0.0.1]:9001")
+        ));
+        // The same local port towards another destination is someone else.
+        assert!(!sockets.is_own(at("127.0.0.1:40000"), at("127.0.0.1:9002")));
+        drop(mark);
+        assert!(!sockets.is_own(at("127.0.0.1:40000"), at("127.0.0.1:9001")));
+        assert!(sockets.is_empty());
+    }
 }

@@ -1,6 +1,6 @@
 //! `Supervisor`: the one actor that owns the engine's shared state: the
-//! route calibration table, the active calls, the ring of recent calls, the
-//! global meter with its hourly high/low and publishing cadence, and the
+//! route calibration table, the active calls, the ring of recent calls
+//! (and a small one apart for the unmetered ones), the global meter with its hourly high/low and publishing cadence, and the
 //! subscribers.
 //!
 //! Publishing follows tokio-console's aggregator: per-call snapshots are
@@ -23,13 +23,26 @@ use crate::meter::calibration::CalibrationTable;
 use crate::meter::global::{GlobalMeter, ACTIVE_CADENCE};
 use crate::model::Stats;
 use crate::model::TokenSource;
-use crate::model::{Call, CallStatus, EngineEvent};
+use crate::model::{ApiKind, Call, CallStatus, EngineEvent};
 use crate::model::{HistoryDoc, HistoryPoint};
 use crate::store::StoreWriter;
 
 /// How many settled calls the supervisor keeps for the API. The contract
 /// asks for at least 1,000.
 pub const RECENT_CALLS: usize = 2_000;
+
+/// How many settled unmetered calls (passed through, not measured: a
+/// client polling `/api/tags` every few seconds, an encoded response) are
+/// kept, apart from [`RECENT_CALLS`]: the noise of a busy day must not push
+/// the real calls out, and a few hundred show what is polling.
+pub const RECENT_UNMETERED: usize = 200;
+
+/// Whether a settled call was passed through without being measured: a
+/// path no decoder knows (whatever became of it) or an `unmetered` one.
+/// Such calls are kept and listed apart (see [`RECENT_UNMETERED`]).
+pub fn is_unmetered(call: &Call) -> bool {
+    call.identity.api == ApiKind::Unknown || call.status == CallStatus::Unmetered
+}
 
 /// Default bound of a subscriber's queue. At 1 Hz stats plus 4 snapshots
 /// per second per call, this absorbs several seconds of a busy engine.
@@ -39,6 +52,8 @@ pub struct Supervisor {
     calibration: Arc<RwLock<CalibrationTable>>,
     active: HashMap<u64, Call>,
     recent: VecDeque<(u64, Call)>,
+    /// Settled unmetered calls, kept apart (see [`RECENT_UNMETERED`]).
+    recent_unmetered: VecDeque<(u64, Call)>,
     global: GlobalMeter,
     subscribers: Vec<mpsc::Sender<EngineEvent>>,
     metrics: Arc<Metrics>,
@@ -67,6 +82,7 @@ impl Supervisor {
             calibration,
             active: HashMap::new(),
             recent: VecDeque::with_capacity(RECENT_CALLS),
+            recent_unmetered: VecDeque::with_capacity(RECENT_UNMETERED),
             global,
             subscribers: Vec::new(),
             metrics,
@@ -182,31 +198,49 @@ impl Supervisor {
     fn settle(&mut self, seq: u64, call: Call) {
         self.active.remove(&seq);
         self.global.remove(seq);
-        if self.recent.len() == RECENT_CALLS {
-            self.recent.pop_front();
+        let (ring, cap) = if is_unmetered(&call) {
+            (&mut self.recent_unmetered, RECENT_UNMETERED)
+        } else {
+            (&mut self.recent, RECENT_CALLS)
+        };
+        if ring.len() == cap {
+            ring.pop_front();
         }
-        self.recent.push_back((seq, call.clone()));
+        ring.push_back((seq, call.clone()));
         self.metrics.record_settled(&call);
         self.broadcast(EngineEvent::Settled(call));
     }
 
     /// Every call, in flight and recent, newest (latest dispatched, highest
-    /// sequence number) first.
+    /// sequence number) first; the unmetered ones only with `unmetered`.
     ///
-    /// Both sets are sorted together: the recent ring is in settling order,
-    /// which is not dispatch order whenever a later, shorter call finishes
-    /// before an earlier one, so merging it as if it were sorted would list
-    /// such calls out of order. At most `RECENT_CALLS` plus the in-flight
-    /// calls, per API request: cheap.
-    fn all_calls_newest_first(&self) -> impl Iterator<Item = &Call> {
-        let mut all: Vec<(u64, &Call)> = self
+    /// All sets are sorted together: the recent rings are in settling
+    /// order, which is not dispatch order whenever a later, shorter call
+    /// finishes before an earlier one, so merging them as if they were
+    /// sorted would list such calls out of order. At most `RECENT_CALLS`
+    /// plus `RECENT_UNMETERED` plus the in-flight calls, per API request:
+    /// cheap.
+    fn all_calls_newest_first(&self, unmetered: bool) -> impl Iterator<Item = &Call> {
+        let active = self
             .active
             .iter()
+            .filter(|(_, call)| unmetered || !self.is_pending_unmetered(call));
+        let unmetered_ring = self.recent_unmetered.iter().filter(|_| unmetered);
+        let mut all: Vec<(u64, &Call)> = active
             .map(|(seq, call)| (*seq, call))
             .chain(self.recent.iter().map(|(seq, call)| (*seq, call)))
+            .chain(unmetered_ring.map(|(seq, call)| (*seq, call)))
             .collect();
         all.sort_unstable_by_key(|&(seq, _)| std::cmp::Reverse(seq));
         all.into_iter().map(|(_, call)| call)
+    }
+
+    /// Whether `call`, listed in flight, is an unmetered one waiting for
+    /// the store (listed as `in_flight` meanwhile; its final record says).
+    fn is_pending_unmetered(&self, call: &Call) -> bool {
+        self.pending
+            .get(&call.identity.id)
+            .is_some_and(|(_, fin)| is_unmetered(fin))
     }
 }
 
@@ -349,7 +383,7 @@ impl Handler<GetCalls> for Supervisor {
     fn handle(&mut self, msg: GetCalls, _: &mut Self::Context) -> Self::Result {
         let q = msg.0;
         let calls = self
-            .all_calls_newest_first()
+            .all_calls_newest_first(q.unmetered)
             .filter(|c| q.route.as_deref().is_none_or(|r| c.identity.route == r))
             .take(q.limit)
             .cloned()
@@ -361,7 +395,7 @@ impl Handler<GetCalls> for Supervisor {
 impl Handler<GetCall> for Supervisor {
     type Result = Option<Call>;
     fn handle(&mut self, msg: GetCall, _: &mut Self::Context) -> Option<Call> {
-        self.all_calls_newest_first()
+        self.all_calls_newest_first(true)
             .find(|c| c.identity.id == msg.0)
             .cloned()
     }
@@ -572,6 +606,7 @@ pub(crate) mod tests {
         sup.send(GetCalls(CallsQuery {
             limit,
             route: route.map(str::to_owned),
+            unmetered: true,
         }))
         .await
         .expect("supervisor")
@@ -789,7 +824,7 @@ pub(crate) mod tests {
             for seq in 1..=total {
                 sup.do_send(PassedThrough {
                     seq,
-                    call: call(seq, "a", CallStatus::Unmetered),
+                    call: call(seq, "a", CallStatus::Ok),
                 });
             }
             let all = calls(&sup, usize::MAX, None).await;
@@ -802,6 +837,47 @@ pub(crate) mod tests {
                 .await
                 .unwrap()
                 .is_some());
+        });
+    }
+
+    /// 2,100 polls of a path no decoder knows, around one real call: the
+    /// real call stays listed, the polls keep a ring of their own and are
+    /// listed only when asked for.
+    #[test]
+    fn unmetered_calls_never_push_a_real_call_out_and_are_listed_on_request() {
+        run_paused(async {
+            let sup = start();
+            let poll = |seq: u64| {
+                let mut c = call(seq, "a", CallStatus::Unmetered);
+                c.identity.api = ApiKind::Unknown;
+                c.speed = None;
+                PassedThrough { seq, call: c }
+            };
+            sup.do_send(poll(1));
+            sup.do_send(CallClosed {
+                seq: 2,
+                call: call(2, "a", CallStatus::Ok),
+                calibration_ratio: None,
+            });
+            for seq in 3..=2_102 {
+                sup.do_send(poll(seq));
+            }
+            let query = |unmetered: bool| {
+                GetCalls(CallsQuery {
+                    limit: usize::MAX,
+                    route: None,
+                    unmetered,
+                })
+            };
+            let real = sup.send(query(false)).await.unwrap();
+            assert_eq!(ids(&real), ["c-000002"]);
+            let all = sup.send(query(true)).await.unwrap();
+            assert_eq!(all.len(), RECENT_UNMETERED + 1);
+            assert_eq!(all[0].identity.id, "c-002102");
+            assert!(all.iter().any(|c| c.identity.id == "c-000002"));
+            // One call by id is found whichever ring holds it.
+            let one = sup.send(GetCall("c-002102".into())).await.unwrap();
+            assert_eq!(one.map(|c| c.status), Some(CallStatus::Unmetered));
         });
     }
 

@@ -49,6 +49,7 @@ impl RunningEngine {
                 .calls(CallsQuery {
                     limit: usize::MAX,
                     route: None,
+                    unmetered: true,
                 })
                 .await
                 .iter()

@@ -192,6 +192,7 @@ fn share_state(
         slow_ttft_ms: AtomicU64::new(options.slow_ttft.as_millis() as u64),
         limits: options.proxy_limits.clone(),
         own_connections: std::sync::OnceLock::new(),
+        own_sockets: Default::default(),
         normals: Arc::new(RwLock::new(saved.normals)),
         telemetry: options.telemetry,
         pollers: Default::default(),

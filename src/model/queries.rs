@@ -82,6 +82,9 @@ pub struct CallsQuery {
     pub limit: usize,
     /// Only calls of this route.
     pub route: Option<String>,
+    /// Also the unmetered calls (passed through, not measured), which are
+    /// kept apart and left out unless asked for (`unmetered=1`).
+    pub unmetered: bool,
 }
 
 impl Default for CallsQuery {
@@ -89,6 +92,7 @@ impl Default for CallsQuery {
         CallsQuery {
             limit: 100,
             route: None,
+            unmetered: false,
         }
     }
 }

@@ -87,7 +87,7 @@ class Stack:
         return f"http://127.0.0.1:{self.proxy_port}"
 
     def calls(self):
-        return get_json(f"{self.api}/api/v1/calls?limit=1000")["calls"]
+        return get_json(f"{self.api}/api/v1/calls?limit=1000&unmetered=1")["calls"]
 
     def settled(self, n):
         """Waits until at least n calls have settled, returns them."""

@@ -51,6 +51,7 @@ pub async fn all_calls(engine: &RunningEngine) -> Vec<Call> {
         .calls(CallsQuery {
             limit: usize::MAX,
             route: None,
+            unmetered: true,
         })
         .await
 }

@@ -39,6 +39,7 @@ async fn settled(engine: &RunningEngine, n: usize) -> Vec<Call> {
             .calls(CallsQuery {
                 limit: usize::MAX,
                 route: None,
+                unmetered: true,
             })
             .await;
         if calls.len() >= n && calls.iter().all(|c| c.status.is_settled()) {

@@ -286,6 +286,7 @@ pub async fn settled_calls(engine: &RunningEngine, n: usize) -> Vec<Call> {
             .calls(CallsQuery {
                 limit: 10_000,
                 route: None,
+                unmetered: true,
             })
             .await;
         if calls.iter().filter(|c| c.status.is_settled()).count() >= n {

@@ -4,19 +4,26 @@
 //! Every call opens a fresh connection (no idle pool: see the
 //! [module doc](super)), and each connection's local address is reported
 //! to the capture before the request is written, so the capture never
-//! records a proxied call a second time.
+//! records a proxied call a second time. Each connection is also marked in
+//! the link's [`OwnSockets`](crate::engine::link::OwnSockets) for as long
+//! as it is open, before the request is written too, so a request that
+//! comes back round to one of speedtap's own listeners is recognised there
+//! (see [`RouteProxy::handle`](super::RouteProxy::handle)).
 
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::Uri;
 use http_body_util::combinators::BoxBody;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::time::Instant;
 
-use crate::engine::link::{EngineLink, OwnConnection};
+use crate::engine::link::{EngineLink, OwnConnection, OwnSocketMark};
 
 /// The client a route forwards through: one fresh connection per call.
 pub(super) fn upstream_client(
@@ -49,16 +56,13 @@ pub struct ReportingConnector {
 type ConnectFuture = std::pin::Pin<
     Box<
         dyn std::future::Future<
-                Output = Result<
-                    TokioIo<tokio::net::TcpStream>,
-                    <HttpConnector as tower_service::Service<Uri>>::Error,
-                >,
+                Output = Result<OwnStream, <HttpConnector as tower_service::Service<Uri>>::Error>,
             > + Send,
     >,
 >;
 
 impl tower_service::Service<Uri> for ReportingConnector {
-    type Response = TokioIo<tokio::net::TcpStream>;
+    type Response = OwnStream;
     type Error = <HttpConnector as tower_service::Service<Uri>>::Error;
     type Future = ConnectFuture;
 
@@ -74,14 +78,72 @@ impl tower_service::Service<Uri> for ReportingConnector {
         let link = self.link.clone();
         Box::pin(async move {
             let io = connecting.await?;
-            if let (Some(tx), Ok(local)) = (link.own_connections.get(), io.inner().local_addr()) {
+            let local = io.inner().local_addr().ok();
+            if let (Some(tx), Some(local)) = (link.own_connections.get(), local) {
                 let _ = tx.send(OwnConnection {
                     local,
                     at: Instant::now(),
                 });
             }
-            Ok(io)
+            let mark = match (local, io.inner().peer_addr()) {
+                (Some(local), Ok(remote)) => Some(link.own_sockets.register(local, remote)),
+                _ => None,
+            };
+            Ok(OwnStream { io, _mark: mark })
         })
+    }
+}
+
+/// An upstream connection that stays marked as the proxy's own while it
+/// is open: dropping it (the call is over, or the client left) unmarks it.
+pub struct OwnStream {
+    io: TokioIo<tokio::net::TcpStream>,
+    _mark: Option<OwnSocketMark>,
+}
+
+impl Connection for OwnStream {
+    fn connected(&self) -> Connected {
+        self.io.connected()
+    }
+}
+
+impl hyper::rt::Read for OwnStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for OwnStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 }
 

@@ -9,6 +9,9 @@
 //!   stops accepting, so extra clients wait in the kernel's backlog.
 //! - A failed `accept` (no descriptors left) backs off briefly instead of
 //!   spinning on the error; the loop keeps serving the connections it has.
+//! - Each connection's two addresses go with its requests, so one that is
+//!   speedtap's own upstream connection coming back round is refused (see
+//!   [`RouteProxy::handle`]).
 
 use std::sync::Arc;
 
@@ -21,7 +24,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use super::limits::{ProxyLimits, ACCEPT_ERROR_BACKOFF};
-use super::RouteProxy;
+use super::{ClientConn, RouteProxy};
 
 /// Accepts connections for one route until told to stop, then waits for
 /// the open connections to finish (the caller bounds that wait).
@@ -60,10 +63,11 @@ pub async fn serve_route(
             }
         };
         let _ = stream.set_nodelay(true);
+        let from = ClientConn::of(&stream);
         let proxy = proxy.clone();
         let service = service_fn(move |req| {
             let proxy = proxy.clone();
-            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
+            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, from).await) }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)

@@ -34,6 +34,12 @@
 //! client's request and starts the call, [`forward`] connects upstream and
 //! sends it, [`response`] relays the answer through the tap, and [`sink`]
 //! is where the call is reported, metered or not.
+//!
+//! A request that arrives over one of the proxy's own upstream connections
+//! (a route whose upstream leads back to a speedtap listener, however it
+//! got there: a name that resolves here, a route added at run time) is
+//! answered `508 Loop Detected` and not forwarded, so a loop costs one
+//! extra hop, not a request forwarded until memory runs out.
 
 mod forward;
 pub mod headers;
@@ -45,6 +51,7 @@ mod response;
 mod sink;
 pub mod tap;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -69,6 +76,24 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body type of every response the proxy returns.
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// The two ends of a client's connection to a route's listener, when the
+/// socket could tell them.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientConn {
+    peer: Option<SocketAddr>,
+    local: Option<SocketAddr>,
+}
+
+impl ClientConn {
+    /// The addresses of an accepted connection.
+    pub fn of(stream: &tokio::net::TcpStream) -> Self {
+        ClientConn {
+            peer: stream.peer_addr().ok(),
+            local: stream.local_addr().ok(),
+        }
+    }
+}
 
 /// One route's forwarding service.
 pub struct RouteProxy {
@@ -95,8 +120,18 @@ impl RouteProxy {
     }
 
     /// Forwards one request. Never fails: upstream trouble becomes a 502
-    /// with a JSON body naming the upstream.
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+    /// with a JSON body naming the upstream, and a request over the proxy's
+    /// own upstream connection (`from`) a 508 that goes nowhere.
+    ///
+    /// The loop is checked per request, not at accept: the connector marks
+    /// its connection before hyper writes the request, but the listener
+    /// may accept it a moment before the mark is made.
+    pub async fn handle(&self, req: Request<Incoming>, from: ClientConn) -> Response<ProxyBody> {
+        if let (Some(peer), Some(local)) = (from.peer, from.local) {
+            if self.link.own_sockets.is_own(peer, local) {
+                return self.loop_detected();
+            }
+        }
         let seq = self.link.next_seq();
         let started_at = SystemTime::now();
         let (parts, body) = req.into_parts();

@@ -49,6 +49,26 @@ impl RouteProxy {
     }
 }
 
+impl RouteProxy {
+    /// `508 Loop Detected` for a request that arrived over one of the
+    /// proxy's own upstream connections: some route's upstream leads back
+    /// to this listener. Not forwarded and not recorded as a call (the
+    /// route that sent it records the call, with this status); logged, as
+    /// the configuration needs fixing.
+    pub(super) fn loop_detected(&self) -> Response<ProxyBody> {
+        tracing::warn!(
+            "proxy: route {:?} received a request from speedtap's own upstream connection: \
+             a route's upstream leads back to speedtap; answered 508 Loop Detected",
+            self.name
+        );
+        let body = serde_json::json!({
+            "error": "loop detected: a speedtap route's upstream leads back to speedtap",
+            "route": self.name,
+        });
+        json_response(StatusCode::LOOP_DETECTED, &body)
+    }
+}
+
 /// A JSON response with the given status.
 pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ProxyBody> {
     let mut resp = Response::new(
