@@ -466,6 +466,7 @@ async fn settled_on(engine: &RunningEngine, route: &str, n: usize) -> Vec<Call> 
             .calls(CallsQuery {
                 limit: 10_000,
                 route: None,
+                unmetered: false,
             })
             .await;
         let done = calls
@@ -696,6 +697,7 @@ async fn the_capture_starts_with_no_route_and_a_route_needs_it_running() {
             .calls(speedtap::model::CallsQuery {
                 limit: 10,
                 route: None,
+                unmetered: false,
             })
             .await;
         if let Some(c) = calls.into_iter().find(|c| c.status.is_settled()) {

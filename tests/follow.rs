@@ -104,6 +104,7 @@ async fn a_server_started_after_the_engine_is_measured_and_keeps_its_name_across
         .calls(CallsQuery {
             limit: 100,
             route: Some(name.clone()),
+            unmetered: false,
         })
         .await;
     assert_eq!(calls.len(), 1, "{calls:#?}");
@@ -176,6 +177,7 @@ async fn with_the_capture_a_server_started_after_the_engine_is_measured_with_no_
             .calls(CallsQuery {
                 limit: 100,
                 route: Some(server.name.clone()),
+                unmetered: false,
             })
             .await;
         if calls.iter().any(|c| c.status.is_settled()) {

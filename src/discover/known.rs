@@ -436,7 +436,10 @@ mod tests {
     fn a_server_a_relay_started_is_measured_through_the_relay_only() {
         let mut child = owner("llama-server", &["/usr/bin/llama-server", "--port", "5801"]);
         child.parent_comm = Some("llama-swap".into());
-        assert_eq!(decide(5801, Some(&child), &[], 1), Err(SkipReason::RelayChild));
+        assert_eq!(
+            decide(5801, Some(&child), &[], 1),
+            Err(SkipReason::RelayChild)
+        );
         let relay = owner("llama-swap", &["/usr/bin/llama-swap", "--listen", ":8080"]);
         assert_eq!(
             decide(8080, Some(&relay), &[], 1),
