@@ -200,6 +200,39 @@ async fn unreachable_upstream_gets_a_502_naming_it() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
+/// The upstream is down, so hyper never reads the request body; the proxy
+/// reads it after the failure, and the failed call still names the model
+/// asked for, even one named after 256 KiB of messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_502_names_the_model_its_request_asked_for() {
+    let engine = engine_for(&format!("http://127.0.0.1:{}", free_port())).await;
+    let long = "x".repeat(256 * 1024);
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"{long}"}}],"model":"m-late","stream":true}}"#
+    );
+    for (i, body) in [r#"{"model":"m-early"}"#.to_owned(), body]
+        .iter()
+        .enumerate()
+    {
+        let got = send(
+            engine.routes[0].listen,
+            "POST",
+            "/v1/chat/completions",
+            body,
+        )
+        .await;
+        assert_eq!(got.status, 502);
+        settled_calls(&engine, i + 1).await;
+    }
+    let calls = settled_calls(&engine, 2).await;
+    let models: Vec<Option<&str>> = calls.iter().map(|c| c.identity.model.as_deref()).collect();
+    assert_eq!(models, [Some("m-late"), Some("m-early")], "{calls:#?}");
+    assert!(calls
+        .iter()
+        .all(|c| c.status == CallStatus::UpstreamError && c.http_status == Some(502)));
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
 /// A port nothing listens on now.
 fn free_port() -> u16 {
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

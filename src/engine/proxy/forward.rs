@@ -9,15 +9,23 @@
 //! as it is open, before the request is written too, so a request that
 //! comes back round to one of speedtap's own listeners is recognised there
 //! (see [`RouteProxy::handle`](super::RouteProxy::handle)).
+//!
+//! The request body goes to the client inside a [`Reclaimable`], so when
+//! the upstream can't be reached (hyper drops the request unread), the
+//! body is taken back and read for the call's fields: a failed call still
+//! names the model its request asked for.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Uri;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -160,4 +168,79 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// The longest a request body is read after its upstream failed, for the
+/// fields it names: the client has usually sent it all by then, and one
+/// still trickling its body gets its 502 this late at most.
+pub(super) const RECLAIMED_READ_LIMIT: Duration = Duration::from_secs(1);
+
+type RequestBody = BoxBody<Bytes, hyper::Error>;
+
+/// A request body whose unread rest can be taken back by the proxy after
+/// hyper gave up on the request: [`Reclaimable::new`] returns the body for
+/// the request and a [`Spare`] handle to it. One uncontended lock per
+/// frame: the handle is only used once the request is over.
+pub(super) struct Reclaimable {
+    shared: Arc<Mutex<Option<RequestBody>>>,
+}
+
+/// The proxy's hold on a [`Reclaimable`] body.
+pub(super) struct Spare {
+    shared: Arc<Mutex<Option<RequestBody>>>,
+}
+
+impl Reclaimable {
+    pub(super) fn new(body: RequestBody) -> (Self, Spare) {
+        let shared = Arc::new(Mutex::new(Some(body)));
+        (
+            Reclaimable {
+                shared: shared.clone(),
+            },
+            Spare { shared },
+        )
+    }
+
+    fn with<T>(&self, f: impl FnOnce(Option<&mut RequestBody>) -> T) -> T {
+        let mut body = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        f(body.as_mut())
+    }
+}
+
+impl Body for Reclaimable {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        // Taken back: the request is over, nothing more goes upstream.
+        self.with(|body| body.map_or(Poll::Ready(None), |b| Pin::new(b).poll_frame(cx)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.with(|body| body.is_none_or(|b| b.is_end_stream()))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.with(|body| body.map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint()))
+    }
+}
+
+impl Spare {
+    /// Takes the body back and reads what is left of it (its observers see
+    /// every frame, so the call learns its fields), for at most
+    /// [`RECLAIMED_READ_LIMIT`]. What was read is dropped: nobody forwards
+    /// it any more.
+    pub(super) async fn read_rest(self) {
+        let taken = self
+            .shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(mut body) = taken else { return };
+        let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+        let _ = tokio::time::timeout(RECLAIMED_READ_LIMIT, drain).await;
+    }
 }

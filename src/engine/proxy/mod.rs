@@ -59,13 +59,14 @@ use actix::Addr;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 
 use super::link::EngineLink;
 use super::telemetry::TelemetryPoller;
 use crate::model::Upstream;
-use forward::ReportingConnector;
+use forward::{Reclaimable, ReportingConnector};
 use request::Outgoing;
 use tap::{ClientBodyFailed, Observed};
 
@@ -120,7 +121,8 @@ impl RouteProxy {
     }
 
     /// Forwards one request. Never fails: upstream trouble becomes a 502
-    /// with a JSON body naming the upstream, and a request over the proxy's
+    /// with a JSON body naming the upstream (the call still names its
+    /// model: the unsent body is read for it), and a request over the proxy's
     /// own upstream connection (`from`) a 508 that goes nowhere.
     ///
     /// The loop is checked per request, not at accept: the connector marks
@@ -142,10 +144,18 @@ impl RouteProxy {
         let sink = self.start_call(seq, started_at, &outgoing);
         let client_failed = ClientBodyFailed::default();
         let body = sink.request_body(Observed::new(body, client_failed.clone()));
-        let answer = self.client.request(outgoing.into_request(body)).await;
+        let (body, spare) = Reclaimable::new(body);
+        let answer = self
+            .client
+            .request(outgoing.into_request(body.boxed()))
+            .await;
         match answer {
             Err(e) => {
                 let cause = forward::error_chain(&e);
+                // What hyper left unread still names the call's model.
+                if sink.is_metered() {
+                    spare.read_rest().await;
+                }
                 // The client broke off its own request body: its call is
                 // abandoned, and nobody is left to read the 502.
                 sink.upstream_failed(client_failed.is_set());

@@ -44,6 +44,11 @@ impl CallSink {
         })
     }
 
+    /// Whether the call is metered (its request body is worth reading).
+    pub fn is_metered(&self) -> bool {
+        matches!(self, CallSink::Metered(_))
+    }
+
     /// The client's request body on its way upstream: read for the call's
     /// fields when metered, untouched otherwise.
     pub fn request_body(
