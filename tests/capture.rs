@@ -457,35 +457,19 @@ async fn a_captured_call_for_a_model_not_loaded_says_it_is_loading() {
 /// Every call, once at least `n` calls on `route` have settled (10 s at
 /// most).
 async fn settled_on(engine: &RunningEngine, route: &str, n: usize) -> Vec<Call> {
-    use speedtap::model::{CallsQuery, EngineEvent};
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut events = engine.handle.subscribe().await;
-    loop {
-        let calls = engine
-            .handle
-            .calls(CallsQuery {
-                limit: 10_000,
-                route: None,
-                unmetered: false,
-            })
-            .await;
-        let done = calls
+    let all = speedtap::model::CallsQuery {
+        limit: 10_000,
+        route: None,
+        unmetered: false,
+    };
+    calls_when(engine, all, |calls| {
+        calls
             .iter()
             .filter(|c| c.identity.route == route && c.status.is_settled())
-            .count();
-        if done >= n {
-            return calls;
-        }
-        loop {
-            match tokio::time::timeout_at(deadline, events.recv()).await {
-                Ok(Some(EngineEvent::Settled(_))) => break,
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => {
-                    panic!("{n} calls on {route} did not settle: {}", all_calls(&calls))
-                }
-            }
-        }
-    }
+            .count()
+            >= n
+    })
+    .await
 }
 
 /// Waits for a live snapshot of a call on `route` with output tokens: a

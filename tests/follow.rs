@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use speedtap::host::{
     CaptureOptions, CaptureStatus, Engine, EngineOptions, RunningEngine, WatchOptions, WATCH_EVERY,
 };
-use speedtap::model::{CallsQuery, EngineQueries, FollowedServer, FollowedState};
+use speedtap::model::{CallsQuery, EngineEvent, EngineQueries, FollowedServer, FollowedState};
 
 use crate::util::process::{scratch, url_addr, Proc, BIN, STARTUP};
-use crate::util::proxy::send;
+use crate::util::proxy::{calls_when, send};
 
 /// `speedtap simulate` started as `<dir>/llama-server` (a link to the
 /// binary): to the watcher, a llama.cpp server by its process name.
@@ -49,8 +49,9 @@ async fn watching_engine(dir: &Path) -> RunningEngine {
     Engine::start(options).await.unwrap()
 }
 
-/// Waits (polling the engine's list; a bound, not a sleep) until the
-/// server on `port` is in `state`, and how long that took.
+/// Waits until the server on `port` is in `state` (re-reading the list
+/// after each `servers` event, subscribed before the first read so no
+/// change slips between), and how long that took; fails after `within`.
 async fn server_on(
     engine: &RunningEngine,
     port: u16,
@@ -58,21 +59,26 @@ async fn server_on(
     within: Duration,
 ) -> (FollowedServer, Duration) {
     let start = Instant::now();
+    let deadline = tokio::time::Instant::now() + within;
+    let mut events = engine.handle.subscribe().await;
     loop {
         let doc = engine.handle.servers().await;
-        let server = doc
+        let found = doc
             .servers
-            .into_iter()
+            .iter()
             .find(|s| s.upstream.ends_with(&format!(":{port}")) && s.state == state);
-        if let Some(server) = server {
-            return (server, start.elapsed());
+        if let Some(server) = found {
+            return (server.clone(), start.elapsed());
         }
-        assert!(
-            start.elapsed() < within,
-            "no server {state:?} on port {port} after {within:?}: {:#?}",
-            engine.handle.servers().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        loop {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(EngineEvent::Servers(_))) => break,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    panic!("no server {state:?} on port {port} after {within:?}: {doc:#?}")
+                }
+            }
+        }
     }
 }
 
@@ -170,25 +176,15 @@ async fn with_the_capture_a_server_started_after_the_engine_is_measured_with_no_
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let reply = send(addr, "POST", "/v1/chat/completions", body).await;
     assert_eq!(reply.status, 200);
-    let start = Instant::now();
-    loop {
-        let calls = engine
-            .handle
-            .calls(CallsQuery {
-                limit: 100,
-                route: Some(server.name.clone()),
-                unmetered: false,
-            })
-            .await;
-        if calls.iter().any(|c| c.status.is_settled()) {
-            assert_eq!(calls.len(), 1, "{calls:#?}");
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "not measured: {calls:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let route = CallsQuery {
+        limit: 100,
+        route: Some(server.name.clone()),
+        unmetered: false,
+    };
+    let calls = calls_when(&engine, route, |calls| {
+        calls.iter().any(|c| c.status.is_settled())
+    })
+    .await;
+    assert_eq!(calls.len(), 1, "{calls:#?}");
     engine.shutdown(Duration::from_secs(1)).await;
 }

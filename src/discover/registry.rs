@@ -179,11 +179,12 @@ impl Registry {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn id(kind: &str, port: u16) -> ServerIdentity {
+    /// The identity of a `kind` server on `port`.
+    pub(crate) fn id(kind: &str, port: u16) -> ServerIdentity {
         ServerIdentity {
             kind: kind.into(),
             port,

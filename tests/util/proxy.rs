@@ -275,28 +275,39 @@ pub async fn engine_with(upstream: &str, tweak: impl FnOnce(&mut EngineOptions))
 }
 
 /// Waits (up to 10 s) until `n` calls have settled; returns all calls,
-/// newest first. Subscribes first, then re-reads the calls after each
-/// `Settled` event, so no settle can slip between the check and the wait.
+/// newest first, unmetered ones included.
 pub async fn settled_calls(engine: &RunningEngine, n: usize) -> Vec<Call> {
+    let all = CallsQuery {
+        limit: 10_000,
+        route: None,
+        unmetered: true,
+    };
+    calls_when(engine, all, |calls| {
+        calls.iter().filter(|c| c.status.is_settled()).count() >= n
+    })
+    .await
+}
+
+/// Waits (up to 10 s) until the calls `query` selects satisfy `done`, and
+/// returns them. Subscribes first, then re-reads the calls after each
+/// `Settled` event, so no settle can slip between the check and the wait.
+pub async fn calls_when(
+    engine: &RunningEngine,
+    query: CallsQuery,
+    done: impl Fn(&[Call]) -> bool,
+) -> Vec<Call> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut events = engine.handle.subscribe().await;
     loop {
-        let calls = engine
-            .handle
-            .calls(CallsQuery {
-                limit: 10_000,
-                route: None,
-                unmetered: true,
-            })
-            .await;
-        if calls.iter().filter(|c| c.status.is_settled()).count() >= n {
+        let calls = engine.handle.calls(query.clone()).await;
+        if done(&calls) {
             return calls;
         }
         loop {
             match tokio::time::timeout_at(deadline, events.recv()).await {
                 Ok(Some(EngineEvent::Settled(_))) => break,
                 Ok(Some(_)) => {}
-                Ok(None) | Err(_) => panic!("calls did not settle: {calls:#?}"),
+                Ok(None) | Err(_) => panic!("calls did not settle as awaited: {calls:#?}"),
             }
         }
     }

@@ -187,11 +187,7 @@ impl Watcher {
                 self.went_down(&name, port);
             }
         }
-        let probes = observed.probe.iter().map(|c| async move {
-            let found = discover_on(c.host, &[c.port], PORT_BUDGET).await;
-            (c, found.into_iter().next())
-        });
-        for (candidate, found) in futures_util::future::join_all(probes).await {
+        for (candidate, found) in probe_all(&observed.probe).await {
             match found {
                 Some(found) => changed |= self.arrived(candidate, found).await,
                 None => self.follow.unanswered(candidate.port),
@@ -338,17 +334,8 @@ pub async fn look_once(
         |inodes| find_owners(proc_root, inodes),
         SystemTime::now(),
     );
-    let probes = observed.probe.iter().map(|c| async move {
-        (
-            c,
-            discover_on(c.host, &[c.port], PORT_BUDGET)
-                .await
-                .into_iter()
-                .next(),
-        )
-    });
     let mut out = Vec::new();
-    for (candidate, found) in futures_util::future::join_all(probes).await {
+    for (candidate, found) in probe_all(&observed.probe).await {
         let Some(found) = found else { continue };
         let name = match follow.identified(candidate, found.kind, SystemTime::now()) {
             Arrival::New { name }
@@ -364,4 +351,14 @@ pub async fn look_once(
         });
     }
     out
+}
+
+/// Asks every candidate at once what it is (the existing identification,
+/// each within its budget): the answer, or `None` for no model server.
+async fn probe_all(candidates: &[Candidate]) -> Vec<(&Candidate, Option<Discovered>)> {
+    let probes = candidates.iter().map(|c| async move {
+        let found = discover_on(c.host, &[c.port], PORT_BUDGET).await;
+        (c, found.into_iter().next())
+    });
+    futures_util::future::join_all(probes).await
 }

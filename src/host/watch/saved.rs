@@ -55,16 +55,10 @@ pub(crate) fn save(path: &Path, servers: &[KnownServer]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discover::registry::{Registry, ServerIdentity};
+    use crate::discover::registry::tests::id;
+    use crate::discover::registry::Registry;
     use std::collections::BTreeSet;
     use std::time::{Duration, SystemTime};
-
-    fn id(kind: &str, port: u16) -> ServerIdentity {
-        ServerIdentity {
-            kind: kind.into(),
-            port,
-        }
-    }
 
     #[test]
     fn saved_names_hold_across_restarts_whatever_order_servers_come_back_in() {
