@@ -514,10 +514,15 @@ async fn a_route_captured_while_running_measures_a_server_started_later_without_
 
     let sim_b = simulator().await;
     let b_port = sim_b.local_addr().port();
-    engine
+    let applied = engine
         .handle
         .capture_route("b", Upstream::parse(&sim_b.base_url()).unwrap())
         .unwrap();
+    // A connection opened once the helper confirmed its filter is seen.
+    assert!(
+        applied.wait(Duration::from_secs(5)).await,
+        "the filter took b's port"
+    );
     let doc = engine.handle.capture().await;
     assert!(
         doc.routes.contains(&CaptureRouteDoc {
@@ -657,10 +662,14 @@ async fn the_capture_starts_with_no_route_and_a_route_needs_it_running() {
     assert_eq!(doc.state, CaptureState::On);
     assert!(doc.routes.is_empty());
     let sim = simulator().await;
-    engine
+    let applied = engine
         .handle
         .capture_route("late", Upstream::parse(&sim.base_url()).unwrap())
         .unwrap();
+    assert!(
+        applied.wait(Duration::from_secs(5)).await,
+        "the filter took the port"
+    );
     let remote = engine
         .handle
         .capture_route("far", Upstream::parse("http://10.0.0.5:8080").unwrap());

@@ -36,7 +36,11 @@
 //!   counted from the start (libpcap's 32-bit counters are widened across
 //!   wrap). With no packets the counters can't move (a drop is a packet
 //!   that found the ring full), so an idle helper sleeps in `poll` with no
-//!   timeout and wakes nobody.
+//!   timeout and wakes nobody;
+//! - after each control line is dealt with: kind `2u8`, then `u64` the
+//!   number of lines dealt with so far. Once the engine reads it, the
+//!   filter the line asked for is attached: a connection opened after that
+//!   is seen from its SYN.
 //!
 //! It exits when its standard output closes (the engine went away or stopped
 //! it) or on SIGTERM, not when its standard input ends. It never parses, prints or logs packet contents: they
@@ -117,6 +121,7 @@ use pcap::{Active, Capture, Precision};
 const MAGIC: &[u8; 7] = b"STCAP1\n";
 const KIND_PACKET: u8 = 0;
 const KIND_STATS: u8 = 1;
+const KIND_APPLIED: u8 = 2;
 /// Bytes kept of each packet: the largest loopback packet (its MTU is 65536)
 /// plus the largest link header (20, Linux cooked v2 on `any`), whole.
 const DEFAULT_SNAPLEN: u32 = 65_568;
@@ -369,6 +374,8 @@ fn run(args: &Args) -> io::Result<()> {
         },
     ];
     let mut lines = control::Lines::default();
+    // Control lines answered so far (the count each applied record says).
+    let mut applied = 0u64;
     loop {
         // Everything the ring holds, then flush, then wait.
         if copy_ring(&mut cap, &filter, &mut out, next_stats)? {
@@ -390,27 +397,32 @@ fn run(args: &Args) -> io::Result<()> {
         if wait_closed(&mut fds, timeout_ms)? {
             return Ok(());
         }
-        if fds[2].revents != 0 && !read_control(&mut cap, &mut filter, &mut lines) {
+        if fds[2].revents != 0
+            && !read_control(&mut cap, &mut filter, &mut lines, &mut applied, &mut out)?
+        {
             fds[2].fd = -1;
         }
     }
 }
 
 /// Reads the control input once (it is readable) and applies the
-/// complete lines. False once the input has ended (or failed): stop
-/// polling it, keep capturing.
+/// complete lines, each answered with an applied record (so the engine
+/// knows from when a new port's connections are seen). False once the
+/// input has ended (or failed): stop polling it, keep capturing.
 fn read_control(
     cap: &mut Capture<Active>,
     filter: &mut filter::Filter,
     lines: &mut control::Lines,
-) -> bool {
+    applied: &mut u64,
+    out: &mut impl Write,
+) -> io::Result<bool> {
     let mut buf = [0u8; 4096];
     let n = match control::read_stdin(&mut buf) {
         Ok(Some(n)) => n,
-        Ok(None) => return false,
+        Ok(None) => return Ok(false),
         Err(e) => {
             eprintln!("speedtap-capture: control input: {e}; no longer read");
-            return false;
+            return Ok(false);
         }
     };
     for line in lines.push(&buf[..n]) {
@@ -434,8 +446,14 @@ fn read_control(
             }
             Err(e) => eprintln!("speedtap-capture: ports {ports:?} not applied: {e}"),
         }
+        *applied += 1;
+        let mut rec = [0u8; 9];
+        rec[0] = KIND_APPLIED;
+        rec[1..9].copy_from_slice(&applied.to_le_bytes());
+        out.write_all(&rec)?;
+        out.flush()?;
     }
-    true
+    Ok(true)
 }
 
 /// Copies the packets the ring holds that pass `filter` to `out`, until

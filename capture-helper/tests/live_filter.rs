@@ -61,6 +61,12 @@ fn count_data_to(
             out.read_exact(&mut stats).unwrap();
             continue;
         }
+        if kind[0] == 2 {
+            // A control line dealt with.
+            let mut applied = [0u8; 8];
+            out.read_exact(&mut applied).unwrap();
+            continue;
+        }
         let mut rec = [0u8; 16];
         out.read_exact(&mut rec).unwrap();
         let caplen = u32::from_le_bytes(rec[8..12].try_into().unwrap()) as usize;

@@ -9,7 +9,9 @@
 //!   original length (`u32`), then the captured bytes;
 //! - statistics, at the start and about every second while packets come:
 //!   kind `1u8`, then `u64` received, `u64` dropped by the kernel and `u64`
-//!   dropped by the interface, each counted from the helper's start.
+//!   dropped by the interface, each counted from the helper's start;
+//! - a control line dealt with: kind `2u8`, then `u64` the number of lines
+//!   dealt with so far (the filter it asked for is attached once read).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -17,6 +19,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 pub const MAGIC: &[u8; 7] = b"STCAP1\n";
 const KIND_PACKET: u8 = 0;
 const KIND_STATS: u8 = 1;
+const KIND_APPLIED: u8 = 2;
+const APPLIED_LEN: usize = 1 + 8;
 const HEADER_LEN: usize = MAGIC.len() + 4;
 const PACKET_HEAD_LEN: usize = 1 + 8 + 4 + 4;
 const STATS_LEN: usize = 1 + 3 * 8;
@@ -59,6 +63,8 @@ pub enum Record {
     Header(LinkType),
     Packet(CapturedPacket),
     Stats(CaptureStats),
+    /// The helper dealt with this many control lines so far.
+    Applied(u64),
 }
 
 /// Why a stream can't be decoded; the decoder stays failed after one.
@@ -166,6 +172,13 @@ impl FeedDecoder {
                         if_dropped: self.buf.get_u64_le(),
                     }));
                 }
+                KIND_APPLIED => {
+                    if self.buf.len() < APPLIED_LEN {
+                        return Ok(());
+                    }
+                    self.buf.advance(1);
+                    out.push(Record::Applied(self.buf.get_u64_le()));
+                }
                 other => return Err(FeedError::UnknownKind(other)),
             }
         }
@@ -186,6 +199,12 @@ pub fn encode_packet(p: &CapturedPacket, out: &mut BytesMut) {
     out.put_u32_le(p.data.len() as u32);
     out.put_u32_le(p.orig_len);
     out.put_slice(&p.data);
+}
+
+/// Encodes one applied record, as the helper writes it.
+pub fn encode_applied(lines: u64, out: &mut BytesMut) {
+    out.put_u8(KIND_APPLIED);
+    out.put_u64_le(lines);
 }
 
 /// Encodes one statistics record, as the helper writes it.
@@ -218,6 +237,7 @@ mod tests {
                 if_dropped: 0,
             }),
             Record::Packet(packet(u64::MAX, b"", 0)),
+            Record::Applied(1),
             Record::Packet(packet(7, b"payload cut at the snaplen", 70_000)),
             Record::Stats(CaptureStats {
                 received: u64::MAX,
@@ -231,6 +251,7 @@ mod tests {
                 Record::Header(l) => encode_header(*l, &mut out),
                 Record::Packet(p) => encode_packet(p, &mut out),
                 Record::Stats(s) => encode_stats(s, &mut out),
+                Record::Applied(n) => encode_applied(*n, &mut out),
             }
         }
         (out.to_vec(), records)

@@ -266,6 +266,9 @@ pub struct CaptureSource {
     reader: Option<JoinHandle<()>>,
     shared: Arc<Mutex<Shared>>,
     link: LinkType,
+    /// Control lines written, and the count the helper says it dealt with.
+    requested: std::sync::atomic::AtomicU64,
+    applied: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl CaptureSource {
@@ -312,7 +315,9 @@ impl CaptureSource {
         let control = Mutex::new(child.stdin.take());
         let (opened_tx, opened) = std::sync::mpsc::sync_channel(1);
         let shared = Arc::new(Mutex::new(Shared::default()));
+        let applied = Arc::new(tokio::sync::watch::Sender::new(0));
         let reader = Reader {
+            applied: applied.clone(),
             stdout,
             stderr,
             decoder: FeedDecoder::new(),
@@ -342,6 +347,8 @@ impl CaptureSource {
             reader: Some(reader),
             shared,
             link: LinkType(0),
+            requested: Default::default(),
+            applied,
         };
         match opened.recv_timeout(START_TIMEOUT) {
             Ok(Ok(link)) => {
@@ -366,7 +373,9 @@ impl CaptureSource {
     /// line, in well under a millisecond; packets of the flows on ports in
     /// both sets keep coming. A line of a few bytes on a pipe: the write
     /// doesn't wait unless the helper stopped reading 64 KiB of them ago.
-    pub fn set_ports(&self, ports: &[u16]) -> Result<(), CaptureError> {
+    /// Returns the line's ticket: the filter is attached once
+    /// [`applied`](Self::applied) reaches it.
+    pub fn set_ports(&self, ports: &[u16]) -> Result<u64, CaptureError> {
         let mut line = String::from("ports");
         for p in ports {
             line.push(' ');
@@ -385,7 +394,16 @@ impl CaptureSource {
                 "could not change {HELPER_NAME}'s ports: {e}"
             )));
         }
-        Ok(())
+        Ok(self
+            .requested
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1)
+    }
+
+    /// How many control lines the helper has dealt with (its filter then
+    /// attached), as it says.
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied.subscribe()
     }
 
     /// The link-layer type of the packets' `data`.
@@ -455,6 +473,8 @@ struct Reader {
     read_at: i64,
     sink: mpsc::Sender<SourcePacket>,
     shared: Arc<Mutex<Shared>>,
+    /// Where the helper's applied records go.
+    applied: Arc<tokio::sync::watch::Sender<u64>>,
     /// Told the link type once the header is read, or why the stream ended
     /// before it.
     opened: Option<std::sync::mpsc::SyncSender<Result<LinkType, String>>>,
@@ -524,6 +544,9 @@ impl Reader {
                     }
                 }
                 Record::Stats(s) => kernel = Some(s),
+                Record::Applied(n) => {
+                    self.applied.send_replace(n);
+                }
                 _ => {}
             }
         }

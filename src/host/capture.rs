@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use crate::capture::packet::LinkType;
 use crate::capture::source::{self as capture_source, CaptureConfig, CaptureError, CaptureSource};
 use crate::config::CaptureOnlyRoute;
-use crate::engine::capture::{CaptureControl, CaptureRoute, CaptureTask};
+use crate::engine::capture::{Applied, CaptureControl, CaptureRoute, CaptureTask};
 use crate::model::{BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, RouteSpec, Upstream};
 
 use super::*;
@@ -207,8 +207,13 @@ impl EngineHandle {
     /// Captures calls to `upstream`'s port under the capture-only route
     /// `name`, from now on, with no restart: the capture task and the
     /// helper's filter take the port, and the UI's capture document lists
-    /// it. Capturing the same route again is a no-op.
-    pub fn capture_route(&self, name: &str, upstream: Upstream) -> Result<(), CaptureRouteError> {
+    /// it. Capturing the same route again is a no-op. The answer waits
+    /// for the helper's filter to take the port ([`Applied::wait`]).
+    pub fn capture_route(
+        &self,
+        name: &str,
+        upstream: Upstream,
+    ) -> Result<Applied, CaptureRouteError> {
         let Some(control) = self.shared.capture_control.get() else {
             return Err(CaptureRouteError::Unavailable(self.capture_unavailable()));
         };
@@ -237,7 +242,7 @@ impl EngineHandle {
                 port: r.port,
             });
         }
-        control
+        let applied = control
             .add_route(CaptureRoute {
                 name: name.to_owned(),
                 port,
@@ -250,7 +255,7 @@ impl EngineHandle {
                 port,
             });
         }
-        Ok(())
+        Ok(applied)
     }
 
     /// Stops capturing new calls to `port` (its calls in flight settle as

@@ -14,7 +14,9 @@
 //! - The helper's filter is always the whole set: every route's port, the
 //!   retiring ones included ([`CaptureTask::capture_ports`]).
 
-use tokio::sync::mpsc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{CaptureRoute, CaptureTask, RouteEntry};
 use crate::capture::flows::ServerPort;
@@ -37,12 +39,37 @@ pub struct CaptureStopped;
 /// applies each change between two packets, in the order sent.
 #[derive(Clone, Debug)]
 pub struct CaptureControl {
-    tx: mpsc::UnboundedSender<RouteChange>,
+    tx: mpsc::UnboundedSender<(RouteChange, Option<oneshot::Sender<Ticket>>)>,
 }
 
 /// The task's end of a [`CaptureControl`].
 pub struct RouteChanges {
-    pub(super) rx: mpsc::UnboundedReceiver<RouteChange>,
+    pub(super) rx: mpsc::UnboundedReceiver<(RouteChange, Option<oneshot::Sender<Ticket>>)>,
+}
+
+/// The helper's filter change a route change asked for: its control
+/// line's ticket and the helper's count of lines dealt with. `None` when
+/// the filter didn't change (or no helper runs).
+pub(super) type Ticket = Option<(u64, watch::Receiver<u64>)>;
+
+/// Waits for an added route's port to be in the helper's kernel filter.
+#[derive(Debug)]
+pub struct Applied(oneshot::Receiver<Ticket>);
+
+impl Applied {
+    /// Returns once the helper has attached the filter with the new port
+    /// (so a connection opened from then on is seen from its SYN), or
+    /// after `within`; false then, or when the capture stopped.
+    pub async fn wait(self, within: Duration) -> bool {
+        let wait = async {
+            match self.0.await {
+                Ok(Some((ticket, mut applied))) => applied.wait_for(|n| *n >= ticket).await.is_ok(),
+                Ok(None) => true,
+                Err(_) => false,
+            }
+        };
+        tokio::time::timeout(within, wait).await.unwrap_or(false)
+    }
 }
 
 impl CaptureControl {
@@ -52,17 +79,20 @@ impl CaptureControl {
         (CaptureControl { tx }, RouteChanges { rx })
     }
 
-    /// Captures `route`'s port from now on, under its name.
-    pub fn add_route(&self, route: CaptureRoute) -> Result<(), CaptureStopped> {
+    /// Captures `route`'s port from now on, under its name; the answer
+    /// tells when the helper's filter has the port.
+    pub fn add_route(&self, route: CaptureRoute) -> Result<Applied, CaptureStopped> {
+        let (done, applied) = oneshot::channel();
         self.tx
-            .send(RouteChange::Add(route))
-            .map_err(|_| CaptureStopped)
+            .send((RouteChange::Add(route), Some(done)))
+            .map_err(|_| CaptureStopped)?;
+        Ok(Applied(applied))
     }
 
     /// Stops recording new calls to `port`; the calls in flight settle.
     pub fn remove_route(&self, port: u16) -> Result<(), CaptureStopped> {
         self.tx
-            .send(RouteChange::Remove(port))
+            .send((RouteChange::Remove(port), None))
             .map_err(|_| CaptureStopped)
     }
 }

@@ -68,7 +68,7 @@ use crate::capture::packet::{self, LinkType};
 use crate::capture::source::{CaptureSource, SourcePacket};
 use crate::capture::Nanos;
 use crate::model::Upstream;
-pub use control::{CaptureControl, CaptureStopped, RouteChange, RouteChanges};
+pub use control::{Applied, CaptureControl, CaptureStopped, RouteChange, RouteChanges};
 use exchange::Exchange;
 
 /// How often holes are given up and the source's loss counters read while
@@ -207,9 +207,12 @@ impl CaptureTask {
                 biased;
                 _ = stop.wait_for(|s| *s) => break,
                 Some(conn) = own.recv() => self.own_connection(conn),
-                Some(change) = changes.rx.recv() => {
-                    if let Some(ports) = self.change_routes(change) {
-                        set_ports(source.as_ref(), &ports);
+                Some((change, done)) = changes.rx.recv() => {
+                    let ticket = self
+                        .change_routes(change)
+                        .and_then(|ports| set_ports(source.as_ref(), &ports));
+                    if let Some(done) = done {
+                        let _ = done.send(ticket);
                     }
                 }
                 p = packets.recv() => match p {
@@ -340,13 +343,16 @@ impl CaptureTask {
     }
 }
 
-/// Tells the helper the new port set. A failure is logged, never the
-/// engine's: the capture goes on with the ports it had (its end, if the
-/// helper died, shows as the packets' end).
-fn set_ports(source: Option<&CaptureSource>, ports: &[u16]) {
-    if let Some(source) = source {
-        if let Err(e) = source.set_ports(ports) {
+/// Tells the helper the new port set; the ticket to wait for. A failure
+/// is logged, never the engine's: the capture goes on with the ports it
+/// had (its end, if the helper died, shows as the packets' end).
+fn set_ports(source: Option<&CaptureSource>, ports: &[u16]) -> control::Ticket {
+    let source = source?;
+    match source.set_ports(ports) {
+        Ok(ticket) => Some((ticket, source.applied())),
+        Err(e) => {
             tracing::warn!("capture: {e}");
+            None
         }
     }
 }

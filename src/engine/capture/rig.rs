@@ -69,8 +69,12 @@ impl Rig {
     /// packets; the helper's last new port set, if it changed.
     pub(super) fn apply(&mut self) -> Option<Vec<u16>> {
         let mut ports = None;
-        while let Ok(change) = self.changes.rx.try_recv() {
+        while let Ok((change, done)) = self.changes.rx.try_recv() {
             ports = self.task.change_routes(change).or(ports);
+            if let Some(done) = done {
+                // No helper here: nothing to wait for.
+                let _ = done.send(None);
+            }
         }
         ports
     }

@@ -84,7 +84,11 @@ pub(super) async fn measure(
     }
     if read(&handle.shared.capture).state == CaptureState::On {
         match handle.capture_route(name, upstream.clone()) {
-            Ok(()) => {
+            Ok(applied) => {
+                // Said measured only once a new connection would be seen.
+                if !applied.wait(FILTER_WITHIN).await {
+                    tracing::warn!("the capture helper did not confirm port {}", candidate.port);
+                }
                 routed.seen_by = Some("capture");
                 routed.captured = true;
                 return routed;
@@ -127,6 +131,10 @@ fn configured_route(
 /// Ports tried for a server's proxy route after its own: the next ones
 /// up, then any free port.
 const PROXY_PORT_TRIES: u16 = 10;
+
+/// How long a new capture route waits for the helper to say its filter
+/// has the port (it answers within milliseconds).
+const FILTER_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Opens a proxy route for `name` on the first free port after the
 /// server's (as start-up discovery always did), else on any free port.
