@@ -20,6 +20,7 @@
 pub mod known;
 pub mod listeners;
 pub mod owner;
+pub mod peer;
 pub mod registry;
 
 use std::future::Future;

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use speedtap::host::{
     CaptureOptions, CaptureStatus, Engine, EngineOptions, RunningEngine, WatchOptions, WATCH_EVERY,
 };
-use speedtap::model::{CallsQuery, EngineEvent, EngineQueries, FollowedServer, FollowedState};
+use speedtap::model::{
+    Call, CallsQuery, EngineEvent, EngineQueries, FollowedServer, FollowedState,
+};
 
 use crate::util::process::{scratch, url_addr, Proc, BIN, STARTUP};
 use crate::util::proxy::{calls_when, send};
@@ -135,6 +137,9 @@ async fn a_server_started_after_the_engine_is_measured_and_keeps_its_name_across
     assert_eq!(ignored.state, FollowedState::Ignored);
     let saved = std::fs::read_to_string(dir.join("servers.json")).unwrap();
     assert!(saved.contains("\"ignored\""), "{saved}");
+    // Its proxy port closed at once: nothing would measure calls there.
+    assert!(tokio::net::TcpStream::connect(proxy).await.is_err());
+    assert!(engine.handle.bound_routes().iter().all(|r| r.name != name));
     let unknown = engine.handle.ignore_server("no-such-server".into()).await;
     assert!(unknown.is_err());
     engine.shutdown(Duration::from_secs(1)).await;
@@ -186,5 +191,142 @@ async fn with_the_capture_a_server_started_after_the_engine_is_measured_with_no_
     })
     .await;
     assert_eq!(calls.len(), 1, "{calls:#?}");
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// `tests/relay/litellm` (a relay known by its process name, like
+/// LiteLLM) started in front of `upstream`; its address.
+fn start_relay(upstream: SocketAddr) -> (Proc, SocketAddr) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/relay/litellm");
+    let mut cmd = Command::new(script);
+    cmd.arg(format!("http://{upstream}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let relay = Proc::spawn(cmd);
+    let banner = relay.stdout.wait_for("the relay's banner", STARTUP, |l| {
+        l.contains("listening on")
+    });
+    (relay, url_addr(&banner, "listening on http://"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_through_a_relay_to_a_second_server_is_recorded_once_with_the_servers_truth() {
+    let dir = scratch("follow", "relay");
+    let db = dir.join("speedtap.db");
+    let mut options = EngineOptions::new(Vec::new());
+    options.capture = Some(CaptureOptions {
+        interface: "lo".into(),
+        capture_only: Vec::new(),
+    });
+    options.watch = Some(WatchOptions::default());
+    options.store = Some(speedtap::store::Store::open(&db).unwrap());
+    let engine = Engine::start(options).await.unwrap();
+    if !matches!(engine.capture, CaptureStatus::On { .. }) {
+        assert!(
+            std::env::var_os("SPEEDTAP_CAPTURE_REQUIRE").is_none(),
+            "SPEEDTAP_CAPTURE_REQUIRE is set but the capture can't run here: {:?}",
+            engine.capture
+        );
+        eprintln!("skipped: the capture can't run here: {:?}", engine.capture);
+        engine.shutdown(Duration::from_secs(1)).await;
+        return;
+    }
+    let within = 2 * WATCH_EVERY;
+    let (_sim, server_addr) = start_llama_server(&dir, "127.0.0.1:0");
+    let (server, _) = server_on(&engine, server_addr.port(), FollowedState::Measured, within).await;
+    let (relay_proc, relay_addr) = start_relay(server_addr);
+    let (relay, _) = server_on(&engine, relay_addr.port(), FollowedState::Measured, within).await;
+    assert_eq!(relay.pid, Some(relay_proc.child.id() as i32));
+
+    // Three calls to the relay, as an app pointed at LiteLLM makes them.
+    for _ in 0..3 {
+        let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+        let reply = send(relay_addr, "POST", "/v1/chat/completions", body).await;
+        assert_eq!(reply.status, 200);
+    }
+    let all = CallsQuery {
+        limit: 100,
+        route: None,
+        unmetered: false,
+    };
+    // Other tests' servers may be followed too: only these two routes.
+    let ours = |c: &&Call| c.identity.route == relay.route || c.identity.route == server.route;
+    let calls = calls_when(&engine, all, |calls| {
+        calls
+            .iter()
+            .filter(ours)
+            .filter(|c| c.status.is_settled())
+            .count()
+            == 6
+    })
+    .await;
+    let calls: Vec<Call> = calls.iter().filter(ours).cloned().collect();
+    let (legs, clients): (Vec<_>, Vec<_>) = calls.iter().partition(|c| c.details.relay.is_some());
+    assert_eq!((legs.len(), clients.len()), (3, 3), "{calls:#?}");
+    for leg in &legs {
+        assert_eq!(leg.identity.route, server.route);
+        assert_eq!(leg.details.relay.as_deref(), Some(relay.route.as_str()));
+    }
+    for call in &clients {
+        assert_eq!(call.identity.route, relay.route);
+        assert_eq!(call.identity.model.as_deref(), Some("m"));
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+
+    // One record per client call: the relay's legs are never stored.
+    let stored = speedtap::store::Store::open(&db).unwrap();
+    let on = |route: &str| {
+        let filter = speedtap::model::HistoryFilter {
+            route: Some(route.to_owned()),
+            ..Default::default()
+        };
+        stored.history(&filter).unwrap().len()
+    };
+    assert_eq!((on(&relay.route), on(&server.route)), (3, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_unknown_by_name_is_found_once_the_settings_name_its_port() {
+    let dir = scratch("follow", "watch-ports");
+    let mut options = EngineOptions::new(Vec::new());
+    options.config_path = Some(dir.join("config.toml"));
+    options.watch = Some(WatchOptions::default());
+    let engine = Engine::start(options).await.unwrap();
+
+    // The simulator under a name no model server has: left alone.
+    let link = dir.join("my-model-server");
+    std::os::unix::fs::symlink(BIN, &link).unwrap();
+    let mut cmd = Command::new(&link);
+    cmd.args(["simulate", "--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let sim = Proc::spawn(cmd);
+    let banner = sim.stdout.wait_for("the simulate banner", STARTUP, |l| {
+        l.contains("listening on")
+    });
+    let addr = url_addr(&banner, "listening on http://");
+
+    // Named in the Settings view: found at once, and saved to the file.
+    let mut settings = engine.handle.get_settings().await.unwrap();
+    assert_eq!(settings.watch_ports, Some(Vec::new()));
+    settings.watch_ports = Some(vec![addr.port()]);
+    engine.handle.save_settings(settings).await.unwrap();
+    let (server, took) = server_on(
+        &engine,
+        addr.port(),
+        FollowedState::Proxied,
+        2 * WATCH_EVERY,
+    )
+    .await;
+    eprintln!("found {} {took:?} after its port was named", server.name);
+    assert_eq!(server.process.as_deref(), Some("my-model-server"));
+    let file = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+    assert!(
+        file.contains(&format!("watch_ports = [{}]", addr.port())),
+        "{file}"
+    );
+    assert_eq!(engine.handle.servers().await.watch_ports, [addr.port()]);
     engine.shutdown(Duration::from_secs(1)).await;
 }

@@ -143,14 +143,14 @@ impl ListenerTable {
 
 /// An IPv4-mapped IPv6 address (`::ffff:127.0.0.1`) as the IPv4 address
 /// it is, so its loopback-ness is judged right.
-fn canonical(ip: IpAddr) -> IpAddr {
+pub(super) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
     }
 }
 
-fn read_entries(path: &Path) -> io::Result<Vec<TcpNetEntry>> {
+pub(super) fn read_entries(path: &Path) -> io::Result<Vec<TcpNetEntry>> {
     let file = std::fs::File::open(path)?;
     TcpNetEntries::from_read(file, procfs::current_system_info())
         .map(|entries| entries.0)

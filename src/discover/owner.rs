@@ -73,7 +73,7 @@ fn pids(proc_root: &Path) -> Vec<i32> {
 
 /// The inodes of the sockets `process` holds open (none when its
 /// descriptors can't be read).
-fn socket_inodes(process: &Process) -> impl Iterator<Item = u64> {
+pub(super) fn socket_inodes(process: &Process) -> impl Iterator<Item = u64> {
     process
         .fd()
         .into_iter()

@@ -91,6 +91,9 @@ pub struct CallActor {
     /// The pending slow-first-token check, and whether the alarm fired.
     alarm: Option<SpawnHandle>,
     alarm_fired: bool,
+    /// This call is a relay's leg, made for a client of that relay (its
+    /// route): never the subject of a notification (see `engine::relay`).
+    relay: Option<String>,
     /// The start of a non-2xx body, read for a recognised cause.
     error_body: Vec<u8>,
     /// The interceptor's frame queue (the proxy tap's or the capture's),
@@ -129,6 +132,7 @@ impl CallActor {
             first_token_told: false,
             alarm: None,
             alarm_fired: false,
+            relay: None,
             error_body: Vec::new(),
             frames: None,
             batch: Vec::new(),
@@ -201,7 +205,8 @@ impl CallActor {
     /// (model, prompt size or cold start learned).
     fn arm_alarm(&mut self, ctx: &mut Context<Self>) {
         // A demo call is never the subject of a notification.
-        if self.alarm_fired || !self.waiting() || self.setup.identity.demo {
+        // Nor is a relay's leg: its client's call on the relay is.
+        if self.alarm_fired || !self.waiting() || self.setup.identity.demo || self.relay.is_some() {
             return;
         }
         if let Some(h) = self.alarm.take() {
@@ -412,6 +417,7 @@ impl CallActor {
             start: ending.start,
             error,
             prompt_tokens_estimated: ending.estimate.filter(|n| *n > 0),
+            relay: self.relay.clone(),
         }
     }
 
@@ -421,7 +427,7 @@ impl CallActor {
         let Some(model) = &self.setup.identity.model else {
             return;
         };
-        if self.setup.identity.demo {
+        if self.setup.identity.demo || self.relay.is_some() {
             return;
         }
         let first = self
@@ -722,6 +728,23 @@ impl Handler<BodyEnded> for CallActor {
         self.drain_frames();
         self.report(msg.end, msg.at);
         ctx.stop();
+    }
+}
+
+impl Handler<RelayLeg> for CallActor {
+    type Result = ();
+    fn handle(&mut self, msg: RelayLeg, ctx: &mut Self::Context) {
+        if self.reported || self.relay.is_some() {
+            return;
+        }
+        if let Some(h) = self.alarm.take() {
+            ctx.cancel_future(h);
+        }
+        self.setup.supervisor.do_send(LegFound {
+            seq: self.setup.seq,
+            relay: msg.0.clone(),
+        });
+        self.relay = Some(msg.0);
     }
 }
 

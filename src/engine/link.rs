@@ -24,8 +24,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::call_actor::{CallActor, CallSetup};
-use super::messages::FirstTokenLate;
+use super::messages::{FirstTokenLate, RelayLeg};
 use super::proxy::limits::ProxyLimits;
+use super::relay::RelayJudge;
 use super::supervisor::Supervisor;
 use super::telemetry::TelemetryPoller;
 use crate::meter::calibration::CalibrationTable;
@@ -67,6 +68,9 @@ pub struct EngineLink {
     /// The routes of the demo's traffic: their calls are marked `demo`
     /// (never stored in History, never notified).
     pub demo_routes: RwLock<HashSet<String>>,
+    /// Who tells a relay's legs apart (see [`super::relay`]): set by the
+    /// host while it follows the machine; unset, no call is a leg.
+    pub relay_judge: RwLock<Option<Arc<dyn RelayJudge>>>,
 }
 
 /// One of the proxy's own upstream connections: its local address, and
@@ -169,6 +173,10 @@ pub(crate) struct CallStart {
     /// [`EngineLink::telemetry_for`]): a call's wait is explained alike
     /// whichever interceptor saw it.
     pub telemetry: Option<Addr<TelemetryPoller>>,
+    /// The connection's client and server addresses, where the
+    /// interceptor saw them (the capture): how a relay's leg is told
+    /// apart.
+    pub peer: Option<(SocketAddr, SocketAddr)>,
 }
 
 impl CallStart {
@@ -215,7 +223,39 @@ impl EngineLink {
             normals: self.normals.clone(),
             telemetry: call.telemetry,
         };
-        CallActor::start_in_arbiter(self.arbiter(), move |_| CallActor::new(setup))
+        let peer = call.peer;
+        let actor = CallActor::start_in_arbiter(self.arbiter(), move |_| CallActor::new(setup));
+        if let Some((client, server)) = peer {
+            self.judge_relay(&actor, client, server);
+        }
+        actor
+    }
+
+    /// Asks the relay judge, off the async threads (it reads `/proc`),
+    /// whether `client` is a relay's end, and tells the call if so.
+    fn judge_relay(&self, actor: &Addr<CallActor>, client: SocketAddr, server: SocketAddr) {
+        let judge = self
+            .relay_judge
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let (Some(judge), Ok(rt)) = (judge, tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        let actor = actor.clone();
+        rt.spawn_blocking(move || {
+            if let Some(relay) = judge.relay_of(client, server) {
+                actor.do_send(RelayLeg(relay));
+            }
+        });
+    }
+
+    /// Sets (or, with `None`, clears) who tells relays' legs apart.
+    pub fn set_relay_judge(&self, judge: Option<Arc<dyn RelayJudge>>) {
+        *self
+            .relay_judge
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = judge;
     }
 
     /// Marks `route` as the demo's: its calls are demo calls from now on.
@@ -296,6 +336,7 @@ impl EngineLink {
             telemetry: false,
             pollers: Default::default(),
             demo_routes: Default::default(),
+            relay_judge: Default::default(),
         }
     }
 }

@@ -158,6 +158,12 @@ pub struct CaptureGap;
 #[rtype(result = "()")]
 pub struct Discard;
 
+/// This call is a relay's leg (see [`super::relay`]): the relay's route.
+/// Sent by the link once the relay judge has looked the connection up.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RelayLeg(pub String);
+
 // === CallActor / proxy -> Supervisor ===
 
 /// A metered call was dispatched: it joins the active set.
@@ -187,6 +193,16 @@ pub struct CallClosed {
     pub call: Call,
     /// A plausible exact/estimate ratio for (route, model) calibration.
     pub calibration_ratio: Option<f64>,
+}
+
+/// A call turned out to be a relay's leg (see [`super::relay`]): listed,
+/// never counted nor stored; paired with the relay's client call.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LegFound {
+    pub seq: u64,
+    /// The relay's route.
+    pub relay: String,
 }
 
 /// A call left the active set without a record (see [`Discard`]).

@@ -30,5 +30,6 @@ pub mod messages;
 pub mod metrics;
 pub mod notifier;
 pub mod proxy;
+pub mod relay;
 pub mod supervisor;
 pub mod telemetry;

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::messages::*;
 use super::metrics::Metrics;
+use super::relay::Legs;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::global::{GlobalMeter, ACTIVE_CADENCE};
 use crate::model::Stats;
@@ -69,6 +70,9 @@ pub struct Supervisor {
     /// Published readings with a real tps, for the last-hour chart:
     /// (unix ms, tps), oldest first, at most one per publish.
     chart: VecDeque<HistoryPoint>,
+    /// Relays' legs and the client calls they belong to (see
+    /// [`crate::engine::relay`]).
+    legs: Legs,
 }
 
 /// How far back the chart's history reaches.
@@ -92,6 +96,7 @@ impl Supervisor {
             store: None,
             pending: HashMap::new(),
             chart: VecDeque::new(),
+            legs: Legs::default(),
         }
     }
 
@@ -131,7 +136,8 @@ impl Supervisor {
         self.last_stats = self.global.sample(now);
         self.last_stats.dropped_subscribers = self.dropped_subscribers;
         self.last_stats.capture_dropped_packets = self.metrics.capture_dropped();
-        self.metrics.set_active_calls(self.active.len());
+        let legs = self.active.keys().filter(|s| self.legs.is_leg(**s)).count();
+        self.metrics.set_active_calls(self.active.len() - legs);
         self.metrics.set_stats(&self.last_stats);
         self.record_chart_point();
         let stats = self.last_stats.clone();
@@ -180,10 +186,11 @@ impl Supervisor {
     /// final snapshot) until the writer confirms it is durable, so a crash
     /// never loses a call the API reported settled; without one it settles
     /// at once.
-    /// A demo call is never stored: it settles at once, kept only in the
-    /// recent calls for the live views.
+    /// A demo call or a relay's leg is never stored: it settles at once,
+    /// kept only in the recent calls for the live views.
     fn finish_call(&mut self, seq: u64, call: Call) {
-        let Some(store) = self.store.as_ref().filter(|_| !call.identity.demo) else {
+        let kept = !call.identity.demo && call.details.relay.is_none();
+        let Some(store) = self.store.as_ref().filter(|_| kept) else {
             self.settle(seq, call);
             return;
         };
@@ -207,7 +214,9 @@ impl Supervisor {
             ring.pop_front();
         }
         ring.push_back((seq, call.clone()));
-        self.metrics.record_settled(&call);
+        if call.details.relay.is_none() {
+            self.metrics.record_settled(&call);
+        }
         self.broadcast(EngineEvent::Settled(call));
     }
 
@@ -273,7 +282,7 @@ impl Handler<CallProgress> for Supervisor {
     type Result = ();
     fn handle(&mut self, msg: CallProgress, ctx: &mut Self::Context) {
         let was_active = self.global.is_active(Instant::now());
-        if let Some(at) = msg.last_output_at {
+        if let Some(at) = msg.last_output_at.filter(|_| !self.legs.is_leg(msg.seq)) {
             let estimated = msg.speed.token_source == TokenSource::Estimated;
             self.global
                 .observe(msg.seq, msg.speed.output_tokens_per_second, estimated, at);
@@ -296,7 +305,7 @@ impl Handler<CallProgress> for Supervisor {
 
 impl Handler<CallClosed> for Supervisor {
     type Result = ();
-    fn handle(&mut self, msg: CallClosed, _: &mut Self::Context) {
+    fn handle(&mut self, mut msg: CallClosed, _: &mut Self::Context) {
         if let (Some(ratio), Some(model)) = (msg.calibration_ratio, &msg.call.identity.model) {
             if let Ok(mut table) = self.calibration.write() {
                 table.observe(&msg.call.identity.route, model, ratio);
@@ -306,8 +315,11 @@ impl Handler<CallClosed> for Supervisor {
             }
         }
         if let Some(speed) = msg.call.speed.clone() {
-            // The hour's high and low take settled rates only.
-            if let (CallStatus::Ok, Some(rate)) = (msg.call.status, speed.output_tokens_per_second)
+            // The hour's high and low take settled rates only, and a
+            // relay's leg only once (its client's call has the rate).
+            let leg = msg.call.details.relay.is_some();
+            if let (CallStatus::Ok, Some(rate), false) =
+                (msg.call.status, speed.output_tokens_per_second, leg)
             {
                 self.global.record_settled(rate, Instant::now());
             }
@@ -316,7 +328,25 @@ impl Handler<CallClosed> for Supervisor {
                 speed,
             });
         }
+        if msg.call.details.relay.is_some() {
+            let active = &self.active;
+            self.legs
+                .leg_settled(msg.seq, msg.call.clone(), |s| active.contains_key(&s));
+        } else {
+            self.legs.complete(msg.seq, &mut msg.call);
+        }
         self.finish_call(msg.seq, msg.call);
+    }
+}
+
+impl Handler<LegFound> for Supervisor {
+    type Result = ();
+    fn handle(&mut self, msg: LegFound, _: &mut Self::Context) {
+        self.global.remove(msg.seq);
+        if let Some(call) = self.active.get_mut(&msg.seq) {
+            call.details.relay = Some(msg.relay.clone());
+        }
+        self.legs.found(msg.seq, &msg.relay, self.active.iter());
     }
 }
 

@@ -2,6 +2,7 @@
 //! shares with the host, and the queries the control API and the tray ask
 //! (calls, stats, history, settings and their saving, the demo).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
@@ -55,6 +56,9 @@ pub(super) struct Shared {
     pub(super) link: Arc<EngineLink>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) routes: RwLock<Vec<BoundRoute>>,
+    /// Each proxy route's own stop switch, by name: a route opened for a
+    /// followed server the user then ignores closes its port at once.
+    pub(super) route_stops: std::sync::Mutex<HashMap<String, watch::Sender<bool>>>,
     pub(super) settings: RwLock<LiveSettings>,
     pub(super) config_path: PathBuf,
     pub(super) stop: watch::Receiver<bool>,
@@ -135,6 +139,10 @@ impl EngineHandle {
             notifications: live.notifications,
             notify_settled: live.notify_settled,
             capture: Some(live.capture),
+            watch_ports: {
+                let followed = read(&self.shared.followed);
+                followed.watching.then(|| followed.watch_ports.clone())
+            },
             config_path: Some(self.shared.config_path.display().to_string()),
         }
     }
@@ -144,6 +152,36 @@ impl EngineHandle {
         let listener = bind_route(&route).await?;
         let bound = spawn_route(&self.shared, route, listener).await;
         Ok(bound)
+    }
+
+    /// Watches `ports` from now on (the watcher asks their listeners
+    /// whether they are model servers); nothing when the machine isn't
+    /// followed.
+    fn watch_ports(&self, ports: Vec<u16>) {
+        if let Some(commands) = self.shared.watch_commands.get() {
+            let _ = commands.send(super::watch::command::WatchCommand::WatchPorts(ports));
+        }
+    }
+
+    /// Stops serving the proxy route `name`, and returns once its port is
+    /// closed (calls in flight on it finish first); false when there is no
+    /// such route.
+    pub async fn remove_route(&self, name: &str) -> bool {
+        let stop = self
+            .shared
+            .route_stops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        let Some(stop) = stop else {
+            return false;
+        };
+        write(&self.shared.routes).retain(|r| r.name != name);
+        let _ = stop.send(true);
+        // The route's task holds the only receiver until it returns, and
+        // with it the listener.
+        stop.closed().await;
+        true
     }
 }
 
@@ -274,11 +312,19 @@ impl EngineQueries for EngineHandle {
     /// saved for the next start (rebinding live would cut calls in flight).
     async fn save_settings(&self, doc: SettingsDoc) -> Result<SaveOutcome, QueryError> {
         let routes = routes_of(&doc)?;
+        if doc.watch_ports.as_ref().is_some_and(|p| p.contains(&0)) {
+            return Err(QueryError::BadInput(
+                "watch_ports: 0 is not a port (1 to 65535)".into(),
+            ));
+        }
         config::values::at_least_one(doc.slow_ttft_ms)
             .map_err(|e| QueryError::BadInput(format!("slow_ttft_ms: {e}")))?;
         let path = self.shared.config_path.clone();
         save_to_file(&path, &doc, &routes)?;
         let restart_required = self.apply_live(&doc, routes);
+        if let Some(ports) = &doc.watch_ports {
+            self.watch_ports(ports.clone());
+        }
         Ok(SaveOutcome {
             saved: true,
             restart_required,
@@ -427,6 +473,9 @@ fn save_to_file(
     if let Some(capture) = doc.capture {
         file.capture = Some(capture);
     }
+    if let Some(ports) = &doc.watch_ports {
+        file.watch_ports = (!ports.is_empty()).then(|| ports.clone());
+    }
     config::save_config(path, &file)
         .map_err(|e| QueryError::Io(format!("cannot write {}: {e}", path.display())))
 }
@@ -461,11 +510,34 @@ pub(super) async fn spawn_route(
         route.upstream,
         shared.link.clone(),
     ));
+    let stop = route_stop(shared, &bound.name);
     shared.servers.lock().await.spawn(listen::serve_route(
         listener,
         proxy,
-        shared.stop.clone(),
+        stop,
         shared.link.limits.clone(),
     ));
     bound
+}
+
+/// The route's own stop switch, which the engine's stop also throws.
+fn route_stop(shared: &Arc<Shared>, name: &str) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(*shared.stop.borrow());
+    let mut engine_stop = shared.stop.clone();
+    let on_stop = tx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = engine_stop.wait_for(|s| *s) => {
+                let _ = on_stop.send(true);
+            }
+            // The route stopped on its own switch and let go of it.
+            () = on_stop.closed() => {}
+        }
+    });
+    shared
+        .route_stops
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(name.to_owned(), tx);
+    rx
 }

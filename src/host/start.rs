@@ -197,11 +197,13 @@ fn share_state(
         telemetry: options.telemetry,
         pollers: Default::default(),
         demo_routes: Default::default(),
+        relay_judge: Default::default(),
     });
     Arc::new(Shared {
         link,
         metrics: metrics.clone(),
         routes: RwLock::new(Vec::new()),
+        route_stops: Default::default(),
         settings: RwLock::new(LiveSettings {
             routes: options.routes.clone(),
             notifications: options.notifications,

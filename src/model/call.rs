@@ -497,6 +497,14 @@ pub struct CallDetails {
     /// route and model against the server's own prompt counts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_estimated: Option<u64>,
+    /// Set on a relay's own leg: the call a relay (a followed server that
+    /// is itself the client of another measured server, such as LiteLLM in
+    /// front of Ollama) made to this server on behalf of its client. The
+    /// value is the relay's route, where the client's call is recorded;
+    /// the leg is listed live but never stored nor counted, so each client
+    /// call is recorded once (`docs/metering.md`, "each client call once").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<String>,
 }
 
 /// How a call was seen: through a proxy route, or by the passive capture

@@ -146,6 +146,14 @@ pub struct SettingsDoc {
     /// takes effect at the next start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capture: Option<bool>,
+    /// Ports whose listeners are asked whether they are model servers,
+    /// whatever process owns them (the config's `watch_ports`, beside the
+    /// well-known ports and model servers known by name). Read: the ports
+    /// in effect, absent when the engine doesn't follow the machine (it
+    /// has routes configured). Saved as `watch_ports = [...]`; absent
+    /// keeps what the file says. It takes effect at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch_ports: Option<Vec<u16>>,
     /// Where the settings are saved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_path: Option<String>,

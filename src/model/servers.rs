@@ -65,6 +65,9 @@ pub struct ServersDoc {
     /// Whether the machine is being followed at all (off in embedded
     /// engines and tests that don't ask for it).
     pub watching: bool,
+    /// The ports the user named to watch (`watch_ports`).
+    #[serde(default)]
+    pub watch_ports: Vec<u16>,
     /// Every server found, in the order found.
     pub servers: Vec<FollowedServer>,
 }

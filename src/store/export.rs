@@ -423,6 +423,8 @@ fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, S
         start: r.text(41).map(|_| r.named(41)).transpose()?,
         error: r.text(42),
         prompt_tokens_estimated: r.num(43)?,
+        // Legs of a relay are never stored.
+        relay: None,
     })
 }
 

@@ -208,6 +208,8 @@ fn details_from_row(row: &Row<'_>, breakdown: TtftBreakdown) -> rusqlite::Result
             .transpose()?,
         error: row.get(46)?,
         prompt_tokens_estimated: row.get(47)?,
+        // Legs of a relay are never stored.
+        relay: None,
     })
 }
 

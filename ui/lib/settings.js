@@ -5,7 +5,8 @@
 
 /**
  * `form` = {routes: [{name, listen, upstream}], slow_ttft_ms: string|number,
- * notifications: bool, notify_settled: bool, capture?: bool}. Returns
+ * notifications: bool, notify_settled: bool, capture?: bool, watch_ports?:
+ * string}. Returns
  * `{settings, errors}`: `errors` is a list of `{field, message}` (empty when
  * the payload can be sent). Route rows left entirely blank are dropped, so
  * an "add route" click that was not filled in does not block saving.
@@ -48,7 +49,32 @@ export function settingsPayload(form) {
   // Only sent when the form has the switch (an engine without capture
   // never gets the key).
   if (typeof form.capture === "boolean") settings.capture = form.capture;
+  // Likewise the watched ports, only where the engine follows the machine.
+  if (typeof form.watch_ports === "string") {
+    const ports = parsePorts(form.watch_ports);
+    if (ports.error) errors.push({ field: "watch_ports", message: ports.error });
+    else settings.watch_ports = ports.list;
+  }
   return { settings, errors };
+}
+
+/**
+ * "7000, 8123" (commas or spaces) to `{list: [7000, 8123]}`, each port once
+ * and in order; `{error}` naming the first entry that is not a port.
+ */
+export function parsePorts(text) {
+  const list = [];
+  for (const part of String(text).split(/[\s,]+/).filter(Boolean)) {
+    const port = /^\d+$/.test(part) ? Number(part) : NaN;
+    if (!(port >= 1 && port <= 65535)) return { error: `Watched ports: "${part}" is not a port (1 to 65535).` };
+    if (!list.includes(port)) list.push(port);
+  }
+  return { list };
+}
+
+/** The watched ports as the field shows them. */
+export function portsText(ports) {
+  return (ports ?? []).join(", ");
 }
 
 /**
@@ -75,6 +101,6 @@ export function errorField(message) {
   const text = String(message ?? "");
   const route = /^routes\[(\d+)\][^:]*:.*?\b(name|listen|upstream)\b/.exec(text);
   if (route) return `routes.${route[1]}.${route[2]}`;
-  const top = /^(slow_ttft_ms|notifications|notify_settled|capture)\b/.exec(text);
+  const top = /^(slow_ttft_ms|notifications|notify_settled|capture|watch_ports)\b/.exec(text);
   return top ? top[1] : "";
 }

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { baseUrl, clientHints, hostPort, isOllama, routeLooksLikeOllama } from "../lib/clients.js";
-import { errorField, savedMessage, settingsPayload } from "../lib/settings.js";
+import { errorField, parsePorts, portsText, savedMessage, settingsPayload } from "../lib/settings.js";
 
 test("client hints: the exact setting for OpenAI clients", () => {
   assert.deepEqual(clientHints("http://127.0.0.1:8081"), [
@@ -90,4 +90,22 @@ test("engine errors are tied to the field they name", () => {
   assert.equal(errorField("slow_ttft_ms: must be at least 1"), "slow_ttft_ms");
   assert.equal(errorField("could not write /etc/speedtap.toml: permission denied"), "");
   assert.equal(errorField(undefined), "");
+});
+
+test("watched ports: read from commas or spaces, each once; a non-port names itself", () => {
+  assert.deepEqual(parsePorts("7000, 8123 7000"), { list: [7000, 8123] });
+  assert.deepEqual(parsePorts("  "), { list: [] });
+  assert.match(parsePorts("7000, 70000").error, /"70000" is not a port/);
+  assert.match(parsePorts("80a").error, /"80a"/);
+  assert.equal(portsText([7000, 8123]), "7000, 8123");
+});
+
+test("settings payload: watched ports only where the engine follows the machine", () => {
+  assert.equal("watch_ports" in settingsPayload(form()).settings, false);
+  const { settings, errors } = settingsPayload({ ...form(), watch_ports: "7000,8123" });
+  assert.deepEqual(errors, []);
+  assert.deepEqual(settings.watch_ports, [7000, 8123]);
+  const bad = settingsPayload({ ...form(), watch_ports: "0" });
+  assert.deepEqual(bad.errors.map((e) => e.field), ["watch_ports"]);
+  assert.equal(errorField("watch_ports: 0 is not a port (1 to 65535)"), "watch_ports");
 });

@@ -1,11 +1,12 @@
 // The settings form: routes, slow-first-token threshold, notifications,
+// the ports to watch for model servers (where the machine is followed),
 // capture. Loads with `get_settings`, saves with `save_settings`; the
 // engine's answer (saved, restart required, or the bad field) is shown next
 // to the form. Beside the capture switch: the capture's status, with the
 // command that grants its permission when that is missing (`capture`).
 
 import { captureStatus } from "../lib/capture.js";
-import { errorField, savedMessage, settingsPayload } from "../lib/settings.js";
+import { errorField, portsText, savedMessage, settingsPayload } from "../lib/settings.js";
 import { renderCaptureStatus } from "./capture.js";
 import { h } from "./dom.js";
 
@@ -24,6 +25,8 @@ export function mountSettings(source, doc = document) {
   let loaded = false;
   /** The capture switch as loaded (null: this engine has none). */
   let loadedCapture = null;
+  /** The watched ports as loaded (null: this engine doesn't follow the machine). */
+  let watchPorts = null;
 
   function routeRow(route = { name: "", listen: "", upstream: "" }) {
     const input = (field, placeholder, value) =>
@@ -79,6 +82,9 @@ export function mountSettings(source, doc = document) {
     loadedCapture = typeof settings.capture === "boolean" ? settings.capture : null;
     capture.checked = loadedCapture === true;
     capture.closest("fieldset").hidden = loadedCapture === null;
+    watchPorts = Array.isArray(settings.watch_ports) ? settings.watch_ports : null;
+    el("watch-ports").value = portsText(watchPorts);
+    el("watch-set").hidden = watchPorts === null;
     path.textContent = settings.config_path ? `saved to ${settings.config_path}` : "";
   }
 
@@ -93,6 +99,7 @@ export function mountSettings(source, doc = document) {
       notifications: el("notifications").checked,
       notify_settled: el("notify-settled").checked,
       ...(loadedCapture === null ? {} : { capture: capture.checked }),
+      ...(watchPorts === null ? {} : { watch_ports: el("watch-ports").value }),
     };
   }
 
@@ -108,6 +115,7 @@ export function mountSettings(source, doc = document) {
   function showErrors(list) {
     errors.replaceChildren(...list.map((e) => h("li", { "data-field": e.field }, e.message)));
     slowError.textContent = list.find((e) => e.field === "slow_ttft_ms")?.message ?? "";
+    el("watch-ports-error").textContent = list.find((e) => e.field === "watch_ports")?.message ?? "";
     form.querySelectorAll("[aria-invalid]").forEach((n) => n.removeAttribute("aria-invalid"));
     for (const e of list) {
       const m = /^routes\.(\d+)\.(\w+)$/.exec(e.field);

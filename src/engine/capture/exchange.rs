@@ -146,6 +146,7 @@ impl CaptureTask {
             // The route's poller (shared with its proxy, if it has one):
             // a captured call's wait is explained like a proxied one's.
             telemetry: route.telemetry.clone(),
+            peer: Some((conn.client, conn.server)),
         };
         let actor = self.engine.start_call(call);
         self.exchanges.insert(

@@ -104,6 +104,10 @@ impl RouteProxy {
             client: outgoing.client.clone(),
             seen_by: SeenBy::Proxy,
             telemetry: self.telemetry.clone(),
+            // Not looked up: a relay that sends its legs through a
+            // speedtap port, not straight to its server, is not told apart
+            // yet (`docs/metering.md`, "each client call once").
+            peer: None,
         };
         if outgoing.api == ApiKind::Unknown {
             CallSink::passed_through(self.link.supervisor.clone(), &call)

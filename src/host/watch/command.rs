@@ -9,4 +9,6 @@ pub(crate) enum WatchCommand {
         name: String,
         reply: tokio::sync::oneshot::Sender<Result<(), String>>,
     },
+    /// Watch these ports from now on (the Settings view's `watch_ports`).
+    WatchPorts(Vec<u16>),
 }

@@ -197,6 +197,18 @@ impl Follow {
         }
     }
 
+    /// The user names other ports to watch (the Settings view): a listener
+    /// already on a newly named port is looked at again, as if it had just
+    /// appeared. Returns the reading to observe again.
+    pub(crate) fn rewatch(&mut self, ports: Vec<u16>) -> ListenerTable {
+        let current = self.table.clone();
+        for port in ports.iter().filter(|p| !self.watch_ports.contains(p)) {
+            self.table.ports.remove(port);
+        }
+        self.watch_ports = ports;
+        current
+    }
+
     /// Every server known, for saving and listing.
     pub(crate) fn servers(&self) -> &[KnownServer] {
         self.registry.servers()
@@ -278,6 +290,18 @@ mod tests {
         let ports: Vec<u16> = seen.probe.iter().map(|c| c.port).collect();
         assert_eq!(ports, [41000]);
         assert_eq!(seen.probe[0].host, IpAddr::from([127, 0, 0, 1]));
+    }
+
+    #[test]
+    fn a_port_the_user_names_later_has_its_listener_probed_at_once() {
+        let mut f = follow();
+        let stranger = || owners(&[(2, owner(101, "my-server"))]);
+        let seen = f.observe(table(&[(7777, "127.0.0.1", 2)]), stranger(), at(0));
+        assert!(seen.probe.is_empty());
+        let again = f.rewatch(vec![7777]);
+        let seen = f.observe(again, stranger(), at(1));
+        let probed: Vec<_> = seen.probe.iter().map(|c| (c.port, c.reason)).collect();
+        assert_eq!(probed, [(7777, ProbeReason::Watched)]);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 pub(crate) mod command;
 mod follow;
 mod reader;
+mod relays;
 mod route;
 mod saved;
 
@@ -128,7 +129,18 @@ pub(super) fn spawn(
         std::process::id() as i32,
         own_ports,
     );
-    doc.write().unwrap_or_else(|p| p.into_inner()).watching = true;
+    {
+        let mut doc = doc.write().unwrap_or_else(|p| p.into_inner());
+        doc.watching = true;
+        doc.watch_ports = options.watch_ports.clone();
+    }
+    handle
+        .shared
+        .link
+        .set_relay_judge(Some(Arc::new(relays::FollowedRelays {
+            proc_root: options.proc_root.clone(),
+            doc: doc.clone(),
+        })));
     let watcher = Watcher {
         follow,
         handle,
@@ -152,10 +164,14 @@ impl Watcher {
         loop {
             let table = tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
-                Some(table) = tables.recv() => Some(table),
-                () = tokio::time::sleep_until(retry_at), if self.follow.has_pending() => None,
-                Some(command) = commands.recv() => {
-                    self.command(command);
+                Some(table) = tables.recv() => Ok(Some(table)),
+                () = tokio::time::sleep_until(retry_at), if self.follow.has_pending() => Ok(None),
+                Some(command) = commands.recv() => Err(command),
+            };
+            let table = match table {
+                Ok(table) => table,
+                Err(command) => {
+                    self.command(command).await;
                     continue;
                 }
             };
@@ -233,18 +249,34 @@ impl Watcher {
         true
     }
 
-    fn command(&mut self, command: WatchCommand) {
+    async fn command(&mut self, command: WatchCommand) {
         match command {
-            WatchCommand::Ignore { name, reply } => {
-                let _ = reply.send(self.ignore(&name));
+            WatchCommand::WatchPorts(ports) => {
+                self.options.watch_ports = ports.clone();
+                let table = self.follow.rewatch(ports);
+                self.look(Some(table)).await;
+                self.publish();
             }
+            WatchCommand::Ignore { name, reply } => match self.ignore(&name) {
+                // The answer waits for the proxy port to close.
+                Ok(Some(route)) => {
+                    let handle = self.handle.clone();
+                    tokio::spawn(async move {
+                        handle.remove_route(&route).await;
+                        let _ = reply.send(Ok(()));
+                    });
+                }
+                answer => {
+                    let _ = reply.send(answer.map(|_| ()));
+                }
+            },
         }
     }
 
     /// The user asks never to measure `name`: its capture route (if the
-    /// watcher added one) goes at once, a proxy route at the next start;
-    /// saved, so it stays ignored.
-    fn ignore(&mut self, name: &str) -> Result<(), String> {
+    /// watcher added one) goes at once; saved, so it stays ignored. The
+    /// answer names the proxy route opened for it, to close.
+    fn ignore(&mut self, name: &str) -> Result<Option<String>, String> {
         let port = self
             .follow
             .servers()
@@ -253,14 +285,16 @@ impl Watcher {
             .map(|s| s.identity.port)
             .ok_or_else(|| format!("no followed server named {name:?}"))?;
         self.follow.registry.ignore(name);
-        if let Some(routed) = self.routed.remove(name) {
-            route::unmeasure(&self.handle, &routed, port);
+        let routed = self.routed.remove(name);
+        if let Some(routed) = &routed {
+            route::unmeasure(&self.handle, routed, port);
         }
         self.say(&format!(
             "route \"{name}\" is ignored: it won't be measured again"
         ));
         self.publish();
-        Ok(())
+        // Its proxy port too: nothing would be measured there any more.
+        Ok(routed.filter(|r| r.proxy_listen.is_some()).map(|r| r.route))
     }
 
     /// The server `name` stopped listening on `port`.
@@ -277,6 +311,7 @@ impl Watcher {
     fn publish(&mut self) {
         let doc = ServersDoc {
             watching: true,
+            watch_ports: self.options.watch_ports.clone(),
             servers: route::documents(self.follow.servers(), &self.routed),
         };
         *self.doc.write().unwrap_or_else(|p| p.into_inner()) = doc.clone();
