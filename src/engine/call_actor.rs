@@ -176,6 +176,25 @@ impl CallActor {
         }
     }
 
+    /// Settles the call at its end marker, without waiting for the body's
+    /// end: a server may stall or keep its connection open after the
+    /// marker, and the call must leave the live list when the server says
+    /// it is done. The transport may linger; the tap keeps forwarding its
+    /// bytes to the client, while the queue stops keeping them.
+    fn settle_at_marker(&mut self, ctx: &mut Context<Self>) {
+        let Some(at) = self.metering.marker_at() else {
+            return;
+        };
+        if self.reported {
+            return;
+        }
+        self.report(StreamEnd::Complete, at);
+        if let Some(queue) = &self.frames {
+            queue.close();
+        }
+        ctx.stop();
+    }
+
     /// The slow rule for this call now: the route's normal for its model,
     /// prompt size and start, or the fixed threshold without history.
     fn slow_limit(&self) -> (u64, Option<u64>) {
@@ -193,7 +212,13 @@ impl CallActor {
     }
 
     fn waiting(&self) -> bool {
-        !self.reported && self.metering.first_output_at().is_none() && !self.unmetered
+        !self.reported && self.metering.first_output_at().is_none() && !self.is_unmetered()
+    }
+
+    /// The body is nothing the decoders read: its label said so, or (on a
+    /// streaming request) its first bytes did.
+    fn is_unmetered(&self) -> bool {
+        self.unmetered || self.metering.not_understood()
     }
 
     /// (Re)schedules the slow-first-token check at the current limit,
@@ -447,7 +472,7 @@ impl CallActor {
     fn status(&self, outcome: Outcome) -> CallStatus {
         if self.unreachable {
             CallStatus::UpstreamError
-        } else if self.unmetered {
+        } else if self.is_unmetered() {
             CallStatus::Unmetered
         } else {
             match outcome {
@@ -514,7 +539,7 @@ impl CallActor {
         ) else {
             return;
         };
-        if report.outcome != Outcome::Ok || self.unmetered || self.capture_gap {
+        if report.outcome != Outcome::Ok || self.is_unmetered() || self.capture_gap {
             return;
         }
         let timings = report.server_timings.clone().unwrap_or_default();
@@ -571,6 +596,10 @@ impl Actor for CallActor {
         // first tick that noticed.
         ctx.run_interval(SNAPSHOT_INTERVAL, |act, ctx| {
             act.drain_frames();
+            act.settle_at_marker(ctx);
+            if act.reported {
+                return;
+            }
             let now = Instant::now();
             if !ctx.connected() {
                 if act.orphaned_at.is_some() {
@@ -652,7 +681,10 @@ impl Handler<ResponseStarted> for CallActor {
         };
         let framing = detect_framing(api, facts.stream, msg.content_type.as_deref());
         let success = (200..300).contains(&msg.status);
-        if success && framing == BodyFraming::Other {
+        // A reply to a streaming request: its bytes say how it is framed,
+        // whatever its label (`decode::sniff`).
+        let sniff = success && facts.stream && api != ApiKind::Unknown;
+        if success && framing == BodyFraming::Other && !sniff {
             self.unmetered = true;
             return;
         }
@@ -669,6 +701,7 @@ impl Handler<ResponseStarted> for CallActor {
             framing,
             model: self.setup.identity.model.clone(),
             calibration,
+            sniff,
         });
     }
 }
@@ -685,9 +718,10 @@ impl Handler<Frame> for CallActor {
 
 impl Handler<FramesQueued> for CallActor {
     type Result = ();
-    fn handle(&mut self, msg: FramesQueued, _: &mut Self::Context) {
+    fn handle(&mut self, msg: FramesQueued, ctx: &mut Self::Context) {
         self.frames.get_or_insert(msg.0);
         self.drain_frames();
+        self.settle_at_marker(ctx);
     }
 }
 
@@ -1012,13 +1046,14 @@ mod tests {
             let settled = stream_one_call(&mut h, Some(30)).await;
             // 30 exact tokens for 25 estimated: a plausible drift, so the
             // rate times the exact count over the streamed span:
-            // (30 - 1) / (3.4 s - 1.0 s) = 12.08.
+            // (30 - 1) / (3.4 s - 1.0 s) = 12.08. It settles at the
+            // marker (3,450 ms), not at the body's end 50 ms later.
             let expected = record(
                 CallStatus::Ok,
                 Snapshot {
                     phase: Phase::Complete,
                     is_final: true,
-                    elapsed_ms: 3_500,
+                    elapsed_ms: 3_450,
                     time_to_first_token_ms: Some(1_000),
                     output_tokens: 30,
                     output_tokens_per_second: Some(12.1),
@@ -1045,13 +1080,14 @@ mod tests {
         run_paused(async {
             let mut h = Harness::new().await;
             let settled = stream_one_call(&mut h, None).await;
-            // (25 - 1) / 2.4 s = 10.0, counted by the estimator.
+            // (25 - 1) / 2.4 s = 10.0, counted by the estimator; settled
+            // at the marker.
             let expected = record(
                 CallStatus::Ok,
                 Snapshot {
                     phase: Phase::Complete,
                     is_final: true,
-                    elapsed_ms: 3_500,
+                    elapsed_ms: 3_450,
                     time_to_first_token_ms: Some(1_000),
                     output_tokens: 25,
                     output_tokens_per_second: Some(10.0),
