@@ -1076,6 +1076,42 @@ mod tests {
     }
 
     #[test]
+    fn a_queued_stream_settles_at_its_marker_while_the_body_stays_open() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            h.at(100).await;
+            head(&actor);
+            let queue = Arc::new(FrameQueue::default());
+            let push = |bytes: String| {
+                queue.push(Frame {
+                    bytes: bytes.into(),
+                    at: Instant::now(),
+                })
+            };
+            h.at(200).await;
+            push(content(" hello"));
+            actor.do_send(FramesQueued(queue.clone()));
+            h.at(400).await;
+            push("data: [DONE]\n\n".to_owned());
+            actor.do_send(FramesQueued(queue.clone()));
+            // No end of body: the server stalls after its marker.
+            h.at(3_400).await;
+            let settled = h.settled().await.to_vec();
+            assert_eq!(settled.len(), 1, "not settled at the marker");
+            assert_eq!(settled[0].status, CallStatus::Ok);
+            let speed = settled[0].speed.as_ref().expect("metered");
+            assert_eq!(speed.elapsed_ms, 400);
+            // What the server sends after the marker is no longer kept.
+            assert!(!push(content(" late")));
+            let mut left = Vec::new();
+            queue.take(&mut left);
+            assert!(left.is_empty(), "{left:?}");
+        });
+    }
+
+    #[test]
     fn a_complete_stream_without_a_receipt_settles_on_the_estimate() {
         run_paused(async {
             let mut h = Harness::new().await;
