@@ -181,11 +181,16 @@ impl CallActor {
     /// marker, and the call must leave the live list when the server says
     /// it is done. The transport may linger; the tap keeps forwarding its
     /// bytes to the client, while the queue stops keeping them.
+    ///
+    /// Proxied calls only: the capture learns that a segment before the
+    /// marker was lost only when it gives up on the hole, at the exchange's
+    /// end (`CaptureGap` then), so a captured call settles then, still with
+    /// the marker's elapsed time ([`CallMetering::finish`]).
     fn settle_at_marker(&mut self, ctx: &mut Context<Self>) {
         let Some(at) = self.metering.marker_at() else {
             return;
         };
-        if self.reported {
+        if self.reported || self.setup.seen_by == SeenBy::Capture {
             return;
         }
         self.report(StreamEnd::Complete, at);
