@@ -74,6 +74,7 @@ fn meter_call(body: &Body, estimator: &Arc<dyn TokenEstimator>, gap: Duration) -
         framing: body.framing,
         model: Some(body.model.to_owned()),
         calibration: 1.0,
+        sniff: false,
     });
     let mut at = t0 + FIRST_FRAME;
     for read in &body.reads {

@@ -500,6 +500,38 @@ fn a_route_whose_upstream_is_its_own_listener_is_refused_at_start() {
     );
 }
 
+/// Issue 27: a capture-only route (`--route NAME=UPSTREAM`, no listen
+/// address) with the capture off would measure nothing: exit 2, naming the
+/// route and both fixes.
+#[test]
+fn a_capture_only_route_without_capture_exits_2_naming_the_route_and_the_fix() {
+    let dir = scratch("capture_only_without_capture");
+    let out = run_to_exit(
+        &dir,
+        &[
+            "run",
+            "--no-db",
+            "--api",
+            "127.0.0.1:0",
+            "--route",
+            "direct=http://127.0.0.1:9",
+        ],
+    );
+    assert_eq!(out.code, Some(2), "stderr {}", out.stderr);
+    for fragment in [
+        "--route direct=http://127.0.0.1:9",
+        "the capture is off",
+        "add --capture",
+        "--route direct=LISTEN=UPSTREAM",
+    ] {
+        assert!(
+            out.stderr.contains(fragment),
+            "{fragment:?}: {}",
+            out.stderr
+        );
+    }
+}
+
 /// The good version of the files above starts: the errors were the lines',
 /// and routes and the API from a file come up.
 #[cfg(unix)]

@@ -669,6 +669,24 @@ async fn only_loopback_host_names_are_served() {
         .assert_json_error(StatusCode::BAD_REQUEST, "missing host header");
 }
 
+/// Issue 27: RFC 9112 section 3.2 answers more than one `Host` line with
+/// 400, loopback names or not.
+#[tokio::test]
+async fn a_request_with_two_host_headers_is_a_400() {
+    let server = start().await;
+    for second in ["127.0.0.1:7878", "evil.example.com"] {
+        request(
+            &server,
+            Method::GET,
+            "/api/v1/stats",
+            Some("127.0.0.1:7878"),
+            &[("host", second)],
+        )
+        .await
+        .assert_json_error(StatusCode::BAD_REQUEST, "more than one host header");
+    }
+}
+
 #[tokio::test]
 async fn preflights_get_no_cors_permission() {
     let server = start().await;

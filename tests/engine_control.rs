@@ -356,3 +356,46 @@ async fn demo_traffic_leaves_history_and_notifications_untouched() {
     sim.shutdown().await;
     let _ = std::fs::remove_dir_all(db.parent().unwrap());
 }
+
+/// Issue 27: a route added while running (the watcher, the demo, the tray)
+/// or saved from Settings whose upstream is one of speedtap's own
+/// listeners would loop every request back into speedtap: refused, with
+/// an error naming the route and the listener; nothing is bound or written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_added_or_saved_at_run_time_that_loop_back_are_refused() {
+    let path = temp_config("runtime_loops");
+    let route = RouteSpec::new("a", "127.0.0.1:0", "http://127.0.0.1:9").unwrap();
+    let mut options = EngineOptions::new(vec![route]);
+    options.config_path = Some(path.clone());
+    options.api = Some("127.0.0.1:0".parse().unwrap());
+    let engine = Engine::start(options).await.unwrap();
+    let h = &engine.handle;
+    let listen = engine.routes[0].listen;
+    let api = engine.api.unwrap();
+    for (target, what) in [(listen, "route \"a\"'s listener"), (api, "the control API")] {
+        let spec = RouteSpec::new("looped", "127.0.0.1:0", &format!("http://{target}")).unwrap();
+        let err = h.add_route(spec).await.unwrap_err().to_string();
+        for fragment in ["route \"looped\"", what, "loop back into speedtap"] {
+            assert!(err.contains(fragment), "{fragment:?}: {err}");
+        }
+    }
+    assert_eq!(
+        h.routes().await.routes.len(),
+        1,
+        "a looping route was bound"
+    );
+
+    let mut doc = h.get_settings().await.unwrap();
+    doc.routes.push(RouteDoc {
+        name: "self".into(),
+        listen: "127.0.0.1:9419".into(),
+        upstream: "http://localhost:9419".into(),
+    });
+    let err = h.save_settings(doc).await.unwrap_err().to_string();
+    for fragment in ["routes[1] (self)", "loop back into speedtap"] {
+        assert!(err.contains(fragment), "{fragment:?}: {err}");
+    }
+    assert!(!path.exists(), "the looping route was saved");
+    engine.shutdown(Duration::from_secs(1)).await;
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}

@@ -285,19 +285,23 @@ async fn a_request_looping_into_its_own_route_is_answered_508_and_forwarded_once
 /// Route `a` forwards to route `b`'s listener and `b` to `a`'s: each
 /// request is forwarded by the route it was sent to, then refused by the
 /// other with 508. Two requests, two calls, however long the test waits.
+/// (The start's and a runtime add's checks refuse such routes; the engine
+/// is handed them directly here, as a loop the checks can't see, through a
+/// name that resolves here, reaches the same listeners.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_loop_through_two_routes_is_answered_508_without_forwarding_more_than_once() {
-    let b_port = free_port();
-    let b_listen = format!("127.0.0.1:{b_port}");
-    let a =
-        speedtap::model::RouteSpec::new("a", "127.0.0.1:0", &format!("http://{b_listen}")).unwrap();
-    let options = speedtap::host::EngineOptions::new(vec![a]);
-    let engine = speedtap::host::Engine::start(options).await.unwrap();
-    let a_listen = engine.routes[0].listen;
+    let a_port = free_port();
+    let b_port = std::iter::repeat_with(free_port)
+        .find(|p| *p != a_port)
+        .unwrap();
+    let (a_listen, b_listen) = (format!("127.0.0.1:{a_port}"), format!("127.0.0.1:{b_port}"));
+    let a = speedtap::model::RouteSpec::new("a", &a_listen, &format!("http://{b_listen}")).unwrap();
     let b = speedtap::model::RouteSpec::new("b", &b_listen, &format!("http://{a_listen}")).unwrap();
-    let b_bound = engine.handle.add_route(b).await.unwrap();
+    let options = speedtap::host::EngineOptions::new(vec![a, b]);
+    let engine = speedtap::host::Engine::start(options).await.unwrap();
+    let (a_listen, b_listen) = (engine.routes[0].listen, engine.routes[1].listen);
     let body = r#"{"model":"m1","stream":true}"#;
-    for (to, route) in [(a_listen, "a"), (b_bound.listen, "b")] {
+    for (to, route) in [(a_listen, "a"), (b_listen, "b")] {
         let got = send(to, "POST", "/v1/chat/completions", body).await;
         assert_eq!(got.status, 508, "sent to {route}");
     }
@@ -554,5 +558,182 @@ async fn sixty_four_concurrent_streams_are_all_measured() {
         // 39 gaps of 20 ms: 50 tok/s; generous for a loaded 2-core box.
         assert!((40.0..62.5).contains(&rate), "{call:?}");
     }
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Issue 27: a client that sends its request and then shuts down its write
+/// side (`nc -N`) is answered in full, and its call is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_its_request_is_answered_and_metered() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let script = openai_chat_script(5, 20 * MS, 5 * MS, Some(5));
+    let expected = script.body();
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let body = r#"{"model":"m1","stream":true,"messages":[]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
+        .await
+        .expect("the proxy never closed the connection")
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let sent = String::from_utf8_lossy(&expected);
+    for event in sent.split("\n\n").filter(|e| !e.is_empty()) {
+        assert!(reply.contains(event), "missing {event:?} in {reply}");
+    }
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Ok, "{:#?}", calls[0]);
+    assert_eq!(calls[0].speed.as_ref().unwrap().output_tokens, 5);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Issue 27: a server that stalls 2 s after its end marker before ending
+/// its body. The call settles at the marker (it leaves the live list while
+/// the body is still open, with the marker's elapsed time); the client
+/// still gets every byte, the late ones included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_settles_at_its_end_marker_while_the_server_stalls_before_closing() {
+    let mut script = openai_chat_script(5, 50 * MS, 10 * MS, Some(5));
+    script
+        .frames
+        .push((2_000 * MS, Bytes::from_static(b": closing\n\n")));
+    let expected = script.body();
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let client = tokio::spawn(async move {
+        send(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            r#"{"model":"m1","stream":true,"messages":[]}"#,
+        )
+        .await
+    });
+    let calls = settled_calls(&engine, 1).await;
+    assert!(
+        !client.is_finished(),
+        "the body had already ended: the test proves nothing"
+    );
+    let call = &calls[0];
+    assert_eq!(call.status, CallStatus::Ok, "{call:#?}");
+    let elapsed = call.speed.as_ref().unwrap().elapsed_ms;
+    assert!(elapsed < 1_000, "elapsed {elapsed} ms counts the stall");
+    let got = client.await.unwrap();
+    assert_eq!(got.body(), expected, "bytes after the marker were lost");
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// An Ollama chat stream: `n` one-word lines, the first at `ttft`, then
+/// one every `gap`, the last one `done` with its counts.
+fn ollama_chat_lines(n: usize, ttft: Duration, gap: Duration) -> Vec<(Duration, Bytes)> {
+    (0..n)
+        .map(|i| {
+            let line = if i + 1 < n {
+                r#"{"model":"m1","message":{"role":"assistant","content":" the"},"done":false}"#
+                    .to_owned()
+            } else {
+                format!(
+                    r#"{{"model":"m1","message":{{"role":"assistant","content":""}},"done":true,"eval_count":{n},"eval_duration":{}}}"#,
+                    gap.as_nanos() * (n as u128 - 1)
+                )
+            };
+            (ttft + gap * i as u32, Bytes::from(format!("{line}\n")))
+        })
+        .collect()
+}
+
+/// Issue 27: streams labelled with the wrong content type are framed by
+/// their bytes. An SSE chat stream sent as `application/json` and an
+/// Ollama NDJSON stream sent as `text/plain` both get the first token's
+/// TTFT and a decode rate, not one burst; their bytes pass unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_with_the_wrong_content_type_are_framed_by_their_bytes() {
+    let sse =
+        openai_chat_script(30, 200 * MS, 20 * MS, Some(30)).with_content_type("application/json");
+    let mut ndjson = Script::sse(ollama_chat_lines(30, 200 * MS, 20 * MS));
+    ndjson = ndjson.with_content_type("text/plain; charset=utf-8");
+    let expected = [sse.body(), ndjson.body()];
+    let up = ScriptedUpstream::start(scripts(vec![
+        ("/v1/chat/completions", sse),
+        ("/api/chat", ndjson),
+    ]))
+    .await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let requests = [
+        (
+            "/v1/chat/completions",
+            r#"{"model":"m1","stream":true,"messages":[]}"#,
+        ),
+        ("/api/chat", r#"{"model":"m1","messages":[]}"#),
+    ];
+    for (i, (path, body)) in requests.iter().enumerate() {
+        let got = send(addr, "POST", path, body).await;
+        assert_eq!(got.body(), expected[i], "{path}: bytes changed");
+        let calls = settled_calls(&engine, i + 1).await;
+        let call = &calls[0];
+        assert_eq!(call.status, CallStatus::Ok, "{path}: {call:#?}");
+        assert!(!call.details.one_burst, "{path}: metered as one burst");
+        let speed = call.speed.as_ref().unwrap();
+        let ttft = speed.time_to_first_token_ms.unwrap();
+        assert!((200..400).contains(&ttft), "{path}: ttft {ttft}");
+        let rate = speed.output_tokens_per_second;
+        assert!(rate.is_some_and(|r| r > 20.0), "{path}: rate {rate:?}");
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Issue 27: a request head over the cap (408 KiB by default) is answered
+/// 431 and not forwarded, also when it arrives in one piece, which hyper's
+/// own buffer check let through up to about twice the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_over_the_cap_is_a_431_even_when_sent_in_one_piece() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let script = openai_chat_script(2, MS, MS, None);
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let sizes = [
+        (400, "HTTP/1.1 200"),
+        (420, "HTTP/1.1 431"),
+        (520, "HTTP/1.1 431"),
+    ];
+    let sizes = sizes
+        .into_iter()
+        .chain([640, 760].map(|k| (k, "HTTP/1.1 431")));
+    for (kib, expected) in sizes {
+        let body = r#"{"model":"m1","stream":true,"messages":[]}"#;
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nX-Big: {}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "a".repeat(kib * 1024),
+            body.len()
+        );
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut reply = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
+            .await
+            .expect("no answer")
+            .unwrap();
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with(expected), "{kib} KiB: {reply}");
+    }
+    assert_eq!(
+        up.seen.lock().unwrap().requests.len(),
+        1,
+        "the head over the cap went upstream"
+    );
     engine.shutdown(Duration::from_secs(1)).await;
 }

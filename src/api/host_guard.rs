@@ -19,6 +19,10 @@ pub enum HostRejection {
     Missing,
     /// A `Host` (or absolute-form authority) that is not a loopback name.
     NotAllowed,
+    /// More than one `Host` header: RFC 9112 section 3.2 asks for 400
+    /// ("more than one Host header line"), and which of them a browser or
+    /// an intermediary would honour is anyone's guess.
+    Repeated,
 }
 
 /// Checks the request's `Host` header and, when the request target is in
@@ -29,6 +33,9 @@ pub enum HostRejection {
 /// `Host`: no browser sends such a request, so it cannot be a rebinding
 /// attack, and old scripting clients keep working.
 pub fn check<B>(req: &Request<B>) -> Result<(), HostRejection> {
+    if req.headers().get_all(HOST).iter().nth(1).is_some() {
+        return Err(HostRejection::Repeated);
+    }
     let header = match req.headers().get(HOST) {
         Some(value) => Some(value.to_str().map_err(|_| HostRejection::NotAllowed)?),
         None => None,
@@ -170,6 +177,14 @@ mod tests {
             b = b.header(HOST, h);
         }
         b.body(()).unwrap()
+    }
+
+    #[test]
+    fn two_host_headers_are_refused_even_when_both_are_loopback() {
+        let mut req = request(Version::HTTP_11, Some("localhost:7878"), "/");
+        req.headers_mut()
+            .append(HOST, http::HeaderValue::from_static("localhost:7878"));
+        assert_eq!(check(&req), Err(HostRejection::Repeated));
     }
 
     #[test]

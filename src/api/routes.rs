@@ -211,6 +211,9 @@ fn host_refusal(req: &Request<()>, ctx: &Context) -> Option<Response<BoxBody>> {
         Err(_) if remote_scrape => None,
         Err(HostRejection::Missing) => Some(error(StatusCode::BAD_REQUEST, "missing host header")),
         Err(HostRejection::NotAllowed) => Some(error(StatusCode::FORBIDDEN, "host not allowed")),
+        Err(HostRejection::Repeated) => {
+            Some(error(StatusCode::BAD_REQUEST, "more than one host header"))
+        }
     }
 }
 

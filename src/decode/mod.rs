@@ -4,7 +4,8 @@
 //! - [`sse`] and [`ndjson`] frame arbitrary byte slices into messages
 //!   (WHATWG SSE rules; one JSON object per line);
 //! - [`detect`] decides the [`ApiKind`](crate::model::ApiKind) from the request and the body
-//!   framing from the response;
+//!   framing from the response; [`sniff`] reads a streamed reply's
+//!   framing from its first bytes, whatever its label says;
 //! - [`protocols`] turn one framed message of one API into events;
 //! - [`think`] splits inline `<think>...</think>` text into reasoning;
 //! - [`stream`] ties them together: [`StreamDecoder`] is what the proxy feeds.
@@ -14,6 +15,7 @@ pub mod event;
 pub mod ndjson;
 pub mod protocols;
 pub mod request_fields;
+pub mod sniff;
 pub mod sse;
 pub mod stream;
 pub mod think;

@@ -180,6 +180,30 @@ impl CallActor {
         }
     }
 
+    /// Settles the call at its end marker, without waiting for the body's
+    /// end: a server may stall or keep its connection open after the
+    /// marker, and the call must leave the live list when the server says
+    /// it is done. The transport may linger; the tap keeps forwarding its
+    /// bytes to the client, while the queue stops keeping them.
+    ///
+    /// Proxied calls only: the capture learns that a segment before the
+    /// marker was lost only when it gives up on the hole, at the exchange's
+    /// end (`CaptureGap` then), so a captured call settles then, still with
+    /// the marker's elapsed time ([`CallMetering::finish`]).
+    fn settle_at_marker(&mut self, ctx: &mut Context<Self>) {
+        let Some(at) = self.metering.marker_at() else {
+            return;
+        };
+        if self.reported || self.setup.seen_by == SeenBy::Capture {
+            return;
+        }
+        self.report(StreamEnd::Complete, at);
+        if let Some(queue) = &self.frames {
+            queue.close();
+        }
+        ctx.stop();
+    }
+
     /// The slow rule for this call now: the route's normal for its model,
     /// prompt size and start, or the fixed threshold without history.
     fn slow_limit(&self) -> (u64, Option<u64>) {
@@ -197,7 +221,13 @@ impl CallActor {
     }
 
     fn waiting(&self) -> bool {
-        !self.reported && self.metering.first_output_at().is_none() && !self.unmetered
+        !self.reported && self.metering.first_output_at().is_none() && !self.is_unmetered()
+    }
+
+    /// The body is nothing the decoders read: its label said so, or (on a
+    /// streaming request) its first bytes did.
+    fn is_unmetered(&self) -> bool {
+        self.unmetered || self.metering.not_understood()
     }
 
     /// (Re)schedules the slow-first-token check at the current limit,
@@ -453,7 +483,7 @@ impl CallActor {
     fn status(&self, outcome: Outcome) -> CallStatus {
         if self.unreachable {
             CallStatus::UpstreamError
-        } else if self.unmetered {
+        } else if self.is_unmetered() {
             CallStatus::Unmetered
         } else {
             match outcome {
@@ -520,7 +550,7 @@ impl CallActor {
         ) else {
             return;
         };
-        if report.outcome != Outcome::Ok || self.unmetered || self.capture_gap {
+        if report.outcome != Outcome::Ok || self.is_unmetered() || self.capture_gap {
             return;
         }
         let timings = report.server_timings.clone().unwrap_or_default();
@@ -577,6 +607,10 @@ impl Actor for CallActor {
         // first tick that noticed.
         ctx.run_interval(SNAPSHOT_INTERVAL, |act, ctx| {
             act.drain_frames();
+            act.settle_at_marker(ctx);
+            if act.reported {
+                return;
+            }
             let now = Instant::now();
             if !ctx.connected() {
                 if act.orphaned_at.is_some() {
@@ -658,7 +692,10 @@ impl Handler<ResponseStarted> for CallActor {
         };
         let framing = detect_framing(api, facts.stream, msg.content_type.as_deref());
         let success = (200..300).contains(&msg.status);
-        if success && framing == BodyFraming::Other {
+        // A reply to a streaming request: its bytes say how it is framed,
+        // whatever its label (`decode::sniff`).
+        let sniff = success && facts.stream && api != ApiKind::Unknown;
+        if success && framing == BodyFraming::Other && !sniff {
             self.unmetered = true;
             return;
         }
@@ -675,6 +712,7 @@ impl Handler<ResponseStarted> for CallActor {
             framing,
             model: self.setup.identity.model.clone(),
             calibration,
+            sniff,
         });
     }
 }
@@ -691,9 +729,10 @@ impl Handler<Frame> for CallActor {
 
 impl Handler<FramesQueued> for CallActor {
     type Result = ();
-    fn handle(&mut self, msg: FramesQueued, _: &mut Self::Context) {
+    fn handle(&mut self, msg: FramesQueued, ctx: &mut Self::Context) {
         self.frames.get_or_insert(msg.0);
         self.drain_frames();
+        self.settle_at_marker(ctx);
     }
 }
 
@@ -1035,13 +1074,14 @@ mod tests {
             let settled = stream_one_call(&mut h, Some(30)).await;
             // 30 exact tokens for 25 estimated: a plausible drift, so the
             // rate times the exact count over the streamed span:
-            // (30 - 1) / (3.4 s - 1.0 s) = 12.08.
+            // (30 - 1) / (3.4 s - 1.0 s) = 12.08. It settles at the
+            // marker (3,450 ms), not at the body's end 50 ms later.
             let expected = record(
                 CallStatus::Ok,
                 Snapshot {
                     phase: Phase::Complete,
                     is_final: true,
-                    elapsed_ms: 3_500,
+                    elapsed_ms: 3_450,
                     time_to_first_token_ms: Some(1_000),
                     output_tokens: 30,
                     output_tokens_per_second: Some(12.1),
@@ -1064,17 +1104,54 @@ mod tests {
     }
 
     #[test]
+    fn a_queued_stream_settles_at_its_marker_while_the_body_stays_open() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            h.at(100).await;
+            head(&actor);
+            let queue = Arc::new(FrameQueue::default());
+            let push = |bytes: String| {
+                queue.push(Frame {
+                    bytes: bytes.into(),
+                    at: Instant::now(),
+                })
+            };
+            h.at(200).await;
+            push(content(" hello"));
+            actor.do_send(FramesQueued(queue.clone()));
+            h.at(400).await;
+            push("data: [DONE]\n\n".to_owned());
+            actor.do_send(FramesQueued(queue.clone()));
+            // No end of body: the server stalls after its marker.
+            h.at(3_400).await;
+            let settled = h.settled().await.to_vec();
+            assert_eq!(settled.len(), 1, "not settled at the marker");
+            assert_eq!(settled[0].status, CallStatus::Ok);
+            let speed = settled[0].speed.as_ref().expect("metered");
+            assert_eq!(speed.elapsed_ms, 400);
+            // What the server sends after the marker is no longer kept.
+            assert!(!push(content(" late")));
+            let mut left = Vec::new();
+            queue.take(&mut left);
+            assert!(left.is_empty(), "{left:?}");
+        });
+    }
+
+    #[test]
     fn a_complete_stream_without_a_receipt_settles_on_the_estimate() {
         run_paused(async {
             let mut h = Harness::new().await;
             let settled = stream_one_call(&mut h, None).await;
-            // (25 - 1) / 2.4 s = 10.0, counted by the estimator.
+            // (25 - 1) / 2.4 s = 10.0, counted by the estimator; settled
+            // at the marker.
             let expected = record(
                 CallStatus::Ok,
                 Snapshot {
                     phase: Phase::Complete,
                     is_final: true,
-                    elapsed_ms: 3_500,
+                    elapsed_ms: 3_450,
                     time_to_first_token_ms: Some(1_000),
                     output_tokens: 25,
                     output_tokens_per_second: Some(10.0),

@@ -85,6 +85,10 @@ struct Queued {
     bytes: usize,
     /// A `FramesQueued` is on its way and the queue wasn't drained since.
     woken: bool,
+    /// The call settled (at its end marker) while the body goes on: later
+    /// frames are forwarded to the client but no longer kept here, so a
+    /// server that keeps sending after its marker costs no memory.
+    closed: bool,
 }
 
 impl Default for FrameQueue {
@@ -103,6 +107,9 @@ impl FrameQueue {
         let Ok(mut q) = self.inner.lock() else {
             return false;
         };
+        if q.closed {
+            return false;
+        }
         q.bytes += frame.bytes.len();
         q.frames.push(frame);
         let due = prompt || q.frames.len() >= WAKE_AT_FRAMES || q.bytes >= WAKE_AT_BYTES;
@@ -124,6 +131,16 @@ impl FrameQueue {
     /// From now on frames may wait for the actor's tick.
     pub fn relax(&self) {
         self.prompt.store(false, Ordering::Relaxed);
+    }
+
+    /// The call is settled: frames queued so far and from now on are
+    /// dropped (the tap still forwards them to the client).
+    pub fn close(&self) {
+        if let Ok(mut q) = self.inner.lock() {
+            q.closed = true;
+            q.frames = Vec::new();
+            q.bytes = 0;
+        }
     }
 }
 

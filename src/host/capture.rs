@@ -285,14 +285,16 @@ impl EngineHandle {
     }
 }
 
-/// What to capture: each route's upstream on this machine, then each
-/// capture-only route's, one per port.
+/// What to capture: each capture-only route's upstream, then each proxy
+/// route's on this machine, one per port. A port with both files its
+/// direct calls under the capture-only route: that route exists to name
+/// them, while the proxy route has its own calls from its listener.
 fn capture_routes(specs: &[RouteSpec], capture_only: &[CaptureOnlyRoute]) -> Vec<CaptureRoute> {
     let mut routes: Vec<CaptureRoute> = Vec::new();
-    let upstreams = specs
+    let upstreams = capture_only
         .iter()
         .map(|r| (&r.name, &r.upstream))
-        .chain(capture_only.iter().map(|r| (&r.name, &r.upstream)));
+        .chain(specs.iter().map(|r| (&r.name, &r.upstream)));
     for (name, upstream) in upstreams {
         if is_loopback_host(&upstream.host) && !routes.iter().any(|r| r.port == upstream.port) {
             routes.push(CaptureRoute {
@@ -329,7 +331,20 @@ mod tests {
             .into_iter()
             .map(|r| (r.name, r.port))
             .collect();
-        assert_eq!(ports, [("a".to_owned(), 11434), ("d".to_owned(), 8000)]);
+        assert_eq!(ports, [("d".to_owned(), 8000), ("a".to_owned(), 11434)]);
+    }
+
+    #[test]
+    fn direct_calls_to_an_upstream_with_a_capture_only_route_are_filed_under_it() {
+        let specs = [RouteSpec::new("proxied", "127.0.0.1:0", "http://127.0.0.1:11434").unwrap()];
+        let only = [
+            crate::config::parse_capture_route_flag("direct=http://127.0.0.1:11434")
+                .unwrap()
+                .unwrap(),
+        ];
+        let routes = capture_routes(&specs, &only);
+        assert_eq!(routes.len(), 1);
+        assert_eq!(routes[0].name, "direct");
     }
 
     #[test]

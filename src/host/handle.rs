@@ -78,6 +78,8 @@ pub(super) struct Shared {
     >,
     /// Changes the running capture's routes (set once, when it starts).
     pub(super) capture_control: std::sync::OnceLock<crate::engine::capture::CaptureControl>,
+    /// The control API's address as bound, once it is (no API: unset).
+    pub(super) api_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// Access to the running engine, for front ends. Cheap to clone.
@@ -148,7 +150,20 @@ impl EngineHandle {
     }
 
     /// Binds one more route while running and serves it until shutdown.
+    /// A route whose upstream is one of speedtap's own listeners (a
+    /// route's, the new one's, the control API's) is refused: every
+    /// request would loop back into speedtap.
     pub async fn add_route(&self, route: RouteSpec) -> Result<BoundRoute, EngineError> {
+        let mut own = self.own_listeners();
+        own.push((format!("route {:?}'s listener", route.name), route.listen));
+        if let Some((what, addr)) = reached_listener(&route, &own) {
+            return Err(EngineError::Loop {
+                route: route.name.clone(),
+                upstream: route.upstream.base_url(),
+                what,
+                addr,
+            });
+        }
         let listener = bind_route(&route).await?;
         let bound = spawn_route(&self.shared, route, listener).await;
         Ok(bound)
@@ -182,6 +197,23 @@ impl EngineHandle {
         // with it the listener.
         stop.closed().await;
         true
+    }
+
+    /// Every address speedtap listens on now, each with what it is.
+    fn own_listeners(&self) -> Vec<(String, std::net::SocketAddr)> {
+        let routes = read(&self.shared.routes)
+            .iter()
+            .map(|r| (format!("route {:?}'s listener", r.name), r.listen))
+            .collect::<Vec<_>>();
+        routes
+            .into_iter()
+            .chain(
+                self.shared
+                    .api_addr
+                    .get()
+                    .map(|a| ("the control API".to_owned(), *a)),
+            )
+            .collect()
     }
 }
 
@@ -317,6 +349,7 @@ impl EngineQueries for EngineHandle {
                 "watch_ports: 0 is not a port (1 to 65535)".into(),
             ));
         }
+        self.refuse_loops(&routes)?;
         config::values::at_least_one(doc.slow_ttft_ms)
             .map_err(|e| QueryError::BadInput(format!("slow_ttft_ms: {e}")))?;
         let path = self.shared.config_path.clone();
@@ -432,6 +465,47 @@ impl EngineHandle {
 }
 
 /// The form's routes, each checked by the routes' rules, no name twice.
+/// The first of `listeners` a connection to `route`'s upstream would
+/// reach (see [`config::loops::upstream_reaches`]).
+fn reached_listener(
+    route: &RouteSpec,
+    listeners: &[(String, std::net::SocketAddr)],
+) -> Option<(String, std::net::SocketAddr)> {
+    listeners
+        .iter()
+        .find(|(_, addr)| config::loops::upstream_reaches(&route.upstream, *addr))
+        .cloned()
+}
+
+impl EngineHandle {
+    /// Refuses saved routes whose upstream is one of speedtap's listeners
+    /// at the next start, when they apply: the control API's and the saved
+    /// routes' own (the rule the start applies to the file). Such a route
+    /// would loop every request back into speedtap.
+    fn refuse_loops(&self, routes: &[RouteSpec]) -> Result<(), QueryError> {
+        let api = self.shared.api_addr.get();
+        let mut listeners: Vec<(String, std::net::SocketAddr)> = api
+            .map(|a| ("the control API".to_owned(), *a))
+            .into_iter()
+            .collect();
+        listeners.extend(
+            routes
+                .iter()
+                .map(|r| (format!("route {:?}'s listener", r.name), r.listen)),
+        );
+        for (i, route) in routes.iter().enumerate() {
+            if let Some((what, addr)) = reached_listener(route, &listeners) {
+                return Err(QueryError::BadInput(format!(
+                    "routes[{i}] ({}): upstream {} is speedtap's own address ({what}, {addr}): \
+                     every request would loop back into speedtap; point it at the model server",
+                    route.name, route.upstream
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn routes_of(doc: &SettingsDoc) -> Result<Vec<RouteSpec>, QueryError> {
     let mut routes = Vec::new();
     for (i, r) in doc.routes.iter().enumerate() {

@@ -34,6 +34,18 @@ pub enum EngineError {
     /// The OTLP exporter could not be started.
     #[error("--otlp-endpoint: {0}")]
     Otlp(String),
+    /// A route added at run time whose upstream is one of speedtap's own
+    /// listeners: every request would loop back into speedtap.
+    #[error(
+        "route {route:?}: upstream {upstream} is speedtap's own address ({what}, {addr}): \
+         every request would loop back into speedtap; point it at the model server"
+    )]
+    Loop {
+        route: String,
+        upstream: String,
+        what: String,
+        addr: SocketAddr,
+    },
 }
 
 /// What to run.

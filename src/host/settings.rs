@@ -49,7 +49,28 @@ impl From<ConfigError> for RunError {
 /// Reads the config file (the one named, else the platform default if it
 /// exists) and merges the flags over it.
 pub fn resolve_settings(args: &RunArgs) -> Result<Settings, RunError> {
-    resolve_with(args, load_file(args)?)
+    let settings = resolve_with(args, load_file(args)?)?;
+    check_capture_routes(&settings)?;
+    Ok(settings)
+}
+
+/// A capture-only route (`--route NAME=UPSTREAM`) has no listener: only
+/// the capture measures it. With the capture off it would silently
+/// measure nothing, so that is a usage error naming the route and the two
+/// ways out. Checked once the capture's own default is applied.
+fn check_capture_routes(settings: &Settings) -> Result<(), RunError> {
+    match settings.capture_routes.first() {
+        Some(route) if !settings.capture => Err(RunError::Usage(format!(
+            "--route {}={}: a route without a listen address is measured by capture \
+             alone, and the capture is off; add --capture (or capture = true in the \
+             config file), or give the route a listen address: \
+             --route {}=LISTEN=UPSTREAM",
+            route.name,
+            route.upstream.base_url(),
+            route.name,
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Like [`resolve_settings`], with the tray app's default for `capture`:
@@ -63,6 +84,7 @@ pub fn resolve_settings_capture_by_permission(args: &RunArgs) -> Result<Settings
     if !said {
         settings.capture = capture_default(&settings.capture_interface);
     }
+    check_capture_routes(&settings)?;
     Ok(settings)
 }
 

@@ -221,6 +221,7 @@ fn share_state(
         capture: RwLock::new(CaptureDoc::default()),
         followed: Arc::default(),
         watch_commands: std::sync::OnceLock::new(),
+        api_addr: std::sync::OnceLock::new(),
         capture_control: std::sync::OnceLock::new(),
     })
 }
@@ -291,6 +292,9 @@ async fn serve(
         return (routes, None);
     };
     let addr = listener.local_addr().ok();
+    if let Some(addr) = addr {
+        let _ = shared.api_addr.set(addr);
+    }
     let mut stop = shared.stop.clone();
     let engine = handle.clone();
     shared.servers.lock().await.spawn(async move {

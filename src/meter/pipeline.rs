@@ -24,6 +24,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::decode::detect::BodyFraming;
+use crate::decode::sniff::{sniff_framing, Sniffed};
 use crate::decode::stream::StreamDecoder;
 use crate::decode::{ServerTimings, StreamEvent};
 use crate::meter::call::CallMeter;
@@ -93,6 +94,20 @@ pub struct ResponseHead {
     pub model: Option<String>,
     /// The route's calibration factor for (route, model) at this moment.
     pub calibration: f64,
+    /// The request asked for a stream: the body's first bytes decide its
+    /// framing ([`sniff_framing`]), `framing` (the label's) only when they
+    /// don't.
+    pub sniff: bool,
+}
+
+/// A 2xx body whose framing its first bytes will decide: the frames so
+/// far, kept (at most [`crate::decode::sniff::SNIFF_LIMIT`] and a frame) with their arrival
+/// times until then.
+struct Sniffing {
+    head: ResponseHead,
+    prefix: Vec<u8>,
+    /// Each frame's end offset in `prefix` and its arrival.
+    frames: Vec<(usize, Instant)>,
 }
 
 struct Active {
@@ -107,6 +122,10 @@ pub struct CallMetering {
     active: Option<Active>,
     /// Non-2xx head: the body is passed through but not metered.
     upstream_status_error: bool,
+    /// A streamed reply waiting for its first bytes to name its framing.
+    sniffing: Option<Sniffing>,
+    /// The body turned out to be nothing the decoders read: unmetered.
+    not_understood: bool,
     /// When the protocol's terminal marker arrived, if it did.
     done_at: Option<Instant>,
     stream_error: Option<String>,
@@ -126,6 +145,8 @@ impl CallMetering {
             estimator,
             active: None,
             upstream_status_error: false,
+            sniffing: None,
+            not_understood: false,
             done_at: None,
             stream_error: None,
             input_tokens: None,
@@ -148,7 +169,25 @@ impl CallMetering {
             self.upstream_status_error = true;
             return;
         }
-        let decoder = StreamDecoder::new(head.api, head.framing, head.model.as_deref());
+        if head.sniff {
+            self.sniffing = Some(Sniffing {
+                head: head.clone(),
+                prefix: Vec::new(),
+                frames: Vec::new(),
+            });
+            return;
+        }
+        self.activate(head, head.framing);
+    }
+
+    /// Starts decoding and metering the body as `framing`; a framing no
+    /// decoder reads leaves the call unmetered.
+    fn activate(&mut self, head: &ResponseHead, framing: BodyFraming) {
+        if framing == BodyFraming::Other {
+            self.not_understood = true;
+            return;
+        }
+        let decoder = StreamDecoder::new(head.api, framing, head.model.as_deref());
         let streamed = decoder.is_streamed();
         let mut meter = CallMeter::new(
             self.dispatched_at,
@@ -160,9 +199,54 @@ impl CallMetering {
         self.active = Some(Active { decoder, meter });
     }
 
-    /// True once a response head with a metered body has been seen.
+    /// When the protocol's end marker arrived, if it did: the call is
+    /// over then, and its actor settles it without waiting for the body's
+    /// end (`docs/metering.md`, "How a call ends").
+    pub fn marker_at(&self) -> Option<Instant> {
+        self.done_at
+    }
+
+    /// True once a response head with a metered body has been seen (or
+    /// one whose first bytes are still to name its framing).
     pub fn is_metering(&self) -> bool {
-        self.active.is_some()
+        self.active.is_some() || self.sniffing.is_some()
+    }
+
+    /// The body's bytes turned out to be nothing the decoders read (the
+    /// call is listed `unmetered`).
+    pub fn not_understood(&self) -> bool {
+        self.not_understood
+    }
+
+    /// Keeps a frame of a body whose framing is not known yet; once its
+    /// bytes (or its end, `ended`) decide, meters every kept frame in
+    /// order at its own arrival time. Returns the snapshot due, if any.
+    fn sniff_frame(&mut self, bytes: &[u8], now: Instant, ended: bool) -> Option<Snapshot> {
+        let sniffing = self.sniffing.as_mut()?;
+        if !bytes.is_empty() {
+            sniffing.prefix.extend_from_slice(bytes);
+            sniffing.frames.push((sniffing.prefix.len(), now));
+        }
+        let framing = match sniff_framing(&sniffing.prefix, sniffing.head.framing, ended) {
+            Sniffed::NeedMore => return None,
+            Sniffed::Framing(framing) => framing,
+            Sniffed::Undecided => sniffing.head.framing,
+        };
+        let Sniffing {
+            head,
+            prefix,
+            frames,
+        } = self.sniffing.take()?;
+        self.activate(&head, framing);
+        let mut due = None;
+        let mut start = 0;
+        for (end, at) in frames {
+            if let Some(s) = self.meter_frame(&prefix[start..end], at) {
+                due = Some(s);
+            }
+            start = end;
+        }
+        due
     }
 
     /// The latest published snapshot.
@@ -183,6 +267,13 @@ impl CallMetering {
     /// One body frame arrived at `now`. Returns the snapshot to publish, if
     /// one is due (the latest one when several became due in this frame).
     pub fn on_frame(&mut self, bytes: &[u8], now: Instant) -> Option<Snapshot> {
+        if self.sniffing.is_some() {
+            return self.sniff_frame(bytes, now, false);
+        }
+        self.meter_frame(bytes, now)
+    }
+
+    fn meter_frame(&mut self, bytes: &[u8], now: Instant) -> Option<Snapshot> {
         let active = self.active.as_mut()?;
         if !active.decoder.is_streamed() {
             // A non-streamed body: TTFT is the time to the response body.
@@ -208,7 +299,7 @@ impl CallMetering {
     /// carried its terminal marker (`[DONE]`, `message_stop`,
     /// `response.completed`, Ollama's `done: true`, llama.cpp's
     /// `stop: true`, TGI's final `details`) and no error is [`Outcome::Ok`],
-    /// whatever `end` says. Many clients (the `openai` SDK among them) stop
+    /// whatever the transport's end (`_end`) says. Many clients (the `openai` SDK among them) stop
     /// reading at the marker and close the connection, often before the
     /// upstream's end of body (the chunked terminator) has been forwarded;
     /// an upstream may reset the connection or stall after it, and the idle
@@ -218,7 +309,11 @@ impl CallMetering {
     /// cut or an end of body before the marker leaves the call
     /// [`Outcome::Abandoned`]; an error in the stream or a non-2xx head
     /// makes it [`Outcome::UpstreamError`].
-    pub fn finish(&mut self, end: StreamEnd, now: Instant) -> CallReport {
+    pub fn finish(&mut self, _end: StreamEnd, now: Instant) -> CallReport {
+        if self.sniffing.is_some() {
+            // The body ended before its bytes decided: its end does.
+            let _ = self.sniff_frame(&[], now, true);
+        }
         if let Some(active) = self.active.as_mut() {
             self.events.clear();
             active.decoder.finish(&mut self.events);
@@ -237,12 +332,10 @@ impl CallMetering {
         } else {
             Outcome::Abandoned
         };
-        // A clean end of body comes right after the marker; any other end
-        // may come much later (a stalled upstream, the idle timeout).
-        let now = match (end, self.done_at) {
-            (StreamEnd::Complete, _) | (_, None) => now,
-            (_, Some(done_at)) => done_at.min(now),
-        };
+        // Whatever ended the transport, a call that had its marker ends at
+        // the marker: the body's end may come much later (an upstream that
+        // stalls before closing, the idle timeout, a client that lingers).
+        let now = self.done_at.map_or(now, |done_at| done_at.min(now));
         let (snapshot, calibration_ratio, input_tokens) = match self.active.as_mut() {
             Some(active) if outcome == Outcome::Ok => {
                 let settled = active.meter.settle(now);
@@ -382,6 +475,7 @@ mod tests {
             framing: BodyFraming::Sse,
             model: Some("m".into()),
             calibration: 1.0,
+            sniff: false,
         });
         m
     }
@@ -417,7 +511,59 @@ mod tests {
         let r = m.finish(StreamEnd::Complete, at(t0, 2201));
         assert_eq!(r.outcome, Outcome::Ok);
         assert_eq!(r.snapshot.output_tokens_per_second, Some(RATE));
-        assert_eq!(r.snapshot.elapsed_ms, 2201);
+        assert_eq!(r.snapshot.elapsed_ms, 2200);
+    }
+
+    /// A chat stream labelled `label`, whose framing its bytes decide.
+    fn sniffed_chat(t0: Instant, label: BodyFraming) -> CallMetering {
+        let mut m = CallMetering::new(t0, Arc::new(WordCounter));
+        m.start();
+        m.on_response_head(&ResponseHead {
+            status: 200,
+            api: ApiKind::OpenaiChat,
+            framing: label,
+            model: Some("m".into()),
+            calibration: 1.0,
+            sniff: true,
+        });
+        m
+    }
+
+    #[test]
+    fn an_sse_stream_labelled_json_or_text_is_metered_as_a_stream() {
+        for label in [BodyFraming::Json, BodyFraming::Other] {
+            let t0 = Instant::now();
+            let mut m = sniffed_chat(t0, label);
+            stream_to_marker(&mut m, t0);
+            let r = m.finish(StreamEnd::Complete, at(t0, 2201));
+            assert_eq!(r.outcome, Outcome::Ok, "{label:?}");
+            assert_eq!(r.snapshot.time_to_first_token_ms, Some(200), "{label:?}");
+            assert_eq!(r.snapshot.output_tokens_per_second, Some(RATE), "{label:?}");
+            assert!(!r.one_burst);
+        }
+    }
+
+    #[test]
+    fn text_that_is_no_stream_labelled_text_stays_unmetered() {
+        let t0 = Instant::now();
+        let mut m = sniffed_chat(t0, BodyFraming::Other);
+        assert_eq!(m.on_frame(b"upstream says hello\n", at(t0, 100)), None);
+        assert!(m.not_understood());
+        assert!(!m.is_metering());
+    }
+
+    #[test]
+    fn a_body_that_ends_3_s_after_the_marker_settles_at_the_marker() {
+        let t0 = Instant::now();
+        let mut m = chat(t0);
+        stream_to_marker(&mut m, t0);
+        assert_eq!(m.marker_at(), Some(at(t0, 2200)));
+        let r = m.finish(StreamEnd::Complete, at(t0, 5200));
+        assert_eq!(r.outcome, Outcome::Ok);
+        assert_eq!(
+            r.snapshot.elapsed_ms, 2200,
+            "a stall before the body's end is not the call's time"
+        );
     }
 
     #[test]

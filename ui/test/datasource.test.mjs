@@ -256,3 +256,18 @@ test("Tauri: no store rejects with the engine's message; an app without the comm
   await assert.rejects(s.models({}), (e) => e.unavailable === true);
   await assert.rejects(s.exportFile({}, "csv"), (e) => e instanceof SourceError && /no text/.test(e.message));
 });
+
+test("the live list never asks for unmetered calls: they are shown only on request (issue 27)", async () => {
+  const { fetch, requests } = fakeFetch({
+    "GET /api/v1/calls": { status: 200, body: { calls: [] } },
+    "GET /api/v1/calls?limit=200": { status: 200, body: { calls: [] } },
+  });
+  const s = browserSource({ fetch, EventSource: FakeEventSource });
+  await s.calls();
+  await s.calls({ limit: 200 });
+  assert.deepEqual(requests.map((r) => r.url), ["/api/v1/calls", "/api/v1/calls?limit=200"]);
+  for (const r of requests) assert.ok(!r.url.includes("unmetered"), r.url);
+  const tauri = fakeTauri({ calls: { calls: [] } });
+  await tauriSource(tauri).calls({ limit: 200 });
+  assert.deepEqual(tauri.invoked, [["calls", { limit: 200 }]]);
+});

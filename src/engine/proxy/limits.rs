@@ -23,6 +23,11 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// default (about 400 KiB). A longer head is refused with
 /// `431 Request Header Fields Too Large`, so one client can pin at most
 /// this much memory per connection before its head is complete.
+///
+/// hyper applies the cap to its read buffer, which may hold up to about
+/// twice the cap when a head arrives in one piece: such a head parsed
+/// whole and passed. [`head_too_large`] measures the parsed head against
+/// the same cap, so every head over it gets its 431.
 pub const DEFAULT_MAX_BUF_SIZE: usize = 408 * 1024;
 
 /// The most client connections one route serves at once: far above what a
@@ -67,5 +72,40 @@ impl Default for ProxyLimits {
             max_buf_size: DEFAULT_MAX_BUF_SIZE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
+    }
+}
+
+/// Whether the request head `parts` (its request line and header lines, as
+/// they are counted on the wire) is longer than `cap` bytes.
+pub fn head_too_large(parts: &http::request::Parts, cap: usize) -> bool {
+    // "METHOD SP target SP HTTP/1.1 CRLF", each "name: value CRLF", CRLF.
+    let line = parts.method.as_str().len() + parts.uri.to_string().len() + 12;
+    let fields: usize = parts
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    line + fields + 2 > cap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts_with(header_bytes: usize) -> http::request::Parts {
+        let req = http::Request::post("/v1/chat/completions")
+            .header("x-big", "a".repeat(header_bytes))
+            .body(())
+            .unwrap_or_default();
+        req.into_parts().0
+    }
+
+    #[test]
+    fn a_head_is_measured_as_it_is_counted_on_the_wire() {
+        // "POST /v1/chat/completions HTTP/1.1\r\n" is 36 bytes, the header
+        // line 9 bytes more than its value, the blank line 2.
+        let parts = parts_with(100);
+        assert!(!head_too_large(&parts, 36 + 109 + 2));
+        assert!(head_too_large(&parts, 36 + 109 + 1));
     }
 }

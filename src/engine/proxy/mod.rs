@@ -39,7 +39,9 @@
 //! (a route whose upstream leads back to a speedtap listener, however it
 //! got there: a name that resolves here, a route added at run time) is
 //! answered `508 Loop Detected` and not forwarded, so a loop costs one
-//! extra hop, not a request forwarded until memory runs out.
+//! extra hop, not a request forwarded until memory runs out. A request
+//! head longer than the cap (`--max-head-kib`) is answered `431` and not
+//! forwarded either ([`limits::head_too_large`]).
 
 mod forward;
 pub mod headers;
@@ -134,9 +136,12 @@ impl RouteProxy {
                 return self.loop_detected();
             }
         }
+        let (parts, body) = req.into_parts();
+        if limits::head_too_large(&parts, self.link.limits.max_buf_size) {
+            return self.head_too_large();
+        }
         let seq = self.link.next_seq();
         let started_at = SystemTime::now();
-        let (parts, body) = req.into_parts();
         let outgoing = match Outgoing::read(parts, &self.upstream) {
             Ok(outgoing) => outgoing,
             Err(e) => return self.bad_gateway(&format!("bad upstream URL: {e}")),

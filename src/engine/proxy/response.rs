@@ -69,6 +69,24 @@ impl RouteProxy {
     }
 }
 
+impl RouteProxy {
+    /// `431 Request Header Fields Too Large` for a head over the cap that
+    /// hyper's own buffer check let through (see
+    /// [`super::limits::DEFAULT_MAX_BUF_SIZE`]). Not forwarded and not
+    /// recorded; the connection is closed after it.
+    pub(super) fn head_too_large(&self) -> Response<ProxyBody> {
+        let body = serde_json::json!({
+            "error": "request head too large",
+            "route": self.name,
+            "max_head_bytes": self.link.limits.max_buf_size,
+        });
+        let mut resp = json_response(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, &body);
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        resp
+    }
+}
+
 /// A JSON response with the given status.
 pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ProxyBody> {
     let mut resp = Response::new(
