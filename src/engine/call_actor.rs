@@ -335,10 +335,16 @@ impl CallActor {
         }
         let status = self.status(report.outcome);
         let call = self.record(status, report.snapshot, report.input_tokens, details);
+        // A call with a capture gap teaches no calibration: its receipt
+        // counts the whole output but its estimate only the text captured,
+        // so their ratio is the loss, not the tokenizer's drift. Learned,
+        // it inflated every later estimate of the route and model (a lossy
+        // burst made 50,000 tokens count 74,606).
+        let calibration_ratio = report.calibration_ratio.filter(|_| !self.capture_gap);
         self.setup.supervisor.do_send(CallClosed {
             seq: self.setup.seq,
             call,
-            calibration_ratio: report.calibration_ratio,
+            calibration_ratio,
         });
     }
 
