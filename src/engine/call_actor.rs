@@ -738,6 +738,28 @@ impl Handler<CaptureGap> for CallActor {
     }
 }
 
+impl Handler<FlowQuiet> for CallActor {
+    type Result = ();
+    fn handle(&mut self, msg: FlowQuiet, ctx: &mut Self::Context) {
+        self.drain_frames();
+        if self.metering.saw_end_marker() && !self.reported {
+            // Any end after the marker is `ok`, settled at the marker.
+            self.report(StreamEnd::UpstreamCut, msg.at);
+            ctx.stop();
+        }
+    }
+}
+
+impl Handler<ResponseModel> for CallActor {
+    type Result = ();
+    fn handle(&mut self, msg: ResponseModel, _: &mut Self::Context) {
+        if self.setup.identity.model.is_none() && !self.reported {
+            self.setup.identity.model = Some(msg.0);
+            self.publish(self.latest_now());
+        }
+    }
+}
+
 impl Handler<Discard> for CallActor {
     type Result = ();
     fn handle(&mut self, _: Discard, ctx: &mut Self::Context) {

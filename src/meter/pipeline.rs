@@ -161,6 +161,12 @@ impl CallMetering {
     }
 
     /// True once a response head with a metered body has been seen.
+    /// Whether the protocol's terminal marker has arrived (the call will
+    /// settle `ok` however the transport ends).
+    pub fn saw_end_marker(&self) -> bool {
+        self.done_at.is_some()
+    }
+
     pub fn is_metering(&self) -> bool {
         self.active.is_some()
     }

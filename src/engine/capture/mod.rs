@@ -49,7 +49,11 @@
 mod control;
 mod exchange;
 #[cfg(test)]
+mod lossy;
+#[cfg(test)]
 mod rig;
+mod settle;
+mod sniff;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -65,6 +69,7 @@ use super::messages::Discard;
 use super::telemetry::TelemetryPoller;
 use crate::capture::flows::{ConnId, Flows, ServerPort};
 use crate::capture::packet::{self, LinkType};
+use crate::capture::sockets::{ProcNetTcp, SocketTable};
 use crate::capture::source::{CaptureSource, SourcePacket};
 use crate::capture::Nanos;
 use crate::model::Upstream;
@@ -86,6 +91,12 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
 pub const HOLE_WAIT: Duration = Duration::from_millis(500);
 /// A connection silent this long is ended (its exchanges incomplete).
 pub const IDLE: Duration = Duration::from_secs(600);
+/// How long a connection with a call in flight stays silent before the
+/// kernel's socket table is asked whether it still exists (its FIN or RST
+/// may have been dropped), and before a call whose end marker came is
+/// settled without its transport's end. Also the least time between two
+/// reads of the socket table.
+pub const QUIET: Duration = Duration::from_secs(1);
 
 /// The delay to (re)arm the tick with, if it must be: when it is not armed
 /// and one is wanted, or when a shorter one is wanted than it was armed
@@ -140,6 +151,15 @@ pub struct CaptureTask {
     lost_reported: u64,
     /// Whether a packet came since the last tick.
     fresh_packets: bool,
+    /// Calls started since the task began.
+    calls_started: u64,
+    /// The kernel's sockets: whether a quiet connection still exists.
+    sockets: Box<dyn SocketTable>,
+    /// When the socket table was last read.
+    sockets_read: Option<Instant>,
+    /// Whether every packet received so far has been handled (none queued
+    /// behind): only then is a quiet connection really quiet.
+    caught_up: bool,
 }
 
 impl CaptureTask {
@@ -173,8 +193,25 @@ impl CaptureTask {
             clock: None,
             lost_reported: 0,
             fresh_packets: false,
+            calls_started: 0,
+            sockets: Box::new(ProcNetTcp),
+            sockets_read: None,
+            caught_up: true,
             engine,
         }
+    }
+
+    /// Reads request heads of up to `bytes` (the proxy's `--max-head-kib`).
+    pub fn with_max_request_head(mut self, bytes: usize) -> Self {
+        self.flows.set_max_request_head(bytes);
+        self
+    }
+
+    /// Reads whether connections still exist from `sockets` instead of the
+    /// kernel's table (tests decide what the kernel says).
+    pub fn with_socket_table(mut self, sockets: Box<dyn SocketTable>) -> Self {
+        self.sockets = sockets;
+        self
     }
 
     /// Runs until `stop` turns true or the packets end. `source`, when
@@ -218,6 +255,7 @@ impl CaptureTask {
                 },
                 () = &mut timer, if armed.is_some() => {
                     armed = None;
+                    self.caught_up = packets.is_empty();
                     self.tick(Instant::now());
                     if self.settle_retired() {
                         set_ports(source.as_ref(), &self.capture_ports());
@@ -320,6 +358,7 @@ impl CaptureTask {
             .give_up_holes(now_ts, HOLE_WAIT.as_nanos() as u64);
         events.extend(self.flows.sweep(now_ts, IDLE.as_nanos() as u64));
         self.handle(events);
+        self.settle_quiet(now, now_ts);
         if self.flows.is_empty() {
             self.client_closed.clear();
         }
@@ -337,6 +376,11 @@ impl CaptureTask {
     /// Exchanges being metered now.
     pub fn open_calls(&self) -> usize {
         self.exchanges.len()
+    }
+
+    /// Calls started since the task began.
+    pub fn calls_started(&self) -> u64 {
+        self.calls_started
     }
 }
 
