@@ -91,6 +91,9 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
 pub const HOLE_WAIT: Duration = Duration::from_millis(500);
 /// A connection silent this long is ended (its exchanges incomplete).
 pub const IDLE: Duration = Duration::from_secs(600);
+/// How far behind the capture clock the engine may be and still count as
+/// caught up (see [`CaptureTask::is_caught_up`]).
+pub const LAG: Duration = Duration::from_millis(200);
 /// How long a connection with a call in flight stays silent before the
 /// kernel's socket table is asked whether it still exists (its FIN or RST
 /// may have been dropped), and before a call whose end marker came is
@@ -255,8 +258,9 @@ impl CaptureTask {
                 },
                 () = &mut timer, if armed.is_some() => {
                     armed = None;
-                    self.caught_up = packets.is_empty();
-                    self.tick(Instant::now());
+                    let now = Instant::now();
+                    self.caught_up = self.is_caught_up(packets.is_empty(), now);
+                    self.tick(now);
                     if self.settle_retired() {
                         set_ports(source.as_ref(), &self.capture_ports());
                     }
@@ -352,7 +356,14 @@ impl CaptureTask {
         let Some((ts, at)) = self.clock else {
             return;
         };
-        let now_ts = ts.saturating_add(now.saturating_duration_since(at).as_nanos() as u64);
+        // Behind a backlog, time is what the packets handled say: a hole
+        // whose filling packet waits in the queue is not given up, nor a
+        // flow swept, for the engine's own delay.
+        let now_ts = if self.caught_up {
+            ts.saturating_add(now.saturating_duration_since(at).as_nanos() as u64)
+        } else {
+            ts
+        };
         let mut events = self
             .flows
             .give_up_holes(now_ts, HOLE_WAIT.as_nanos() as u64);
@@ -362,6 +373,20 @@ impl CaptureTask {
         if self.flows.is_empty() {
             self.client_closed.clear();
         }
+    }
+
+    /// Whether every packet captured so far has been handled at `now`:
+    /// none waits in the queue, and packets handled since the last tick
+    /// (if any) were captured less than [`LAG`] ago. A backlog (the helper
+    /// or the pipe ahead of the engine in a burst) makes a flow look quiet
+    /// while its last packets still wait to be read; the kernel's table,
+    /// which is current, would then end it early.
+    fn is_caught_up(&self, queue_empty: bool, now: Instant) -> bool {
+        queue_empty
+            && (!self.fresh_packets
+                || self
+                    .clock
+                    .is_none_or(|(_, at)| now.saturating_duration_since(at) < LAG))
     }
 
     /// The monotonic instant of packet time `ns`.
@@ -441,6 +466,24 @@ mod tests {
         let seg = talk.client(&request());
         rig.feed(seg, 1);
         assert_eq!(rig.task.open_calls(), 0);
+    }
+
+    #[actix::test]
+    async fn a_task_reading_a_backlog_is_not_caught_up_and_an_idle_one_is() {
+        let mut rig = Rig::new().await;
+        let mut talk = Talk::new("127.0.0.1:50007", SERVER, 1, 2);
+        for seg in talk.handshake() {
+            rig.feed(seg, 0);
+        }
+        let captured = rig.now();
+        assert!(rig.task.is_caught_up(true, captured + LAG / 2));
+        assert!(!rig.task.is_caught_up(false, captured), "packets queued");
+        // Packets handled since the last tick were captured 2 s ago: the
+        // engine reads a backlog.
+        assert!(!rig.task.is_caught_up(true, captured + LAG * 10));
+        // No packet since the last tick: quiet, not behind.
+        rig.task.tick(captured + LAG * 10);
+        assert!(rig.task.is_caught_up(true, captured + LAG * 20));
     }
 
     #[test]
