@@ -128,16 +128,31 @@ const DEFAULT_SNAPLEN: u32 = 65_568;
 /// The ring's size as libpcap is asked for it. libpcap's TPACKET_V3 ring is
 /// made of blocks the size of one whole packet rounded up to a power of two
 /// pages (128 KiB for the snaplen above), `BUFFER_BYTES / snaplen` of them:
-/// 63 blocks, an 8 MiB ring, pinned kernel memory mapped into this process
+/// 255 blocks, a 32 MiB ring, pinned kernel memory mapped into this process
 /// and freed when it exits. Packets are packed into a block one after the
-/// other, so a block holds ~600 SSE-sized segments and the ring ~40,000.
+/// other, so a block holds ~600 SSE-sized segments, or one full-size
+/// loopback segment (64 KiB) and a few small ones.
+///
+/// Sized for bursts at loopback speed: a server flushing a finished
+/// generation writes megabytes at once, in full-size segments, one block
+/// each. The first V3 ring (4 MiB asked, 63 blocks) held 63 of them, 4 MB:
+/// six 7 MB responses written at once lost about 1,000 to 1,500 packets a
+/// run; 255 blocks lose about 130 to 780, and 511 blocks (32 MiB asked)
+/// none in most runs, but with 511 a capture test racing a runtime port
+/// change failed far more often (docs/reliability.md), so the ring stays
+/// at 255 until that is understood.
 ///
 /// Why not the immediate mode's TPACKET_V2 ring: it gives every packet a
 /// fixed slot the size of the snaplen, so the 32 MiB ring of the first
 /// version held only about 500 packets (whatever their size) and took
 /// 64 MiB of the helper's memory; at 500 concurrent streams it overflowed
 /// whenever the helper was descheduled for a few milliseconds.
-const BUFFER_BYTES: i32 = 4 << 20;
+const BUFFER_BYTES: i32 = 16 << 20;
+/// The size asked for the pipe to the engine (`F_SETPIPE_SZ`), from Linux's
+/// 64 KiB default: the most an unprivileged process may ask
+/// (`/proc/sys/fs/pipe-max-size`), so a burst waits in the pipe, not in
+/// the ring, while the engine reads.
+const PIPE_BYTES: libc::c_int = 1 << 20;
 /// How long the kernel fills a block before handing it over anyway (the
 /// V3 block timeout). This delays when a packet is *read*, never its
 /// timestamp, which the kernel takes on arrival; what speedtap measures
@@ -247,6 +262,16 @@ fn open_unfiltered(args: &Args) -> Result<Capture<Active>, pcap::Error> {
         .open()
 }
 
+/// Asks for a [`PIPE_BYTES`] pipe to the engine. Best effort: standard
+/// output may not be a pipe (a file, a terminal), and a smaller pipe only
+/// means bursts wait in the ring instead.
+fn grow_pipe() {
+    // SAFETY: fcntl on this process's own standard output, no pointers.
+    unsafe {
+        libc::fcntl(libc::STDOUT_FILENO, libc::F_SETPIPE_SZ, PIPE_BYTES);
+    }
+}
+
 /// Drops what the open capture no longer needs; see the crate doc.
 fn drop_privileges() -> io::Result<()> {
     fn check(r: libc::c_int) -> io::Result<()> {
@@ -343,6 +368,7 @@ fn run(args: &Args) -> io::Result<()> {
     drop_privileges()?;
     let link = cap.get_datalink().0 as u32;
 
+    grow_pipe();
     let stdout = io::stdout();
     let mut out = io::BufWriter::with_capacity(WRITE_BUFFER, stdout.lock());
     out.write_all(MAGIC)?;

@@ -17,7 +17,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
-use super::http1::{Event, Http1Conn, Timed};
+use super::http1::{Event, Http1Conn, Timed, DEFAULT_MAX_REQUEST_HEAD};
 use super::packet::Segment;
 use super::reassembly::{Delivery, Reassembler, DEFAULT_HELD_CAP};
 use super::Nanos;
@@ -67,6 +67,9 @@ pub struct Limits {
     pub max_conns: usize,
     /// Out-of-order bytes held per direction before a hole is given up.
     pub held_cap: usize,
+    /// The most bytes one request head may take (the proxy's
+    /// `--max-head-kib`): a longer one is not parsed.
+    pub max_request_head: usize,
 }
 
 impl Default for Limits {
@@ -74,6 +77,7 @@ impl Default for Limits {
         Limits {
             max_conns: 4096,
             held_cap: DEFAULT_HELD_CAP,
+            max_request_head: DEFAULT_MAX_REQUEST_HEAD,
         }
     }
 }
@@ -176,6 +180,12 @@ impl Flows {
         dropped
     }
 
+    /// Takes request heads of up to `bytes` on connections opened from now
+    /// on (the proxy's configured cap).
+    pub fn set_max_request_head(&mut self, bytes: usize) {
+        self.limits.max_request_head = bytes;
+    }
+
     /// Tracks new connections to `port` too (a route added while running).
     pub fn add_port(&mut self, port: ServerPort) {
         if !self.ports.contains(&port) {
@@ -240,7 +250,8 @@ impl Flows {
                 id,
                 to_server: Reassembler::new(self.limits.held_cap),
                 to_client: Reassembler::new(self.limits.held_cap),
-                http: Http1Conn::new(!is_client_syn),
+                http: Http1Conn::new(!is_client_syn)
+                    .with_max_request_head(self.limits.max_request_head),
                 last_seen: at,
                 client_isn: is_client_syn.then_some(seg.seq),
                 fin_from_client: false,
@@ -266,11 +277,16 @@ impl Flows {
             }
             return events;
         }
-        let dir = if from_client {
-            &mut conn.to_server
+        let (dir, peer) = if from_client {
+            (&mut conn.to_server, &mut conn.to_client)
         } else {
-            &mut conn.to_client
+            (&mut conn.to_client, &mut conn.to_server)
         };
+        // What this side acknowledges tells how far the other side's
+        // stream went, lost tail included.
+        if seg.flags.ack && !seg.flags.rst {
+            peer.peer_acked(seg.ack, at);
+        }
         dir.push(seg.seq, seg.flags, seg.payload, at, &mut self.deliveries);
         self.deliver(key, from_client, &mut events);
         events
@@ -288,6 +304,33 @@ impl Flows {
         let mut events = Vec::new();
         for key in stale {
             self.end_conn(key, now, &mut events);
+        }
+        events
+    }
+
+    /// The connections silent for at least `quiet` at `now`.
+    pub fn quiet(&self, now: Nanos, quiet: Nanos) -> Vec<ConnId> {
+        self.conns
+            .values()
+            .filter(|c| now.saturating_sub(c.last_seen) >= quiet)
+            .map(|c| c.id)
+            .collect()
+    }
+
+    /// Ends connection `id` now, if it is still tracked (the kernel says
+    /// it is gone though its end was not captured): what is in flight ends
+    /// incomplete, flagged `gap`, since a TCP connection never ends without
+    /// a FIN or RST, so packets of it were lost.
+    pub fn end(&mut self, id: ConnId, now: Nanos) -> Vec<CaptureEvent> {
+        let key = (id.client, id.server);
+        let mut events = Vec::new();
+        if self.conns.get(&key).is_some_and(|c| c.id == id) {
+            self.end_conn(key, now, &mut events);
+        }
+        for e in &mut events {
+            if let Event::ResponseEnd { gap, .. } = &mut e.event {
+                *gap = true;
+            }
         }
         events
     }
@@ -745,6 +788,7 @@ mod tests {
             Limits {
                 max_conns: 1,
                 held_cap: DEFAULT_HELD_CAP,
+                max_request_head: DEFAULT_MAX_REQUEST_HEAD,
             },
         );
         let mut a = Talk::new("127.0.0.1:50000", "127.0.0.1:11434", 1, 2);

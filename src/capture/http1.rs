@@ -49,10 +49,15 @@ use httparse::Status;
 use super::reassembly::Delivery;
 use super::Nanos;
 
-/// The most bytes a head (request or status line plus headers), a chunk
+/// The most bytes a response head (status line plus headers), a chunk
 /// size line or a trailer may take before the stream is taken for
 /// something other than HTTP.
 const MAX_HEAD: usize = 64 << 10;
+/// The most bytes a request head may take by default: the proxy's own
+/// default cap (`--max-head-kib`, 408 KiB), so a request the proxy would
+/// take is taken by the capture too. A long header (a big cookie, a
+/// tracing baggage) makes heads of hundreds of KiB that servers accept.
+pub const DEFAULT_MAX_REQUEST_HEAD: usize = 408 << 10;
 /// The most headers one head may have (httparse needs a fixed array).
 const MAX_HEADERS: usize = 128;
 /// Methods a request line is looked for with when resynchronizing.
@@ -285,12 +290,12 @@ struct RequestHead {
 
 /// A request head at the start of `buf`: `Ok(None)` while incomplete,
 /// `Err` when it is not one.
-fn parse_request(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, ()> {
+fn parse_request(buf: &[u8], max_head: usize) -> Result<Option<(RequestHead, usize)>, ()> {
     let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut storage);
     let used = match req.parse(buf) {
         Ok(Status::Complete(used)) => used,
-        Ok(Status::Partial) if buf.len() <= MAX_HEAD => return Ok(None),
+        Ok(Status::Partial) if buf.len() <= max_head => return Ok(None),
         _ => return Err(()),
     };
     let (Some(method), Some(target)) = (req.method, req.path) else {
@@ -355,8 +360,9 @@ enum Found {
     None,
 }
 
-/// Finds the first plausible request or status line in `buf`.
-fn find_head(buf: &[u8], request: bool) -> Found {
+/// Finds the first plausible request or status line in `buf`; a request
+/// head may take up to `max_request_head` bytes.
+fn find_head(buf: &[u8], request: bool, max_request_head: usize) -> Found {
     for i in 0..buf.len() {
         let rest = &buf[i..];
         let looks = if request {
@@ -368,7 +374,7 @@ fn find_head(buf: &[u8], request: bool) -> Found {
             continue;
         }
         let parsed = if request {
-            parse_request(rest).map(|h| h.is_some())
+            parse_request(rest, max_request_head).map(|h| h.is_some())
         } else {
             parse_response(rest).map(|h| h.is_some())
         };
@@ -435,6 +441,8 @@ enum RespState {
 pub struct Http1Conn {
     /// Whether the first bytes must be a request (the SYN was seen).
     strict: bool,
+    /// The most bytes a request head may take.
+    max_request_head: usize,
     not_http: bool,
     next_exchange: u64,
     queue: VecDeque<Waiting>,
@@ -456,6 +464,7 @@ impl Http1Conn {
         };
         Http1Conn {
             strict: !mid_stream,
+            max_request_head: DEFAULT_MAX_REQUEST_HEAD,
             not_http: false,
             next_exchange: 0,
             queue: VecDeque::new(),
@@ -464,6 +473,12 @@ impl Http1Conn {
             resp,
             resp_buf: BytesMut::new(),
         }
+    }
+
+    /// Takes request heads of up to `bytes` (the proxy's configured cap).
+    pub fn with_max_request_head(mut self, bytes: usize) -> Self {
+        self.max_request_head = bytes;
+        self
     }
 
     /// Whether the connection turned out not to speak HTTP/1.x; it is
@@ -593,7 +608,7 @@ impl Http1Conn {
                     if self.req_buf.is_empty() {
                         return;
                     }
-                    match parse_request(&self.req_buf) {
+                    match parse_request(&self.req_buf, self.max_request_head) {
                         Ok(Some((head, used))) => {
                             self.req_buf.advance(used);
                             self.start_request(head, at, out);
@@ -640,7 +655,7 @@ impl Http1Conn {
                     Step::More => return,
                     Step::Bad => self.lose_request_framing(at, out),
                 },
-                ReqState::Resync => match find_head(&self.req_buf, true) {
+                ReqState::Resync => match find_head(&self.req_buf, true, self.max_request_head) {
                     Found::At(i) => {
                         self.req_buf.advance(i);
                         self.req = ReqState::Head;
@@ -733,7 +748,7 @@ impl Http1Conn {
                     Step::More => return,
                     Step::Bad => self.lose_response_framing(at, out),
                 },
-                RespState::Resync => match find_head(&self.resp_buf, false) {
+                RespState::Resync => match find_head(&self.resp_buf, false, 0) {
                     Found::At(i) => {
                         self.resp_buf.advance(i);
                         self.resp = RespState::Head;

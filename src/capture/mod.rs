@@ -36,6 +36,7 @@ pub mod flows;
 pub mod http1;
 pub mod packet;
 pub mod reassembly;
+pub mod sockets;
 pub mod source;
 
 /// A packet timestamp in nanoseconds, as the capture source gives it

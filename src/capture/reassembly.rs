@@ -9,6 +9,14 @@
 //! ([`Delivery::Gap`]), so the HTTP layer never parses a stream with bytes
 //! silently missing.
 //!
+//! Lost bytes at the *end* of a direction leave nothing behind them to
+//! hold, so they are found another way: the peer's acknowledgement
+//! ([`Reassembler::peer_acked`]) and the FIN's sequence number both say
+//! how far the stream went. Bytes up to there that never came are a hole
+//! like any other (a "tail hole"), given up after the same wait, so a
+//! response whose last segments were dropped ends with a gap instead of
+//! waiting forever for bytes the capture will never see.
+//!
 //! Positions are kept as 64-bit stream offsets (bytes since the first
 //! sequence number), and an incoming sequence number is placed by its
 //! wrapping distance from the next expected one, so a stream that crosses
@@ -54,6 +62,10 @@ pub struct Reassembler {
     hole_since: Option<Nanos>,
     /// The stream offset of the FIN, once seen (possibly ahead of `next`).
     fin_at: Option<u64>,
+    /// How far the stream is known to go: the furthest byte the peer
+    /// acknowledged, a held piece's end, or the FIN. Beyond `next` with
+    /// nothing held, the bytes in between are a tail hole.
+    known_end: u64,
     ended: bool,
 }
 
@@ -74,6 +86,7 @@ impl Reassembler {
             cap,
             hole_since: None,
             fin_at: None,
+            known_end: 0,
             ended: false,
         }
     }
@@ -156,6 +169,7 @@ impl Reassembler {
         }
         if flags.fin && end >= 0 && self.fin_at.is_none() {
             self.fin_at = Some(end as u64);
+            self.known_end = self.known_end.max(end as u64);
         }
         self.drain(at, out);
         while self.held_bytes > self.cap {
@@ -163,11 +177,49 @@ impl Reassembler {
         }
     }
 
+    /// The peer acknowledged this direction's bytes up to sequence number
+    /// `ack` (a segment of the other direction with the ACK flag), seen at
+    /// `at`. Bytes acknowledged but never captured were sent and received:
+    /// no retransmission will bring them, so they are a tail hole, given
+    /// up like any other ([`Reassembler::give_up_hole`]). Once the FIN is
+    /// seen, an ACK of it (one past the data) is not taken for a lost byte;
+    /// when the FIN itself was lost, its ACK reads as one lost byte, which
+    /// is what it is: a lost packet.
+    pub fn peer_acked(&mut self, ack: u32, at: Nanos) {
+        let Some(base) = self.base else {
+            return;
+        };
+        if self.ended {
+            return;
+        }
+        let expected = base.wrapping_add(self.next as u32);
+        let ahead = i64::from(ack.wrapping_sub(expected) as i32);
+        if ahead <= 0 || ahead > MAX_AHEAD {
+            return;
+        }
+        let mut acked = self.next + ahead as u64;
+        if let Some(fin) = self.fin_at {
+            acked = acked.min(fin);
+        }
+        if acked > self.known_end {
+            self.known_end = acked;
+        }
+        self.mark_tail(at);
+    }
+
+    /// Starts the wait for a tail hole, if there is one and no wait runs.
+    fn mark_tail(&mut self, at: Nanos) {
+        if self.hole_since.is_none() && self.known_end > self.next {
+            self.hole_since = Some(at);
+        }
+    }
+
     /// Gives up the first hole: reports its bytes as a gap and delivers
-    /// what was held behind it (with timestamp `now`). Nothing happens if
-    /// no data waits behind a hole.
+    /// what was held behind it (with timestamp `now`). A tail hole (bytes
+    /// known sent, nothing held behind them) is given up the same way.
+    /// Nothing happens if no hole waits.
     pub fn give_up_hole(&mut self, now: Nanos, out: &mut Vec<Delivery>) {
-        if !self.held.is_empty() && !self.ended {
+        if self.hole_since.is_some() && !self.ended {
             self.skip_first_hole(now, out);
         }
     }
@@ -200,6 +252,7 @@ impl Reassembler {
             self.held_bytes += piece.len();
             self.held.insert(s, piece);
         }
+        self.known_end = self.known_end.max(end);
         if self.hole_since.is_none() && !self.held.is_empty() {
             self.hole_since = Some(at);
         }
@@ -223,7 +276,14 @@ impl Reassembler {
             out.push(Delivery::Data { bytes: piece, at });
         }
         if self.held.is_empty() {
-            self.hole_since = None;
+            self.known_end = self.known_end.max(self.next);
+            // A tail hole left keeps the wait already running, or starts
+            // one now.
+            self.hole_since = if self.known_end > self.next {
+                self.hole_since.or(Some(at))
+            } else {
+                None
+            };
         } else if self.held.keys().next().copied() != first_held {
             self.hole_since = Some(at);
         }
@@ -239,8 +299,10 @@ impl Reassembler {
     }
 
     fn skip_first_hole(&mut self, at: Nanos, out: &mut Vec<Delivery>) {
-        let Some((&first, _)) = self.held.first_key_value() else {
-            return;
+        let first = match self.held.first_key_value() {
+            Some((&first, _)) => first,
+            None if self.known_end > self.next => self.known_end,
+            None => return,
         };
         if first > self.next {
             out.push(Delivery::Gap {
@@ -414,6 +476,58 @@ mod tests {
         assert_eq!(text(&push(&mut r, 1001, "abc", 3)), "abcdef");
         assert_eq!(r.hole_since(), Some(3));
         assert_eq!(text(&push(&mut r, 1007, "ghi", 4)), "ghijkl");
+    }
+
+    #[test]
+    fn bytes_the_peer_acknowledged_but_never_seen_are_a_tail_hole_given_up_as_a_gap() {
+        let mut r = opened(ISN);
+        assert_eq!(text(&push(&mut r, 1001, "abc", 1)), "abc");
+        // The peer ACKs 5 bytes more than were captured.
+        r.peer_acked(1009, 2);
+        assert_eq!(r.hole_since(), Some(2));
+        let mut out = Vec::new();
+        r.give_up_hole(40, &mut out);
+        assert_eq!(text(&out), "<gap 5>");
+        assert_eq!(r.hole_since(), None);
+        // A late copy of the lost bytes is not delivered twice.
+        assert!(push(&mut r, 1004, "defgh", 41).is_empty());
+        assert_eq!(text(&push(&mut r, 1009, "ij", 42)), "ij");
+    }
+
+    #[test]
+    fn an_ack_of_what_was_seen_or_of_the_fin_alone_is_no_hole() {
+        let mut r = opened(ISN);
+        assert_eq!(text(&push(&mut r, 1001, "abc", 1)), "abc");
+        r.peer_acked(1004, 2);
+        r.peer_acked(1002, 3);
+        assert_eq!(r.hole_since(), None);
+        let mut out = Vec::new();
+        r.push(1004, flags(false, true, false), Bytes::new(), 4, &mut out);
+        assert_eq!(text(&out), "<fin>");
+        r.peer_acked(1005, 5);
+        assert_eq!(r.hole_since(), None);
+    }
+
+    #[test]
+    fn a_tail_hole_filled_in_time_delivers_the_bytes_and_no_gap() {
+        let mut r = opened(ISN);
+        r.peer_acked(1004, 1);
+        assert_eq!(r.hole_since(), Some(1));
+        assert_eq!(text(&push(&mut r, 1001, "abc", 2)), "abc");
+        assert_eq!(r.hole_since(), None);
+    }
+
+    #[test]
+    fn a_fin_past_bytes_never_seen_ends_the_direction_after_their_gap() {
+        let mut r = opened(ISN);
+        assert_eq!(text(&push(&mut r, 1001, "ab", 1)), "ab");
+        let mut out = Vec::new();
+        r.push(1010, flags(false, true, false), Bytes::new(), 2, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(r.hole_since(), Some(2), "the FIN says 7 bytes are missing");
+        r.give_up_hole(30, &mut out);
+        assert_eq!(text(&out), "<gap 7><fin>");
+        assert!(r.is_ended());
     }
 
     #[test]

@@ -370,10 +370,16 @@ impl CallActor {
         }
         let status = self.status(report.outcome);
         let call = self.record(status, report.snapshot, report.input_tokens, details);
+        // A call with a capture gap teaches no calibration: its receipt
+        // counts the whole output but its estimate only the text captured,
+        // so their ratio is the loss, not the tokenizer's drift. Learned,
+        // it inflated every later estimate of the route and model (a lossy
+        // burst made 50,000 tokens count 74,606).
+        let calibration_ratio = report.calibration_ratio.filter(|_| !self.capture_gap);
         self.setup.supervisor.do_send(CallClosed {
             seq: self.setup.seq,
             call,
-            calibration_ratio: report.calibration_ratio,
+            calibration_ratio,
         });
     }
 
@@ -791,6 +797,28 @@ impl Handler<CaptureGap> for CallActor {
     type Result = ();
     fn handle(&mut self, _: CaptureGap, _: &mut Self::Context) {
         self.capture_gap = true;
+    }
+}
+
+impl Handler<FlowQuiet> for CallActor {
+    type Result = ();
+    fn handle(&mut self, msg: FlowQuiet, ctx: &mut Self::Context) {
+        self.drain_frames();
+        if self.metering.saw_end_marker() && !self.reported {
+            // Any end after the marker is `ok`, settled at the marker.
+            self.report(StreamEnd::UpstreamCut, msg.at);
+            ctx.stop();
+        }
+    }
+}
+
+impl Handler<ResponseModel> for CallActor {
+    type Result = ();
+    fn handle(&mut self, msg: ResponseModel, _: &mut Self::Context) {
+        if self.setup.identity.model.is_none() && !self.reported {
+            self.setup.identity.model = Some(msg.0);
+            self.publish(self.latest_now());
+        }
     }
 }
 

@@ -168,6 +168,26 @@ pub struct UpstreamFailed {
 #[rtype(result = "()")]
 pub struct CaptureGap;
 
+/// The captured connection went quiet at `at` long after the call's last
+/// bytes (the capture interceptor only): if the protocol's end marker has
+/// arrived, the call is over whatever became of the transport's tail (its
+/// end of body or its FIN may have been dropped by the packet socket), so
+/// it settles, at the marker. Without the marker it keeps waiting: a quiet
+/// connection may be a long prefill.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FlowQuiet {
+    pub at: Instant,
+}
+
+/// The model the response names (OpenAI and Ollama chunks carry it), for a
+/// captured call whose request bytes were lost before its `model` was read
+/// (the capture interceptor only). It names the call only if the request
+/// named none.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResponseModel(pub String);
+
 /// Forget this call without recording it: the capture started it for a
 /// connection that turned out to be the proxy's own upstream connection,
 /// which the proxy records itself (never twice).

@@ -78,11 +78,14 @@ fn take_startup_check(interface: &str) -> Option<Checked> {
 
 /// Starts the capture as `options` say, or not at all, and records how it
 /// went for the UI's document. Ends the start-up's permission memo.
+/// Request heads up to `head_cap` bytes are read, as the proxy reads them
+/// (`--max-head-kib`).
 pub(super) async fn start(
     shared: &Arc<Shared>,
     specs: &[RouteSpec],
     bound: &[BoundRoute],
     options: Option<CaptureOptions>,
+    head_cap: usize,
 ) -> CaptureStatus {
     let interface = options.as_ref().map_or("", |o| o.interface.as_str());
     let checked = take_startup_check(interface);
@@ -90,7 +93,8 @@ pub(super) async fn start(
         return CaptureStatus::Off;
     };
     let interface = options.interface.clone();
-    let (status, doc, control) = start_capture(shared, specs, bound, options, checked).await;
+    let (status, doc, control) =
+        start_capture(shared, specs, bound, options, head_cap, checked).await;
     *write(&shared.capture) = CaptureDoc {
         interface: Some(interface),
         ..doc
@@ -112,6 +116,7 @@ pub(super) async fn start_capture(
     specs: &[RouteSpec],
     bound: &[BoundRoute],
     options: CaptureOptions,
+    head_cap: usize,
     checked: Option<Checked>,
 ) -> (CaptureStatus, CaptureDoc, Option<CaptureControl>) {
     let unavailable = |why: String, grant: Option<String>| {
@@ -165,7 +170,8 @@ pub(super) async fn start_capture(
         })
         .collect();
     let own_ports: Vec<u16> = bound.iter().map(|r| r.listen.port()).collect();
-    let task = CaptureTask::new(shared.link.clone(), &routes, own_ports, link);
+    let task = CaptureTask::new(shared.link.clone(), &routes, own_ports, link)
+        .with_max_request_head(head_cap);
     let (control, changes) = CaptureControl::channel();
     shared.servers.lock().await.spawn(task.run(
         packets,

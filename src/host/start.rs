@@ -88,7 +88,9 @@ impl Engine {
             shared: shared.clone(),
         };
         let (routes, api) = serve(&shared, &handle, listeners).await;
-        let capture = capture::start(&shared, &options.routes, &routes, options.capture).await;
+        let head_cap = options.proxy_limits.max_buf_size;
+        let capture =
+            capture::start(&shared, &options.routes, &routes, options.capture, head_cap).await;
         if let Some(watch) = options.watch.take() {
             let (commands, received) = tokio::sync::mpsc::unbounded_channel();
             let _ = shared.watch_commands.set(commands);

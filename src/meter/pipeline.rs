@@ -206,6 +206,12 @@ impl CallMetering {
         self.done_at
     }
 
+    /// Whether the protocol's terminal marker has arrived (the call will
+    /// settle `ok` however the transport ends).
+    pub fn saw_end_marker(&self) -> bool {
+        self.done_at.is_some()
+    }
+
     /// True once a response head with a metered body has been seen (or
     /// one whose first bytes are still to name its framing).
     pub fn is_metering(&self) -> bool {

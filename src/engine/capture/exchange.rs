@@ -4,6 +4,14 @@
 //! request the decoders know starts its call through
 //! [`EngineLink::start_call`](crate::engine::link::EngineLink::start_call),
 //! as the proxy's do.
+//!
+//! Lost bytes are never papered over. A gap in the request stops its
+//! scanner (bytes after a gap can't be placed in the JSON, and a `model`
+//! read from a message's text would be a wrong name); a response that
+//! ends while its request is still incomplete had request bytes lost too.
+//! Either way the call is flagged [`CaptureGap`], and if the request named
+//! no model before its loss, the model the response names is taken
+//! ([`ModelSniffer`], [`ResponseModel`]).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -12,6 +20,7 @@ use actix::Addr;
 use http::{header, HeaderMap, HeaderValue};
 use tokio::time::Instant;
 
+use super::sniff::ModelSniffer;
 use super::CaptureTask;
 use crate::capture::flows::{CaptureEvent, ConnId};
 use crate::capture::http1::{Event, Headers};
@@ -21,7 +30,8 @@ use crate::engine::call_actor::CallActor;
 use crate::engine::http_meta;
 use crate::engine::link::CallStart;
 use crate::engine::messages::{
-    BodyEnded, CaptureGap, Frame, FrameQueue, FramesQueued, RequestFieldsSeen, ResponseStarted,
+    BodyEnded, CaptureGap, Frame, FrameQueue, FramesQueued, RequestFieldsSeen, ResponseModel,
+    ResponseStarted,
 };
 use crate::meter::pipeline::StreamEnd;
 use crate::model::{ApiKind, SeenBy};
@@ -34,6 +44,41 @@ pub(super) struct Exchange {
     /// proxy tap's, so a burst of packets wakes the actor once, not once
     /// per packet (see [`FrameQueue`]).
     frames: Arc<FrameQueue>,
+    /// The request's body reached its end with nothing lost.
+    request_complete: bool,
+    /// Bytes of the request were lost (or it was cut short): its scanner
+    /// stopped, and a model may come from the response.
+    request_lost: bool,
+    /// Reads the model the response names.
+    sniffer: ModelSniffer,
+    /// The response's model was sent to the actor.
+    model_sent: bool,
+    /// [`FlowQuiet`](crate::engine::messages::FlowQuiet) was sent since
+    /// the last response bytes.
+    pub(super) quiet_told: bool,
+}
+
+impl Exchange {
+    /// The request lost bytes: no more scanning, the call is flagged.
+    fn lose_request(&mut self) {
+        if !self.request_lost {
+            self.request_lost = true;
+            self.actor.do_send(CaptureGap);
+        }
+        self.tell_model();
+    }
+
+    /// Names the call after the response's model, once, when the request
+    /// lost bytes before naming one.
+    fn tell_model(&mut self) {
+        if self.model_sent || !self.request_lost || self.scanner.fields().model.is_some() {
+            return;
+        }
+        if let Some(model) = self.sniffer.model() {
+            self.model_sent = true;
+            self.actor.do_send(ResponseModel(model.to_owned()));
+        }
+    }
 }
 
 impl CaptureTask {
@@ -54,13 +99,21 @@ impl CaptureTask {
             } => self.start_call(conn, exchange, &method, &path, &headers, at),
             Event::RequestBody { exchange, bytes } => {
                 if let Some(ex) = self.exchanges.get_mut(&(conn, exchange)) {
-                    if !ex.scanner.is_finished() && ex.scanner.feed(&bytes) {
+                    if !ex.request_lost && !ex.scanner.is_finished() && ex.scanner.feed(&bytes) {
                         ex.actor
                             .do_send(RequestFieldsSeen(ex.scanner.fields().clone()));
                     }
                 }
             }
-            Event::RequestEnd { .. } => {}
+            Event::RequestEnd { exchange, complete } => {
+                if let Some(ex) = self.exchanges.get_mut(&(conn, exchange)) {
+                    if complete {
+                        ex.request_complete = true;
+                    } else {
+                        ex.lose_request();
+                    }
+                }
+            }
             Event::ResponseHead {
                 exchange,
                 status,
@@ -75,7 +128,12 @@ impl CaptureTask {
                 }
             }
             Event::ResponseBody { exchange, bytes } => {
-                if let Some(ex) = self.exchanges.get(&(conn, exchange)) {
+                if let Some(ex) = self.exchanges.get_mut(&(conn, exchange)) {
+                    ex.quiet_told = false;
+                    if !ex.model_sent {
+                        ex.sniffer.feed(&bytes);
+                        ex.tell_model();
+                    }
                     if ex.frames.push(Frame { bytes, at }) {
                         ex.actor.do_send(FramesQueued(ex.frames.clone()));
                     }
@@ -85,31 +143,54 @@ impl CaptureTask {
                 exchange,
                 complete,
                 gap,
-            } => {
-                if let Some(ex) = self.exchanges.remove(&(conn, exchange)) {
-                    if gap {
-                        ex.actor.do_send(CaptureGap);
-                    }
-                    let end = if complete {
-                        StreamEnd::Complete
-                    } else if self.client_closed.contains(&(conn.client, conn.server)) {
-                        StreamEnd::ClientGone
-                    } else {
-                        StreamEnd::UpstreamCut
-                    };
-                    ex.actor.do_send(BodyEnded { end, at });
-                }
-            }
+            } => self.response_end(conn, exchange, complete, gap, at),
             Event::Gap {
                 exchange: Some(exchange),
+                from_client,
                 ..
             } => {
-                if let Some(ex) = self.exchanges.get(&(conn, exchange)) {
-                    ex.actor.do_send(CaptureGap);
+                if let Some(ex) = self.exchanges.get_mut(&(conn, exchange)) {
+                    if from_client {
+                        ex.lose_request();
+                    } else {
+                        ex.sniffer.gap();
+                        ex.actor.do_send(CaptureGap);
+                    }
                 }
             }
             Event::Gap { exchange: None, .. } => {}
         }
+    }
+
+    /// The response of `exchange` ended: the call's end, after its gap
+    /// flag and (its request cut short) the response's model.
+    fn response_end(
+        &mut self,
+        conn: ConnId,
+        exchange: u64,
+        complete: bool,
+        gap: bool,
+        at: Instant,
+    ) {
+        let Some(mut ex) = self.exchanges.remove(&(conn, exchange)) else {
+            return;
+        };
+        if gap {
+            ex.actor.do_send(CaptureGap);
+        }
+        // The response is over and its request never was: the rest of the
+        // request was lost in capture.
+        if !ex.request_complete {
+            ex.lose_request();
+        }
+        let end = if complete {
+            StreamEnd::Complete
+        } else if self.client_closed.contains(&(conn.client, conn.server)) {
+            StreamEnd::ClientGone
+        } else {
+            StreamEnd::UpstreamCut
+        };
+        ex.actor.do_send(BodyEnded { end, at });
     }
 
     /// Starts a call actor for a request the decoders know, as the proxy
@@ -149,12 +230,18 @@ impl CaptureTask {
             peer: Some((conn.client, conn.server)),
         };
         let actor = self.engine.start_call(call);
+        self.calls_started += 1;
         self.exchanges.insert(
             (conn, exchange),
             Exchange {
                 actor,
                 scanner: RequestScanner::default(),
                 frames: Arc::default(),
+                request_complete: false,
+                request_lost: false,
+                sniffer: ModelSniffer::default(),
+                model_sent: false,
+                quiet_told: false,
             },
         );
     }
@@ -186,9 +273,90 @@ fn tap_content_type(h: &Headers) -> Option<String> {
 mod tests {
     use std::time::Duration;
 
-    use super::super::rig::{play, Rig};
+    use super::super::rig::{head, lines, play, Rig, SERVER};
     use super::super::HOLE_WAIT;
+    use crate::capture::flows::script::Talk;
     use crate::model::{ApiKind, CallStatus, SeenBy};
+
+    /// Plays one Ollama call whose request carries `header_bytes` of one
+    /// extra header and `pad_bytes` of prompt before its `model`, in
+    /// loopback-sized (60,000-byte) segments.
+    async fn play_big(rig: &mut Rig, client: &str, header_bytes: usize, pad_bytes: usize) {
+        let body = format!(
+            r#"{{"prompt":"{}","stream":true,"model":"big"}}"#,
+            "x".repeat(pad_bytes)
+        );
+        let request = format!(
+            "POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1:11434\r\nX-Trace: {}\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            "t".repeat(header_bytes),
+            body.len()
+        );
+        let mut talk = Talk::new(client, SERVER, 1, 2);
+        for seg in talk.handshake() {
+            rig.feed(seg, 0);
+        }
+        for piece in request.as_bytes().chunks(60_000) {
+            let seg = talk.client(piece);
+            rig.feed(seg, 0);
+        }
+        let lines = lines();
+        let seg = talk.server(&head(lines.iter().map(String::len).sum()));
+        rig.feed(seg, 100);
+        for line in &lines {
+            let seg = talk.server(line.as_bytes());
+            rig.feed(seg, 50);
+        }
+        for from_client in [true, false] {
+            let seg = talk.fin(from_client);
+            rig.feed(seg, 1);
+        }
+    }
+
+    #[actix::test]
+    async fn a_call_with_a_capture_gap_teaches_no_calibration_and_a_clean_one_does() {
+        let mut rig = Rig::new().await;
+        // 29 of 30 lines seen and the receipt's 30: a ratio that is the
+        // loss, not the tokenizer's drift.
+        play(&mut rig, "127.0.0.1:50010", Some(4)).await;
+        rig.task.tick(rig.now() + HOLE_WAIT * 2);
+        let call = rig.settled().await;
+        assert!(call.details.capture_gap, "{call:?}");
+        assert!(rig.calibration.read().expect("table").is_empty());
+        play(&mut rig, "127.0.0.1:50011", None).await;
+        let call = rig.settled().await;
+        assert!(!call.details.capture_gap, "{call:?}");
+        assert_eq!(rig.calibration.read().expect("table").len(), 1);
+    }
+
+    #[actix::test]
+    async fn request_heads_of_150_and_300_kib_are_recorded_once() {
+        let mut rig = Rig::new().await;
+        for (i, kib) in [150, 300].into_iter().enumerate() {
+            play_big(&mut rig, &format!("127.0.0.1:5100{i}"), kib << 10, 10).await;
+            let call = rig.settled().await;
+            assert_eq!(call.status, CallStatus::Ok, "{kib} KiB: {call:?}");
+            assert_eq!(call.identity.model.as_deref(), Some("big"));
+        }
+        assert_eq!(rig.task.calls_started(), 2, "each once");
+    }
+
+    #[actix::test]
+    async fn a_request_head_over_the_configured_cap_is_not_taken_for_a_call() {
+        let mut rig = Rig::new().await;
+        rig.task.flows.set_max_request_head(100 << 10);
+        play_big(&mut rig, "127.0.0.1:51003", 150 << 10, 10).await;
+        assert_eq!(rig.task.calls_started(), 0);
+    }
+
+    #[actix::test]
+    async fn a_20_mb_request_keeps_the_model_written_after_its_prompt() {
+        let mut rig = Rig::new().await;
+        play_big(&mut rig, "127.0.0.1:51004", 10, 20 << 20).await;
+        let call = rig.settled().await;
+        assert_eq!(call.identity.model.as_deref(), Some("big"), "{call:?}");
+        assert!(!call.details.capture_gap);
+    }
 
     #[actix::test]
     async fn a_clean_captured_call_is_metered_like_a_proxied_one_and_says_capture() {

@@ -49,7 +49,11 @@
 mod control;
 mod exchange;
 #[cfg(test)]
+mod lossy;
+#[cfg(test)]
 mod rig;
+mod settle;
+mod sniff;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -65,6 +69,7 @@ use super::messages::Discard;
 use super::telemetry::TelemetryPoller;
 use crate::capture::flows::{ConnId, Flows, ServerPort};
 use crate::capture::packet::{self, LinkType};
+use crate::capture::sockets::{ProcNetTcp, SocketTable};
 use crate::capture::source::{CaptureSource, SourcePacket};
 use crate::capture::Nanos;
 use crate::model::Upstream;
@@ -86,6 +91,15 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
 pub const HOLE_WAIT: Duration = Duration::from_millis(500);
 /// A connection silent this long is ended (its exchanges incomplete).
 pub const IDLE: Duration = Duration::from_secs(600);
+/// How far behind the capture clock the engine may be and still count as
+/// caught up (see [`CaptureTask::is_caught_up`]).
+pub const LAG: Duration = Duration::from_millis(200);
+/// How long a connection with a call in flight stays silent before the
+/// kernel's socket table is asked whether it still exists (its FIN or RST
+/// may have been dropped), and before a call whose end marker came is
+/// settled without its transport's end. Also the least time between two
+/// reads of the socket table.
+pub const QUIET: Duration = Duration::from_secs(1);
 
 /// The delay to (re)arm the tick with, if it must be: when it is not armed
 /// and one is wanted, or when a shorter one is wanted than it was armed
@@ -140,6 +154,15 @@ pub struct CaptureTask {
     lost_reported: u64,
     /// Whether a packet came since the last tick.
     fresh_packets: bool,
+    /// Calls started since the task began.
+    calls_started: u64,
+    /// The kernel's sockets: whether a quiet connection still exists.
+    sockets: Box<dyn SocketTable>,
+    /// When the socket table was last read.
+    sockets_read: Option<Instant>,
+    /// Whether every packet received so far has been handled (none queued
+    /// behind): only then is a quiet connection really quiet.
+    caught_up: bool,
 }
 
 impl CaptureTask {
@@ -173,8 +196,25 @@ impl CaptureTask {
             clock: None,
             lost_reported: 0,
             fresh_packets: false,
+            calls_started: 0,
+            sockets: Box::new(ProcNetTcp),
+            sockets_read: None,
+            caught_up: true,
             engine,
         }
+    }
+
+    /// Reads request heads of up to `bytes` (the proxy's `--max-head-kib`).
+    pub fn with_max_request_head(mut self, bytes: usize) -> Self {
+        self.flows.set_max_request_head(bytes);
+        self
+    }
+
+    /// Reads whether connections still exist from `sockets` instead of the
+    /// kernel's table (tests decide what the kernel says).
+    pub fn with_socket_table(mut self, sockets: Box<dyn SocketTable>) -> Self {
+        self.sockets = sockets;
+        self
     }
 
     /// Runs until `stop` turns true or the packets end. `source`, when
@@ -221,7 +261,9 @@ impl CaptureTask {
                 },
                 () = &mut timer, if armed.is_some() => {
                     armed = None;
-                    self.tick(Instant::now());
+                    let now = Instant::now();
+                    self.caught_up = self.is_caught_up(packets.is_empty(), now);
+                    self.tick(now);
                     if self.settle_retired() {
                         set_ports(source.as_ref(), &self.capture_ports());
                     }
@@ -317,15 +359,37 @@ impl CaptureTask {
         let Some((ts, at)) = self.clock else {
             return;
         };
-        let now_ts = ts.saturating_add(now.saturating_duration_since(at).as_nanos() as u64);
+        // Behind a backlog, time is what the packets handled say: a hole
+        // whose filling packet waits in the queue is not given up, nor a
+        // flow swept, for the engine's own delay.
+        let now_ts = if self.caught_up {
+            ts.saturating_add(now.saturating_duration_since(at).as_nanos() as u64)
+        } else {
+            ts
+        };
         let mut events = self
             .flows
             .give_up_holes(now_ts, HOLE_WAIT.as_nanos() as u64);
         events.extend(self.flows.sweep(now_ts, IDLE.as_nanos() as u64));
         self.handle(events);
+        self.settle_quiet(now, now_ts);
         if self.flows.is_empty() {
             self.client_closed.clear();
         }
+    }
+
+    /// Whether every packet captured so far has been handled at `now`:
+    /// none waits in the queue, and packets handled since the last tick
+    /// (if any) were captured less than [`LAG`] ago. A backlog (the helper
+    /// or the pipe ahead of the engine in a burst) makes a flow look quiet
+    /// while its last packets still wait to be read; the kernel's table,
+    /// which is current, would then end it early.
+    fn is_caught_up(&self, queue_empty: bool, now: Instant) -> bool {
+        queue_empty
+            && (!self.fresh_packets
+                || self
+                    .clock
+                    .is_none_or(|(_, at)| now.saturating_duration_since(at) < LAG))
     }
 
     /// The monotonic instant of packet time `ns`.
@@ -340,6 +404,11 @@ impl CaptureTask {
     /// Exchanges being metered now.
     pub fn open_calls(&self) -> usize {
         self.exchanges.len()
+    }
+
+    /// Calls started since the task began.
+    pub fn calls_started(&self) -> u64 {
+        self.calls_started
     }
 }
 
@@ -403,6 +472,24 @@ mod tests {
         let seg = talk.client(&request());
         rig.feed(seg, 1);
         assert_eq!(rig.task.open_calls(), 0);
+    }
+
+    #[actix::test]
+    async fn a_task_reading_a_backlog_is_not_caught_up_and_an_idle_one_is() {
+        let mut rig = Rig::new().await;
+        let mut talk = Talk::new("127.0.0.1:50007", SERVER, 1, 2);
+        for seg in talk.handshake() {
+            rig.feed(seg, 0);
+        }
+        let captured = rig.now();
+        assert!(rig.task.is_caught_up(true, captured + LAG / 2));
+        assert!(!rig.task.is_caught_up(false, captured), "packets queued");
+        // Packets handled since the last tick were captured 2 s ago: the
+        // engine reads a backlog.
+        assert!(!rig.task.is_caught_up(true, captured + LAG * 10));
+        // No packet since the last tick: quiet, not behind.
+        rig.task.tick(captured + LAG * 10);
+        assert!(rig.task.is_caught_up(true, captured + LAG * 20));
     }
 
     #[test]

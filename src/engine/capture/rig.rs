@@ -1,6 +1,8 @@
 //! The capture task fed with hand-built packets (no socket): the same
 //! actors and supervisor as in the engine, and one scripted call to play.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -13,6 +15,7 @@ use super::{CaptureControl, CaptureRoute, CaptureTask, RouteChanges};
 use crate::capture::feed::CapturedPacket;
 use crate::capture::flows::script::Talk;
 use crate::capture::packet::{build, LinkType, Segment};
+use crate::capture::sockets::{Pair, SocketTable};
 use crate::capture::source::SourcePacket;
 use crate::capture::Nanos;
 use crate::engine::link::EngineLink;
@@ -25,6 +28,16 @@ use crate::model::{Call, EngineEvent, Upstream};
 
 pub(super) const SERVER: &str = "127.0.0.1:11434";
 
+/// The kernel's socket table in the rig: it can't be read (no connection
+/// is taken for gone) until the test says every connection is gone.
+struct FakeSockets(Arc<AtomicBool>);
+
+impl SocketTable for FakeSockets {
+    fn open_pairs(&mut self) -> Option<HashSet<Pair>> {
+        self.0.load(Ordering::Relaxed).then(HashSet::new)
+    }
+}
+
 pub(super) struct Rig {
     pub(super) task: CaptureTask,
     /// Route changes, applied by [`Rig::apply`] (the run loop's part).
@@ -33,6 +46,10 @@ pub(super) struct Rig {
     pub(super) events: mpsc::Receiver<EngineEvent>,
     pub(super) base: Instant,
     pub(super) ts: Nanos,
+    /// Set: the kernel no longer lists any of the rig's connections.
+    pub(super) sockets_gone: Arc<AtomicBool>,
+    /// What the settled calls taught the estimator.
+    pub(super) calibration: Arc<RwLock<CalibrationTable>>,
 }
 
 impl Rig {
@@ -47,7 +64,7 @@ impl Rig {
         let link = Arc::new(EngineLink::on_current_arbiter(
             supervisor,
             notifier.recipient(),
-            calibration,
+            calibration.clone(),
         ));
         let routes = [CaptureRoute {
             name: "ollama".into(),
@@ -55,8 +72,12 @@ impl Rig {
             upstream: Upstream::parse("http://127.0.0.1:11434").expect("upstream"),
         }];
         let (control, changes) = CaptureControl::channel();
+        let sockets_gone = Arc::new(AtomicBool::new(false));
         Rig {
-            task: CaptureTask::new(link, &routes, [11435], LinkType::Ethernet),
+            task: CaptureTask::new(link, &routes, [11435], LinkType::Ethernet)
+                .with_socket_table(Box::new(FakeSockets(sockets_gone.clone()))),
+            sockets_gone,
+            calibration,
             control,
             changes,
             events,
@@ -91,6 +112,11 @@ impl Rig {
                 data,
             },
         });
+    }
+
+    /// The packet clock's instant now (the last packet's time).
+    pub(super) fn now(&self) -> Instant {
+        self.base + Duration::from_nanos(self.ts)
     }
 
     /// The next settled call, within a few seconds.
