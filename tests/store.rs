@@ -908,6 +908,8 @@ fn varied_calls() -> Vec<Call> {
         other_ms: Some(0.1),
     });
     rich.details.unstreamed_reasoning = true;
+    rich.details.queued_ms = Some(8_100);
+    rich.details.queue_position = Some(2);
     let mut burst = with_speed(ok("c-000002", T0 + 1), Some(900), None);
     burst.details.one_burst = true;
     burst.details.settled_at = None;
@@ -974,13 +976,14 @@ fn csv_export_has_the_documented_header_and_flat_rows() {
          unstreamed_reasoning,seen_by,capture_gap,wait_reason,wait_position,wait_progress,\
          wait_eta_ms,wait_usual_ms,wait_prompt_tokens,truncated_request_tokens,\
          truncated_server_tokens,truncated_context_size,context_size,context_used,draft_n,\
-         draft_accepted,placement,model_bytes,vram_bytes,start,error,prompt_tokens_estimated"
+         draft_accepted,placement,model_bytes,vram_bytes,start,error,prompt_tokens_estimated,\
+         queued_ms,queue_position"
     );
     assert_eq!(
         lines[1],
         format!(
             "c-000005,llama,openai_chat,gemma3,openai-python,upstream_error,500,{},{},2000,250,80,,\
-             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,",
+             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,,,",
             ms_to_rfc3339(T0 + 4),
             ms_to_rfc3339(T0 + 2004)
         )

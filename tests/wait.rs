@@ -369,6 +369,25 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
         .iter()
         .find(|c| c.identity.id == "c-000003")
         .unwrap();
+    // The settled record keeps the queue it waited in, apart from "the
+    // rest" of its time to first token.
+    let queued = b_call.details.queued_ms.expect("the queue time is stored");
+    let shown_queued = b
+        .iter()
+        .filter(|s| s.wait.reason == WaitReason::Queued)
+        .map(|s| s.elapsed_ms)
+        .max()
+        .unwrap();
+    assert!(queued >= shown_queued, "{queued} < {shown_queued}");
+    assert_eq!(b_call.details.queue_position, Some(1));
+    let a_call = settled
+        .iter()
+        .find(|c| c.identity.id == "c-000002")
+        .unwrap();
+    assert_eq!(
+        a_call.details.queued_ms, None,
+        "the first call never queued"
+    );
     let ttft = b_call
         .speed
         .as_ref()
@@ -722,12 +741,17 @@ async fn a_server_with_no_parallel_limit_never_queues_concurrent_calls() {
     // A first call loads the model; then bursts of two and of five.
     let _ = burst(addr, &mut rx, "/v1/chat/completions", body.clone(), 1).await;
     for n in [2, 5] {
-        let (seen, _) = burst(addr, &mut rx, "/v1/chat/completions", body.clone(), n).await;
+        let (seen, settled) = burst(addr, &mut rx, "/v1/chat/completions", body.clone(), n).await;
         for (id, waits) in &seen {
             assert!(
                 waits.iter().all(|s| s.wait.reason != WaitReason::Queued),
                 "{id} was called queued: {waits:?}"
             );
+        }
+        for call in &settled {
+            let d = &call.details;
+            assert_eq!(d.queued_ms, None, "{} stored a queue", call.identity.id);
+            assert_ne!(d.wait.as_ref().map(|w| w.reason), Some(WaitReason::Queued));
         }
     }
     engine.shutdown(Duration::from_secs(1)).await;

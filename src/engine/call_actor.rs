@@ -30,6 +30,7 @@ use crate::meter::calibration::CalibrationTable;
 use crate::meter::limits::SNAPSHOT_INTERVAL;
 use crate::meter::normals::{Normals, Observation};
 use crate::meter::pipeline::{CallMetering, CallReport, Outcome, ResponseHead, StreamEnd};
+use crate::meter::waited::QueueTally;
 use crate::model::ApiKind;
 use crate::model::SlowFirstToken;
 use crate::model::{Call, CallDetails, CallIdentity, CallStatus, PromptTruncation, SeenBy};
@@ -82,6 +83,8 @@ pub struct CallActor {
     /// (an `unknown` after "loading" only means the rest was the server's
     /// own business); `unknown` when no reason was ever known.
     known_wait: Option<Wait>,
+    /// The time the call was explained queued, for its record.
+    queue: QueueTally,
     /// What the server said about the call's model.
     facts: ServerFacts,
     /// The prompt's size from the request body: raw and calibrated tokens.
@@ -124,6 +127,7 @@ impl CallActor {
             orphaned_at: None,
             wait: None,
             known_wait: None,
+            queue: QueueTally::default(),
             facts: ServerFacts::default(),
             prompt: None,
             first_token_told: false,
@@ -385,12 +389,18 @@ impl CallActor {
             used: prompt + report.snapshot.output_tokens,
         });
         let timings = &ending.timings;
+        let ttft = report.snapshot.time_to_first_token_ms;
+        let first_token = ttft.map_or_else(Instant::now, |ms| {
+            self.setup.dispatched_at + Duration::from_millis(ms)
+        });
+        let queued_ms = self.queue.queued_ms(first_token);
         CallDetails {
             client: self.setup.client.clone(),
             ttft_breakdown: report
                 .server_timings
                 .as_ref()
-                .and_then(|t| details::ttft_breakdown(report.snapshot.time_to_first_token_ms, t)),
+                .and_then(|t| details::ttft_breakdown(ttft, t))
+                .map(|b| details::without_queue(b, queued_ms)),
             one_burst: report.outcome == Outcome::Ok && report.one_burst,
             unstreamed_reasoning: details::unstreamed_reasoning(
                 report.exact_output_tokens,
@@ -400,6 +410,8 @@ impl CallActor {
             seen_by: self.setup.seen_by,
             capture_gap: self.capture_gap,
             wait: self.known_wait.clone().or_else(|| self.wait.clone()),
+            queued_ms,
+            queue_position: queued_ms.and(self.queue.position()),
             prompt_truncated: ending.truncated.clone(),
             context,
             draft: match (timings.draft_tokens, timings.draft_accepted) {
@@ -698,6 +710,10 @@ impl Handler<WaitExplained> for CallActor {
         self.facts = msg.facts;
         if !self.waiting() {
             return;
+        }
+        if let Some(wait) = &msg.wait {
+            self.queue
+                .explained(wait, self.setup.dispatched_at, Instant::now());
         }
         if msg.wait.is_some() && self.wait != msg.wait {
             self.wait = msg.wait;

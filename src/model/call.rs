@@ -468,6 +468,15 @@ pub struct CallDetails {
     /// [`Wait`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<Wait>,
+    /// How long the call waited in the server's queue, in ms: speedtap's
+    /// own observation, from the explanations of its wait (absent: it was
+    /// never explained `queued`). Counted apart from `ttft_breakdown`'s
+    /// `other_ms`, which no longer holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_ms: Option<u64>,
+    /// The most calls ahead of it while it queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u32>,
     /// The server read far fewer prompt tokens than the request held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_truncated: Option<PromptTruncation>,
