@@ -588,6 +588,7 @@ fn the_routes_normals_are_rebuilt_from_the_newest_well_settled_calls() {
                     load_ms: cold.then_some(load),
                     prefill: Some((prompt, prompt as f64 / 2.0)),
                     prompt_estimate: None,
+                    queued: None,
                 },
             );
         }
