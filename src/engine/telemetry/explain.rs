@@ -303,10 +303,10 @@ impl Tracked {
     }
 
     /// Why the call waits at `look`, with `ahead` calls taking a slot or
-    /// a queue place before it (`serial_ahead`: calls for its model ahead
-    /// of it, when the server is learned serial and publishes no slots):
-    /// the rules of the module doc, in order.
-    fn wait(&mut self, look: &Look<'_>, ahead: u64, serial_ahead: Option<u64>) -> Wait {
+    /// a queue place before it (`sign`: other evidence of a queue, on a
+    /// server that publishes no slots): the rules of the module doc, in
+    /// order.
+    fn wait(&mut self, look: &Look<'_>, ahead: u64, sign: QueueSign) -> Wait {
         let model = self.model.clone().unwrap_or_default();
         let warm_usual = look
             .normals
@@ -315,15 +315,18 @@ impl Tracked {
         if self.loading(look.view) {
             return self.loading_wait(look, &model, warm_usual);
         }
-        // 2. Queued, by the server's slots or a learned serial server.
-        let position = if self.queued(look, ahead) {
-            Some(ahead)
-        } else {
-            serial_ahead.filter(|n| *n > 0 && self.slot.is_none())
+        // 2. Queued, by the server's slots, its waiting count or a
+        // learned serial server.
+        let position = match sign {
+            _ if self.queued(look, ahead) => Some(Some(ahead)),
+            _ if self.slot.is_some() => None,
+            QueueSign::Serial(n) if n > 0 => Some(Some(n)),
+            QueueSign::Gauge => Some(None),
+            _ => None,
         };
         if let Some(position) = position {
             return Wait {
-                position: Some(position as u32),
+                position: position.map(|p| p as u32),
                 prompt_tokens: self.prompt_tokens,
                 ..Wait::new(WaitReason::Queued)
             };
@@ -449,6 +452,17 @@ impl Tracked {
             ..Wait::new(WaitReason::Prefilling)
         })
     }
+}
+
+/// Evidence, beside the server's slots, that a call waits in a queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QueueSign {
+    /// Nothing says so.
+    None,
+    /// A learned serial server, with this many calls for the model ahead.
+    Serial(u64),
+    /// The server's own waiting count, which names no place.
+    Gauge,
 }
 
 /// One look at a route, as [`Tracker::explain`] reads it for each waiting
@@ -666,6 +680,40 @@ impl Tracker {
             .collect()
     }
 
+    /// For each call in dispatch order, the evidence of a queue besides
+    /// the slots: a learned serial server, or, on a server that publishes
+    /// no slot count, its own waiting count (`/metrics`: vLLM's
+    /// `num_requests_waiting`, llama-server's `requests_deferred`) read
+    /// after the dispatch: the latest that many calls still waiting and
+    /// dispatched before the reading wait in it (it names no place).
+    fn queue_signs(&self, view: &ServerView) -> Vec<QueueSign> {
+        let mut signs: Vec<QueueSign> = self
+            .serial_ahead(view)
+            .into_iter()
+            .map(|n| n.map_or(QueueSign::None, QueueSign::Serial))
+            .collect();
+        let waiting = view
+            .queue
+            .as_ref()
+            .and_then(|q| q.deferred)
+            .zip(view.queue_at)
+            .filter(|(n, _)| *n > 0 && view.total_slots().is_none());
+        if let Some((mut left, at)) = waiting {
+            for (i, c) in self.calls.values().enumerate().rev() {
+                if left == 0 {
+                    break;
+                }
+                if c.waiting && c.slot.is_none() && c.dispatched_at <= at {
+                    if signs[i] == QueueSign::None {
+                        signs[i] = QueueSign::Gauge;
+                    }
+                    left -= 1;
+                }
+            }
+        }
+        signs
+    }
+
     /// Whether a call for `model` other than `seq` was in flight after
     /// `since` (one tracked now and dispatched before `seq`, or one that
     /// ended after `since`).
@@ -811,7 +859,7 @@ impl Tracker {
         let mut out = Vec::new();
         let seqs: Vec<u64> = self.calls.keys().copied().collect();
         let served_later = self.served_later(view);
-        let serial_ahead = self.serial_ahead(view);
+        let signs = self.queue_signs(view);
         // Calls before this one that still take a slot or a queue place,
         // and later ones the server already serves (as in `observe`).
         let mut before: u64 = 0;
@@ -826,7 +874,7 @@ impl Tracker {
             if !c.waiting {
                 continue;
             }
-            out.push((seq, c.wait(&look, ahead, serial_ahead[i])));
+            out.push((seq, c.wait(&look, ahead, signs[i])));
         }
         out
     }
@@ -1310,6 +1358,39 @@ mod tests {
         let w = t.explain("r", &view, &normals, ms(t0, 500));
         assert_eq!(w[1].1.reason, WaitReason::Prefilling, "{w:?}");
         assert_eq!(w[1].1.progress, Some(0.5));
+    }
+
+    #[test]
+    fn without_slots_the_servers_own_waiting_count_read_after_the_dispatch_queues_the_latest_calls()
+    {
+        // vLLM: no slots, `num_requests_waiting` and `_running` only.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 10));
+        t.track(3, Some("m".into()), ms(t0, 20));
+        let mut view = ServerView {
+            queue: gauges(1, 2),
+            queue_at: Some(ms(t0, 15)),
+            ..ServerView::default()
+        };
+        // Read before call 3 was sent: the one waiting is call 2.
+        let w = t.explain("r", &view, &normals, ms(t0, 100));
+        let reasons: Vec<WaitReason> = w.iter().map(|(_, w)| w.reason).collect();
+        assert_eq!(
+            reasons,
+            [WaitReason::Unknown, WaitReason::Queued, WaitReason::Unknown]
+        );
+        assert_eq!(w[1].1.position, None, "the count names no place");
+        // Nothing waiting: nobody is queued.
+        view.queue = gauges(0, 3);
+        view.queue_at = Some(ms(t0, 600));
+        let w = t.explain("r", &view, &normals, ms(t0, 700));
+        assert!(
+            w.iter().all(|(_, w)| w.reason != WaitReason::Queued),
+            "{w:?}"
+        );
     }
 
     fn gauges(deferred: u64, processing: u64) -> Option<Queue> {
