@@ -127,6 +127,15 @@ impl SlowFirstToken {
             Some(cause) => {
                 s.push_str(", ");
                 s.push_str(&cause);
+                // A queue is judged against its place: say what that
+                // place usually takes (a load names its usual load).
+                let queued = self
+                    .reason
+                    .as_ref()
+                    .is_some_and(|w| w.reason == crate::model::WaitReason::Queued);
+                if let (true, Some(usual)) = (queued, self.usual_ms) {
+                    s.push_str(&format!(" (usually {} to the first token)", seconds(usual)));
+                }
             }
             None => {
                 if let Some(usual) = self.usual_ms {
@@ -346,8 +355,13 @@ mod tests {
             ..Wait::new(WaitReason::Queued)
         };
         assert_eq!(
-            slow(Some(queued), None).message(),
+            slow(Some(queued.clone()), None).message(),
             "qwen3:32b on ollama: no first token after 9.1 s, queued behind 1 call"
+        );
+        assert_eq!(
+            slow(Some(queued), Some(4_900)).message(),
+            "qwen3:32b on ollama: no first token after 9.1 s, queued behind 1 call \
+             (usually 4.9 s to the first token)"
         );
         let prefill = Wait {
             progress: Some(0.6),
