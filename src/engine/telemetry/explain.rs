@@ -24,12 +24,12 @@
 //!    task has left `/slots` no longer counts: the server is done with it),
 //!    with the later ones the server runs already (served first: their
 //!    requests overtook this one's on the way),
-//!    fill every slot the server has (`/props` `total_slots`, or the `/slots` list), and no
-//!    reading taken after the call's dispatch contradicts it: a free slot
-//!    in `/slots`, or `/metrics` showing room (nothing deferred and fewer
-//!    requests processing than there are slots). Position: those calls
-//!    ahead of it.
-//!
+//!    fill every slot the server has (the larger of `/props` `total_slots`
+//!    and the `/slots` list), the latest `/slots` shows no free slot
+//!    (however old: speedtap's own count is no evidence of a full server),
+//!    and no reading taken after the call's dispatch contradicts it:
+//!    `/metrics` showing room (nothing deferred and fewer requests
+//!    processing than there are slots). Position: those calls ahead of it.
 //!
 //!    Or, on a server that publishes no slot count (Ollama): the server
 //!    is learned serial for the call's model ([`super::serial`]: at least
@@ -370,11 +370,16 @@ impl Tracked {
     }
 
     /// Rule 2: the call has no slot, the calls `ahead` of it fill every
-    /// slot, and no reading taken after its dispatch shows room.
+    /// slot, the latest `/slots` shows none free, and no gauge reading
+    /// taken after its dispatch shows room.
     fn queued(&self, look: &Look<'_>, ahead: u64) -> bool {
         let read_since_dispatch = |at: Option<Instant>| at.is_some_and(|t| t >= self.dispatched_at);
-        let contradicted = (look.free_slot && read_since_dispatch(look.view.slots_at))
-            || (look.gauges_show_room && read_since_dispatch(look.view.queue_at));
+        // A free slot in the latest `/slots`, however old, is no evidence
+        // of a full server: the count of calls ahead alone is speedtap's
+        // inference, not the server's queue (a burst's count can outrun a
+        // slot list read before it).
+        let contradicted =
+            look.free_slot || (look.gauges_show_room && read_since_dispatch(look.view.queue_at));
         self.slot.is_none() && look.total_slots.is_some_and(|n| ahead >= n) && !contradicted
     }
 
@@ -1322,6 +1327,28 @@ mod tests {
         t.track(2, Some("m".into()), ms(now, 1_010));
         let w = t.explain("r", &view, &normals, ms(now, 1_100));
         assert_eq!(w[0].1.reason, WaitReason::Unknown, "{w:?}");
+    }
+
+    #[test]
+    fn a_slot_list_read_before_a_burst_showing_free_slots_never_queues_it() {
+        // Two slots, both idle at the last reading; four calls dispatched
+        // since: the count says full, the server's own state does not.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        let view = ServerView {
+            slots: Some(vec![slot(0, false, None, 0, 0), slot(1, false, None, 0, 0)]),
+            slots_at: Some(t0),
+            ..ServerView::default()
+        };
+        for seq in 1..=4 {
+            t.track(seq, Some("m".into()), ms(t0, 10 + seq));
+        }
+        let w = t.explain("r", &view, &normals, ms(t0, 20));
+        assert!(
+            w.iter().all(|(_, w)| w.reason != WaitReason::Queued),
+            "{w:?}"
+        );
     }
 
     #[test]
