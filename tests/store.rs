@@ -588,6 +588,7 @@ fn the_routes_normals_are_rebuilt_from_the_newest_well_settled_calls() {
                     load_ms: cold.then_some(load),
                     prefill: Some((prompt, prompt as f64 / 2.0)),
                     prompt_estimate: None,
+                    queued: None,
                 },
             );
         }
@@ -701,12 +702,14 @@ fn models_medians_and_p90_match_hand_computed_values() {
     {
         call.details.ttft_breakdown = prefill.map(|p| TtftBreakdown {
             prefill_tokens_per_second: Some(p),
+            prefill_tokens: Some(512),
             ..TtftBreakdown::default()
         });
     }
     // An abandoned call's prefill rate is not in the sample either.
     calls[5].details.ttft_breakdown = Some(TtftBreakdown {
         prefill_tokens_per_second: Some(9999.0),
+        prefill_tokens: Some(4_000),
         ..TtftBreakdown::default()
     });
     store.insert_calls(&calls).unwrap();
@@ -726,6 +729,11 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 // Rates [55, 65]: p50 60; p90 55 + 0.9 × 10 = 64.
                 tps_p50: Some(60.0),
                 tps_p90: Some(64.0),
+                // p10 55 + 0.1 × 10 = 56: the slow tail.
+                tps_p10: Some(56.0),
+                cold_calls: 0,
+                cold_ttft_ms_p50: None,
+                queued_calls: 0,
                 prefill_tps_p50: None,
                 last_seen: ms_to_rfc3339(T0 + 6),
             },
@@ -742,6 +750,11 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 // p50 h = 1.5 → 20 + 0.5 × 10 = 25; p90 h = 2.7 → 30 + 0.7 × 11 = 37.7.
                 tps_p50: Some(25.0),
                 tps_p90: Some(37.7),
+                // p10 h = 0.3 → 12.5 + 0.3 × 7.5 = 14.75, rounded half up.
+                tps_p10: Some(14.8),
+                cold_calls: 0,
+                cold_ttft_ms_p50: None,
+                queued_calls: 0,
                 // Prefill sorted [100, 250, 400]: p50 = 250.
                 prefill_tps_p50: Some(250.0),
                 // The newest call, even though it failed.
@@ -756,6 +769,10 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 ttft_ms_p90: None,
                 tps_p50: None,
                 tps_p90: None,
+                tps_p10: None,
+                cold_calls: 0,
+                cold_ttft_ms_p50: None,
+                queued_calls: 0,
                 prefill_tps_p50: None,
                 last_seen: ms_to_rfc3339(T0 + 1),
             },
@@ -791,6 +808,59 @@ fn models_medians_and_p90_match_hand_computed_values() {
         serde_json::json!({"model": "qwen3:8b", "route": "vllm", "calls": 1, "ok_calls": 0,
                            "last_seen": ms_to_rfc3339(T0 + 1)})
     );
+}
+
+#[test]
+fn history_compares_like_with_like_queued_and_cold_calls_apart_long_prompts_only() {
+    let mut store = Store::open_in_memory().unwrap();
+    let warm = |id: &str, at: u64, ttft: u64| {
+        with_speed(
+            call(id, at, "ollama", Some("gemma3"), CallStatus::Ok),
+            Some(ttft),
+            Some(40.0),
+        )
+    };
+    let mut calls = vec![
+        warm("w1", T0, 800),
+        warm("w2", T0 + 1, 900),
+        warm("w3", T0 + 2, 1_000),
+    ];
+    // Three cold starts and two calls that waited in the queue.
+    for (i, ttft) in [7_000, 6_500, 7_500].into_iter().enumerate() {
+        let mut c = warm(&format!("cold{i}"), T0 + 10 + i as u64, ttft);
+        c.details.start = Some(StartKind::Cold);
+        calls.push(c);
+    }
+    for (i, ttft) in [8_800, 22_000].into_iter().enumerate() {
+        let mut c = warm(&format!("q{i}"), T0 + 20 + i as u64, ttft);
+        c.details.queued_ms = Some(ttft - 900);
+        c.details.queue_position = Some(1 + i as u32);
+        calls.push(c);
+    }
+    // Prefill rates: a 30-token prompt's 33 tok/s is overhead, not speed.
+    for (c, (tokens, rate)) in calls
+        .iter_mut()
+        .zip([(30, 33.0), (4_000, 3_352.0), (600, 3_000.0)])
+    {
+        c.details.ttft_breakdown = Some(TtftBreakdown {
+            prefill_tokens: Some(tokens),
+            prefill_tokens_per_second: Some(rate),
+            ..TtftBreakdown::default()
+        });
+    }
+    store.insert_calls(&calls).unwrap();
+    let models = store.models(&HistoryFilter::default()).unwrap();
+    let m = &models[0];
+    assert_eq!(m.ok_calls, 8);
+    assert_eq!((m.ttft_ms_p50, m.ttft_ms_p90), (Some(900.0), Some(980.0)));
+    assert_eq!((m.cold_calls, m.cold_ttft_ms_p50), (3, Some(7_000.0)));
+    assert_eq!(m.queued_calls, 2);
+    // The median of 3,352 and 3,000.
+    assert_eq!(m.prefill_tps_p50, Some(3_176.0));
+    let json = serde_json::to_value(m).unwrap();
+    assert_eq!(json["cold_calls"], 3);
+    assert_eq!(json["queued_calls"], 2);
+    assert_eq!(json["tps_p10"], 40.0);
 }
 
 // ---------------------------------------------------------------- prune
@@ -908,6 +978,8 @@ fn varied_calls() -> Vec<Call> {
         other_ms: Some(0.1),
     });
     rich.details.unstreamed_reasoning = true;
+    rich.details.queued_ms = Some(8_100);
+    rich.details.queue_position = Some(2);
     let mut burst = with_speed(ok("c-000002", T0 + 1), Some(900), None);
     burst.details.one_burst = true;
     burst.details.settled_at = None;
@@ -974,13 +1046,14 @@ fn csv_export_has_the_documented_header_and_flat_rows() {
          unstreamed_reasoning,seen_by,capture_gap,wait_reason,wait_position,wait_progress,\
          wait_eta_ms,wait_usual_ms,wait_prompt_tokens,truncated_request_tokens,\
          truncated_server_tokens,truncated_context_size,context_size,context_used,draft_n,\
-         draft_accepted,placement,model_bytes,vram_bytes,start,error,prompt_tokens_estimated"
+         draft_accepted,placement,model_bytes,vram_bytes,start,error,prompt_tokens_estimated,\
+         queued_ms,queue_position"
     );
     assert_eq!(
         lines[1],
         format!(
             "c-000005,llama,openai_chat,gemma3,openai-python,upstream_error,500,{},{},2000,250,80,,\
-             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,",
+             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,,,",
             ms_to_rfc3339(T0 + 4),
             ms_to_rfc3339(T0 + 2004)
         )

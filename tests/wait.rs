@@ -369,6 +369,25 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
         .iter()
         .find(|c| c.identity.id == "c-000003")
         .unwrap();
+    // The settled record keeps the queue it waited in, apart from "the
+    // rest" of its time to first token.
+    let queued = b_call.details.queued_ms.expect("the queue time is stored");
+    let shown_queued = b
+        .iter()
+        .filter(|s| s.wait.reason == WaitReason::Queued)
+        .map(|s| s.elapsed_ms)
+        .max()
+        .unwrap();
+    assert!(queued >= shown_queued, "{queued} < {shown_queued}");
+    assert_eq!(b_call.details.queue_position, Some(1));
+    let a_call = settled
+        .iter()
+        .find(|c| c.identity.id == "c-000002")
+        .unwrap();
+    assert_eq!(
+        a_call.details.queued_ms, None,
+        "the first call never queued"
+    );
     let ttft = b_call
         .speed
         .as_ref()
@@ -649,4 +668,131 @@ async fn each_endpoint_is_asked_once(upstream: ScriptedUpstream) {
         "each endpoint once: {telemetry:?}"
     );
     engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Every explained wait of each call, by call id, until `n` calls settle;
+/// and the settled calls.
+async fn waits_until_settled(
+    rx: &mut tokio::sync::mpsc::Receiver<EngineEvent>,
+    n: usize,
+) -> (std::collections::HashMap<String, Vec<Seen>>, Vec<Call>) {
+    let mut seen: std::collections::HashMap<String, Vec<Seen>> = Default::default();
+    let mut settled = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while settled.len() < n {
+        let event = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{n} calls did not settle; saw {seen:?}"))
+            .expect("engine events");
+        match event {
+            EngineEvent::Speed { call, speed } => {
+                if let (Phase::AwaitingFirstToken, Some(wait)) = (speed.phase, speed.wait) {
+                    seen.entry(call.id).or_default().push(Seen {
+                        elapsed_ms: speed.elapsed_ms,
+                        wait,
+                    });
+                }
+            }
+            EngineEvent::Settled(call) => settled.push(call),
+            _ => {}
+        }
+    }
+    (seen, settled)
+}
+
+/// An Ollama chat that keeps its model loaded.
+fn ollama_chat_kept(model: &str) -> Bytes {
+    Bytes::from(
+        serde_json::json!({
+            "model": model, "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]
+        })
+        .to_string(),
+    )
+}
+
+/// Sends `n` calls at once and waits for all of them to settle.
+async fn burst(
+    addr: std::net::SocketAddr,
+    rx: &mut tokio::sync::mpsc::Receiver<EngineEvent>,
+    path: &'static str,
+    body: Bytes,
+    n: usize,
+) -> (std::collections::HashMap<String, Vec<Seen>>, Vec<Call>) {
+    let sends: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(send_with(addr, "POST", path, body.clone(), &[])))
+        .collect();
+    let out = waits_until_settled(rx, n).await;
+    for s in sends {
+        assert_eq!(s.await.unwrap().status, 200);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_no_parallel_limit_never_queues_concurrent_calls() {
+    let (sim, engine, addr, mut rx) = sim_and_engine(SimConfig {
+        ttft: Duration::from_millis(400),
+        tokens: 4,
+        ..SimConfig::default()
+    })
+    .await;
+    let body = Bytes::from(openai_chat("hi"));
+    // A first call loads the model; then bursts of two and of five.
+    let _ = burst(addr, &mut rx, "/v1/chat/completions", body.clone(), 1).await;
+    for n in [2, 5] {
+        let (seen, settled) = burst(addr, &mut rx, "/v1/chat/completions", body.clone(), n).await;
+        for (id, waits) in &seen {
+            assert!(
+                waits.iter().all(|s| s.wait.reason != WaitReason::Queued),
+                "{id} was called queued: {waits:?}"
+            );
+        }
+        for call in &settled {
+            let d = &call.details;
+            assert_eq!(d.queued_ms, None, "{} stored a queue", call.identity.id);
+            assert_ne!(d.wait.as_ref().map(|w| w.reason), Some(WaitReason::Queued));
+        }
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ollama_like_serial_server_queues_the_second_call_behind_the_first() {
+    let (sim, engine, addr, mut rx) = sim_and_engine(SimConfig {
+        slots: Some(1),
+        publishes_slots: false,
+        ttft: Duration::from_millis(300),
+        tokens: 4,
+        ..SimConfig::default()
+    })
+    .await;
+    let body = ollama_chat_kept("llama3");
+    // Two bursts of three calls served in turn: six pairs in flight
+    // together, none streaming at the same time.
+    for _ in 0..2 {
+        let _ = burst(addr, &mut rx, "/api/chat", body.clone(), 3).await;
+    }
+    // A long call streams; a second one sent meanwhile waits behind it.
+    let long: &[(&str, &str)] = &[("x-sim-tokens", "60"), ("x-sim-tps", "30")];
+    let first = tokio::spawn(send_with(addr, "POST", "/api/chat", body.clone(), long));
+    let first_id = "c-000007";
+    events_until(&mut rx, |e| {
+        matches!(e, EngineEvent::Speed { call, speed }
+            if call.id == first_id && speed.phase == Phase::Responding)
+    })
+    .await;
+    let second = tokio::spawn(send_with(addr, "POST", "/api/chat", body, &[]));
+    let (seen, _) = waits_until_settled(&mut rx, 2).await;
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+    let b = &seen["c-000008"];
+    assert_eq!(reasons(b), [WaitReason::Queued], "{b:?}");
+    assert!(b
+        .iter()
+        .filter(|s| s.wait.reason == WaitReason::Queued)
+        .all(|s| s.wait.position == Some(1)));
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
 }

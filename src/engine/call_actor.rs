@@ -28,8 +28,9 @@ use crate::decode::request_fields::RequestFields;
 use crate::decode::ServerTimings;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::limits::SNAPSHOT_INTERVAL;
-use crate::meter::normals::{Normals, Observation};
+use crate::meter::normals::{Normals, Observation, Waited};
 use crate::meter::pipeline::{CallMetering, CallReport, Outcome, ResponseHead, StreamEnd};
+use crate::meter::waited::QueueTally;
 use crate::model::ApiKind;
 use crate::model::SlowFirstToken;
 use crate::model::{Call, CallDetails, CallIdentity, CallStatus, PromptTruncation, SeenBy};
@@ -82,6 +83,8 @@ pub struct CallActor {
     /// (an `unknown` after "loading" only means the rest was the server's
     /// own business); `unknown` when no reason was ever known.
     known_wait: Option<Wait>,
+    /// The time the call was explained queued, for its record.
+    queue: QueueTally,
     /// What the server said about the call's model.
     facts: ServerFacts,
     /// The prompt's size from the request body: raw and calibrated tokens.
@@ -127,6 +130,7 @@ impl CallActor {
             orphaned_at: None,
             wait: None,
             known_wait: None,
+            queue: QueueTally::default(),
             facts: ServerFacts::default(),
             prompt: None,
             first_token_told: false,
@@ -211,13 +215,18 @@ impl CallActor {
         let Ok(normals) = self.setup.normals.read() else {
             return (floor, None);
         };
-        normals.slow_limit_ms(
+        let waited = Waited {
+            cold: self.facts.cold == Some(true),
+            queue_position: self.queue.position(),
+        };
+        let l = normals.slow_limit(
             &self.setup.identity.route,
             self.setup.identity.model.as_deref(),
             self.prompt.map(|(_, calibrated)| calibrated),
-            self.facts.cold == Some(true),
+            &waited,
             floor,
-        )
+        );
+        (l.limit_ms, l.usual_ms)
     }
 
     fn waiting(&self) -> bool {
@@ -394,24 +403,48 @@ impl CallActor {
             .or(report.input_tokens);
         let estimate = self.prompt.map(|(_, calibrated)| calibrated);
         let truncated = details::truncation(server_prompt, self.facts.context_size, estimate);
-        let start = match self.facts.cold {
-            Some(true) => Some(StartKind::Cold),
-            Some(false) => Some(StartKind::Warm),
-            None => timings.load_ms.map(|ms| {
-                if ms >= 1_000.0 {
-                    StartKind::Cold
-                } else {
-                    StartKind::Warm
-                }
-            }),
-        };
+        let first_token = report
+            .snapshot
+            .time_to_first_token_ms
+            .map_or_else(Instant::now, |ms| {
+                self.setup.dispatched_at + Duration::from_millis(ms)
+            });
+        let queued = self
+            .queue
+            .queued_ms(first_token)
+            .map(|ms| (ms, self.queue.position().unwrap_or(0)));
         Ending {
+            start: self.start_kind(timings.load_ms),
             timings,
             server_prompt,
             estimate,
             truncated,
-            start,
+            queued,
         }
+    }
+
+    /// Cold or warm: the server's `load_duration` against this model's
+    /// warm normal decides when both are known (the server's own clock is
+    /// better evidence than when `/api/ps` happened to be read); else the
+    /// load seen in `/api/ps`; else a `load_duration` of 1 s or more.
+    fn start_kind(&self, load_ms: Option<f64>) -> Option<StartKind> {
+        let kind = |cold: bool| {
+            if cold {
+                StartKind::Cold
+            } else {
+                StartKind::Warm
+            }
+        };
+        let by_normal = load_ms
+            .zip(self.setup.identity.model.as_deref())
+            .and_then(|(ms, m)| {
+                let normals = self.setup.normals.read().ok()?;
+                normals.is_load(&self.setup.identity.route, m, ms)
+            });
+        by_normal
+            .or(self.facts.cold)
+            .or(load_ms.map(|ms| ms >= 1_000.0))
+            .map(kind)
     }
 
     /// The settled call's details. Takes the kept error body: read here
@@ -426,12 +459,15 @@ impl CallActor {
             used: prompt + report.snapshot.output_tokens,
         });
         let timings = &ending.timings;
+        let ttft = report.snapshot.time_to_first_token_ms;
+        let queued_ms = ending.queued.map(|(ms, _)| ms);
         CallDetails {
             client: self.setup.client.clone(),
             ttft_breakdown: report
                 .server_timings
                 .as_ref()
-                .and_then(|t| details::ttft_breakdown(report.snapshot.time_to_first_token_ms, t)),
+                .and_then(|t| details::ttft_breakdown(ttft, t))
+                .map(|b| details::without_queue(b, queued_ms)),
             one_burst: report.outcome == Outcome::Ok && report.one_burst,
             unstreamed_reasoning: details::unstreamed_reasoning(
                 report.exact_output_tokens,
@@ -441,6 +477,10 @@ impl CallActor {
             seen_by: self.setup.seen_by,
             capture_gap: self.capture_gap,
             wait: self.known_wait.clone().or_else(|| self.wait.clone()),
+            queued_ms,
+            queue_position: ending
+                .queued
+                .and_then(|(_, place)| (place > 0).then_some(place)),
             prompt_truncated: ending.truncated.clone(),
             context,
             draft: match (timings.draft_tokens, timings.draft_accepted) {
@@ -542,6 +582,8 @@ struct Ending {
     estimate: Option<u64>,
     truncated: Option<PromptTruncation>,
     start: Option<StartKind>,
+    /// The time queued (ms) and the most calls ahead.
+    queued: Option<(u64, u32)>,
 }
 
 impl CallActor {
@@ -565,6 +607,7 @@ impl CallActor {
             prompt_tokens: server_prompt.or(self.prompt.map(|(_, c)| c)),
             cold: start == Some(StartKind::Cold),
             load_ms: timings.load_ms,
+            queued: ending.queued,
             prefill: timings.prompt_tokens.zip(timings.prompt_ms),
             prompt_estimate: self.prompt.map(|(raw, _)| raw).zip(server_prompt).filter(
                 |(_, server)| details::count_is_whole_prompt(*server, self.facts.context_size),
@@ -745,10 +788,16 @@ impl Handler<FramesQueued> for CallActor {
 impl Handler<WaitExplained> for CallActor {
     type Result = ();
     fn handle(&mut self, msg: WaitExplained, ctx: &mut Self::Context) {
-        let cold_changed = self.facts.cold != msg.facts.cold;
+        let mut limit_moved = self.facts.cold != msg.facts.cold;
         self.facts = msg.facts;
         if !self.waiting() {
             return;
+        }
+        if let Some(wait) = &msg.wait {
+            let place = self.queue.position();
+            self.queue
+                .explained(wait, self.setup.dispatched_at, Instant::now());
+            limit_moved |= place != self.queue.position();
         }
         if msg.wait.is_some() && self.wait != msg.wait {
             self.wait = msg.wait;
@@ -761,7 +810,7 @@ impl Handler<WaitExplained> for CallActor {
             }
             self.publish(self.latest_now());
         }
-        if cold_changed {
+        if limit_moved {
             self.arm_alarm(ctx);
         }
     }
@@ -1399,6 +1448,50 @@ mod tests {
             assert!(
                 waits.contains(&(1_000, Some(crate::model::WaitReason::LoadingModel))),
                 "{waits:?}"
+            );
+            drop(actor);
+        });
+    }
+
+    #[test]
+    fn a_load_within_the_models_usual_load_time_never_alarms_at_the_fixed_threshold() {
+        run_paused(async {
+            let h = Harness::new().await;
+            // Model m usually loads in 7 s; no warm history yet.
+            h.normals.write().unwrap().observe(
+                "r",
+                "m",
+                &Observation {
+                    ttft_ms: 7_500,
+                    prompt_tokens: Some(10),
+                    cold: true,
+                    load_ms: Some(7_000.0),
+                    ..Observation::default()
+                },
+            );
+            let actor = h.start_call();
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            h.at(500).await;
+            actor.do_send(WaitExplained {
+                wait: Some(Wait {
+                    usual_ms: Some(7_000),
+                    ..Wait::new(crate::model::WaitReason::LoadingModel)
+                }),
+                facts: ServerFacts {
+                    cold: Some(true),
+                    ..ServerFacts::default()
+                },
+            });
+            // 5 s (the fixed floor) plus twice the usual load.
+            h.at(18_990).await;
+            assert!(h.alarms().await.is_empty());
+            h.at(19_000).await;
+            let alarms = h.alarms().await;
+            assert_eq!(alarms.len(), 1, "{alarms:?}");
+            assert_eq!(alarms[0].1.threshold_ms, 19_000);
+            assert_eq!(
+                alarms[0].1.message(),
+                "m on r: no first token after 19.0 s, loading the model (usually 7.0 s)"
             );
             drop(actor);
         });

@@ -156,6 +156,16 @@ pub fn ttft_breakdown(ttft_ms: Option<u64>, timings: &ServerTimings) -> Option<T
     })
 }
 
+/// The breakdown with the call's queue time taken out of "the rest": the
+/// server's clocks start when it takes the call in, so a queue wait is
+/// part of `other_ms` until it is counted on its own.
+pub fn without_queue(mut b: TtftBreakdown, queued_ms: Option<u64>) -> TtftBreakdown {
+    if let (Some(other), Some(queued)) = (b.other_ms, queued_ms) {
+        b.other_ms = Some(round1((other - queued as f64).max(0.0)));
+    }
+    b
+}
+
 /// True when the billed output is far above what the stream showed: the
 /// server reasoned without streaming it (ratio above the drift band).
 pub fn unstreamed_reasoning(exact: Option<u64>, raw_estimate: u64) -> bool {

@@ -5,7 +5,8 @@
 //! - [`call`]: the per-call meter (`docs/metering.md` "One call");
 //! - [`calibration`]: the per-(route, model) tokenizer-drift factors;
 //! - [`global`]: the all-streams meter with its hourly high/low (`docs/metering.md` "All calls");
-//! - [`normals`]: each route and model's usual time to first token (`docs/metering.md` "Why a call waits").
+//! - [`normals`]: each route and model's usual time to first token (`docs/metering.md` "Why a call waits");
+//! - [`waited`]: the time a call spent in its server's queue, for its record.
 
 pub mod calibration;
 pub mod call;
@@ -14,3 +15,4 @@ pub mod limits;
 pub mod normals;
 pub mod pipeline;
 pub mod rate;
+pub mod waited;

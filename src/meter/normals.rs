@@ -6,8 +6,11 @@
 //! - the warm time to first token against prompt size: a least-squares
 //!   line `ttft = base + ms_per_token * prompt_tokens` over exponentially
 //!   decayed sums (recent calls weigh more, old hardware or settings fade
-//!   out), load time excluded;
-//! - the load time of cold starts (a decayed mean);
+//!   out), from calls that were neither queued nor cold only, so one busy
+//!   hour or a run of loads can't raise it;
+//! - the load time of cold starts (a decayed mean), and the server's
+//!   `load_duration` on warm starts (what "no load" looks like);
+//! - the queue wait per call ahead, from queued calls;
 //! - the prefill rate the server reported (a decayed mean), which gives
 //!   the slope when every call so far had the same prompt size;
 //! - the prompt calibration factor: the server's prompt count over the
@@ -33,6 +36,27 @@ const PROMPT_FACTOR_BAND: std::ops::RangeInclusive<f64> = 0.25..=4.0;
 pub const SLOW_FACTOR: f64 = 2.0;
 /// See [`SLOW_FACTOR`].
 pub const SLOW_MARGIN_MS: u64 = 2_000;
+
+/// A warm start's `load_duration` may exceed its normal by this much
+/// before it counts as a load (Ollama reports a few ms when warm).
+pub const LOAD_MARGIN_MS: f64 = 250.0;
+
+/// What a waiting call is known to wait for, for the slow rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Waited {
+    /// The model loads for it.
+    pub cold: bool,
+    /// It queued, with this many calls ahead at most.
+    pub queue_position: Option<u32>,
+}
+
+/// The slow rule's answer: the limit, and the usual it came from (absent
+/// without history).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowLimit {
+    pub limit_ms: u64,
+    pub usual_ms: Option<u64>,
+}
 
 /// A decayed mean.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -97,6 +121,12 @@ impl Line {
 pub struct Normal {
     warm: Line,
     load: Mean,
+    /// The server's `load_duration` on warm starts.
+    warm_load: Mean,
+    /// Queue wait per call ahead, in ms.
+    queue_per_place: Mean,
+    /// Calls that taught the warm line (neither queued nor cold).
+    pub warm_observations: u64,
     /// Server-reported prefill tokens per ms.
     prefill_per_ms: Mean,
     prompt_factor: Mean,
@@ -118,25 +148,33 @@ pub struct Observation {
     pub load_ms: Option<f64>,
     /// The server's prefill tokens and time.
     pub prefill: Option<(u64, f64)>,
+    /// The call waited in the server's queue: for how long (ms) and the
+    /// most calls ahead of it.
+    pub queued: Option<(u64, u32)>,
     /// The uncalibrated request estimate and the server's prompt count,
     /// for the prompt factor.
     pub prompt_estimate: Option<(u64, u64)>,
 }
 
 impl Normal {
+    /// Learns each part of the call against its own normal: a load
+    /// teaches the load time, a queue wait the wait per call ahead, and
+    /// only a call that was neither queued nor cold the warm line.
     fn observe(&mut self, o: &Observation) {
-        let load = if o.cold {
-            o.load_ms.unwrap_or(0.0)
-        } else {
-            0.0
-        };
-        if o.cold {
-            if let Some(ms) = o.load_ms.filter(|ms| *ms > 0.0) {
-                self.load.add(ms);
-            }
+        let load = o.load_ms.filter(|ms| *ms >= 0.0);
+        match (o.cold, load) {
+            (true, Some(ms)) if ms > 0.0 => self.load.add(ms),
+            (false, Some(ms)) => self.warm_load.add(ms),
+            _ => {}
         }
-        let warm = (o.ttft_ms as f64 - load).max(0.0);
-        self.warm.add(o.prompt_tokens.unwrap_or(0) as f64, warm);
+        if let Some((ms, place)) = o.queued.filter(|(_, place)| *place > 0) {
+            self.queue_per_place.add(ms as f64 / place as f64);
+        }
+        if !o.cold && o.queued.is_none() {
+            self.warm
+                .add(o.prompt_tokens.unwrap_or(0) as f64, o.ttft_ms as f64);
+            self.warm_observations += 1;
+        }
         if let Some((n, ms)) = o.prefill.filter(|(n, ms)| *n >= 16 && *ms > 0.0) {
             self.prefill_per_ms.add(n as f64 / ms);
         }
@@ -166,6 +204,16 @@ impl Normal {
     /// The usual load time of a cold start.
     pub fn load_ms(&self) -> Option<f64> {
         self.load.get()
+    }
+
+    /// The usual `load_duration` of a warm start.
+    pub fn warm_load_ms(&self) -> Option<f64> {
+        self.warm_load.get()
+    }
+
+    /// The usual queue wait per call ahead.
+    pub fn queue_ms_per_place(&self) -> Option<f64> {
+        self.queue_per_place.get()
     }
 
     /// Prefill speed in tokens per ms: the server's own figure, else the
@@ -227,7 +275,7 @@ impl Normals {
     ) -> Option<u64> {
         let n = self
             .get(route, model)
-            .filter(|n| n.observations >= MIN_OBSERVATIONS)?;
+            .filter(|n| n.warm_observations >= MIN_OBSERVATIONS)?;
         let warm = n.warm_ttft_ms(prompt_tokens)?;
         let load = if cold { n.load_ms()? } else { 0.0 };
         Some((warm + load).round() as u64)
@@ -240,27 +288,56 @@ impl Normals {
             .map(|ms| ms.round() as u64)
     }
 
-    /// The slow rule: a first token is late after twice the usual (and at
-    /// least [`SLOW_MARGIN_MS`] over it, or `floor` over it when the fixed
-    /// threshold is set lower than that margin: whoever asks for early
-    /// warnings gets them); without history, after `floor`.
-    /// Returns the limit and the usual it came from.
-    pub fn slow_limit_ms(
+    /// Whether a server-reported `load_duration` is a load: above the
+    /// model's warm normal (twice it, and at least [`LOAD_MARGIN_MS`]
+    /// over it). `None` until warm starts of the model were seen.
+    pub fn is_load(&self, route: &str, model: &str, load_ms: f64) -> Option<bool> {
+        let warm = self.get(route, model)?.warm_load_ms()?;
+        Some(load_ms > (warm * SLOW_FACTOR).max(warm + LOAD_MARGIN_MS))
+    }
+
+    /// The slow rule, each cause against its own normal: the warm part
+    /// against the route's usual for the prompt size (without
+    /// [`MIN_OBSERVATIONS`] warm calls, `floor_ms`), a load against this
+    /// model's past loads, a queue wait against the calls ahead (the
+    /// learned wait per call ahead; without one, each call ahead allows
+    /// the warm part again). Each part is late after twice its usual, and
+    /// at least [`SLOW_MARGIN_MS`] over it (or `floor_ms` over it when the
+    /// fixed threshold is set lower: whoever asks for early warnings gets
+    /// them).
+    pub fn slow_limit(
         &self,
         route: &str,
         model: Option<&str>,
         prompt_tokens: Option<u64>,
-        cold: bool,
+        waited: &Waited,
         floor_ms: u64,
-    ) -> (u64, Option<u64>) {
-        let usual = model.and_then(|m| self.usual_ttft_ms(route, m, prompt_tokens, cold));
-        match usual {
-            Some(u) => {
-                let margin = SLOW_MARGIN_MS.min(floor_ms);
-                let limit = ((u as f64 * SLOW_FACTOR).round() as u64).max(u + margin);
-                (limit, Some(u))
+    ) -> SlowLimit {
+        let margin = SLOW_MARGIN_MS.min(floor_ms);
+        let late = |u: u64| ((u as f64 * SLOW_FACTOR).round() as u64).max(u + margin);
+        let normal = model.and_then(|m| self.get(route, m));
+        let warm = model.and_then(|m| self.usual_ttft_ms(route, m, prompt_tokens, false));
+        let mut limit = warm.map_or(floor_ms, late);
+        let mut usual = warm;
+        let load = normal.and_then(Normal::load_ms).map(|ms| ms.round() as u64);
+        if let (true, Some(load)) = (waited.cold, load) {
+            limit += late(load);
+            usual = usual.map(|u| u + load);
+        }
+        if let Some(place) = waited.queue_position.filter(|p| *p > 0) {
+            let per = normal.and_then(Normal::queue_ms_per_place);
+            match per {
+                Some(per) => {
+                    let queue = (per * place as f64).round() as u64;
+                    limit += late(queue);
+                    usual = usual.map(|u| u + queue);
+                }
+                None => limit += warm.map_or(floor_ms, late) * place as u64,
             }
-            None => (floor_ms, None),
+        }
+        SlowLimit {
+            limit_ms: limit,
+            usual_ms: usual,
         }
     }
 
@@ -297,33 +374,130 @@ mod tests {
         assert_eq!(n.usual_ttft_ms("r", "other", Some(10), false), None);
     }
 
+    /// The warm slow rule for a 10-token prompt, as `(limit, usual)`.
+    fn limit(n: &Normals, model: &str, floor: u64) -> (u64, Option<u64>) {
+        let l = n.slow_limit("r", Some(model), Some(10), &Waited::default(), floor);
+        (l.limit_ms, l.usual_ms)
+    }
+
+    fn cold(ttft_ms: u64, load_ms: f64) -> Observation {
+        Observation {
+            ttft_ms,
+            prompt_tokens: Some(10),
+            cold: true,
+            load_ms: Some(load_ms),
+            ..Observation::default()
+        }
+    }
+
+    #[test]
+    fn calls_that_queued_or_loaded_never_raise_the_usual_time_to_first_token() {
+        let mut n = Normals::new();
+        for _ in 0..3 {
+            n.observe("r", "m", &warm(900, 10));
+        }
+        // A busy hour: queue waits of 8 s and two loads.
+        for _ in 0..10 {
+            n.observe(
+                "r",
+                "m",
+                &Observation {
+                    queued: Some((8_000, 2)),
+                    ..warm(8_900, 10)
+                },
+            );
+        }
+        n.observe("r", "m", &cold(7_900, 7_000.0));
+        n.observe("r", "m", &cold(7_900, 7_000.0));
+        assert_eq!(n.usual_ttft_ms("r", "m", Some(10), false), Some(900));
+        assert_eq!(limit(&n, "m", 5_000), (2_900, Some(900)));
+        let normal = n.get("r", "m").unwrap();
+        assert_eq!(normal.warm_observations, 3);
+        let per_place = normal.queue_ms_per_place().unwrap();
+        assert!((per_place - 4_000.0).abs() < 1e-6, "{per_place}");
+        assert_eq!(n.usual_load_ms("r", "m"), Some(7_000));
+    }
+
+    #[test]
+    fn a_load_is_judged_against_past_loads_of_the_model_and_a_queue_against_its_place() {
+        let mut n = Normals::new();
+        // Loads of 7 s, and no warm history yet: the fixed 5 s floor
+        // stands for the warm part only.
+        n.observe("r", "m", &cold(7_500, 7_000.0));
+        let loading = Waited {
+            cold: true,
+            queue_position: None,
+        };
+        let l = n.slow_limit("r", Some("m"), Some(10), &loading, 5_000);
+        assert_eq!(
+            l.limit_ms,
+            5_000 + 14_000,
+            "a load of 7 s is not slow at 5 s"
+        );
+        // With a warm normal of 900 ms, the usual is the load plus it.
+        for _ in 0..3 {
+            n.observe("r", "m", &warm(900, 10));
+        }
+        let l = n.slow_limit("r", Some("m"), Some(10), &loading, 5_000);
+        assert_eq!((l.limit_ms, l.usual_ms), (2_900 + 14_000, Some(7_900)));
+        // Third in a queue, without a learned queue normal: each call
+        // ahead allows the warm limit again.
+        let third = Waited {
+            cold: false,
+            queue_position: Some(3),
+        };
+        let l = n.slow_limit("r", Some("m"), Some(10), &third, 5_000);
+        assert_eq!(l.limit_ms, 2_900 * 4);
+        // Learned: 4 s per call ahead; 12 s ahead of the third is usual.
+        n.observe(
+            "r",
+            "m",
+            &Observation {
+                queued: Some((8_000, 2)),
+                ..warm(8_900, 10)
+            },
+        );
+        let l = n.slow_limit("r", Some("m"), Some(10), &third, 5_000);
+        assert_eq!((l.limit_ms, l.usual_ms), (2_900 + 24_000, Some(12_900)));
+    }
+
+    #[test]
+    fn a_load_duration_is_a_load_only_above_the_warm_normal() {
+        let mut n = Normals::new();
+        assert_eq!(
+            n.is_load("r", "m", 3_000.0),
+            None,
+            "no warm normal: no verdict"
+        );
+        for _ in 0..3 {
+            n.observe(
+                "r",
+                "m",
+                &Observation {
+                    load_ms: Some(20.0),
+                    ..warm(900, 10)
+                },
+            );
+        }
+        assert_eq!(n.is_load("r", "m", 200.0), Some(false));
+        assert_eq!(n.is_load("r", "m", 401.0), Some(true));
+    }
+
     #[test]
     fn without_enough_history_the_fixed_floor_rules() {
         let mut n = Normals::new();
         n.observe("r", "m", &warm(1_000, 10));
         n.observe("r", "m", &warm(1_000, 10));
-        assert_eq!(
-            n.slow_limit_ms("r", Some("m"), Some(10), false, 5_000),
-            (5_000, None)
-        );
+        assert_eq!(limit(&n, "m", 5_000), (5_000, None));
         n.observe("r", "m", &warm(1_000, 10));
         // Twice the usual, at least 2 s over it.
-        assert_eq!(
-            n.slow_limit_ms("r", Some("m"), Some(10), false, 5_000),
-            (3_000, Some(1_000))
-        );
+        assert_eq!(limit(&n, "m", 5_000), (3_000, Some(1_000)));
         for _ in 0..3 {
             n.observe("r", "big", &warm(8_000, 10));
         }
-        assert_eq!(
-            n.slow_limit_ms("r", Some("big"), Some(10), false, 5_000),
-            (16_000, Some(8_000))
-        );
+        assert_eq!(limit(&n, "big", 5_000), (16_000, Some(8_000)));
         // A threshold set below the margin narrows it.
-        assert_eq!(
-            n.slow_limit_ms("r", Some("m"), Some(10), false, 150),
-            (2_000, Some(1_000))
-        );
+        assert_eq!(limit(&n, "m", 150), (2_000, Some(1_000)));
     }
 
     #[test]

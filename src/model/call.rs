@@ -127,6 +127,15 @@ impl SlowFirstToken {
             Some(cause) => {
                 s.push_str(", ");
                 s.push_str(&cause);
+                // A queue is judged against its place: say what that
+                // place usually takes (a load names its usual load).
+                let queued = self
+                    .reason
+                    .as_ref()
+                    .is_some_and(|w| w.reason == crate::model::WaitReason::Queued);
+                if let (true, Some(usual)) = (queued, self.usual_ms) {
+                    s.push_str(&format!(" (usually {} to the first token)", seconds(usual)));
+                }
             }
             None => {
                 if let Some(usual) = self.usual_ms {
@@ -346,8 +355,13 @@ mod tests {
             ..Wait::new(WaitReason::Queued)
         };
         assert_eq!(
-            slow(Some(queued), None).message(),
+            slow(Some(queued.clone()), None).message(),
             "qwen3:32b on ollama: no first token after 9.1 s, queued behind 1 call"
+        );
+        assert_eq!(
+            slow(Some(queued), Some(4_900)).message(),
+            "qwen3:32b on ollama: no first token after 9.1 s, queued behind 1 call \
+             (usually 4.9 s to the first token)"
         );
         let prefill = Wait {
             progress: Some(0.6),
@@ -468,6 +482,15 @@ pub struct CallDetails {
     /// [`Wait`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<Wait>,
+    /// How long the call waited in the server's queue, in ms: speedtap's
+    /// own observation, from the explanations of its wait (absent: it was
+    /// never explained `queued`). Counted apart from `ttft_breakdown`'s
+    /// `other_ms`, which no longer holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_ms: Option<u64>,
+    /// The most calls ahead of it while it queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u32>,
     /// The server read far fewer prompt tokens than the request held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_truncated: Option<PromptTruncation>,

@@ -48,23 +48,42 @@ pub struct ModelSummary {
     pub calls: u64,
     /// Of those, the calls that ended `ok`: the sample for the figures below.
     pub ok_calls: u64,
-    /// Median time to first token, ms.
+    /// Median time to first token, ms, of calls neither queued nor cold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms_p50: Option<f64>,
-    /// 90th percentile time to first token, ms.
+    /// 90th percentile time to first token, ms, of the same calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms_p90: Option<f64>,
     /// Settled decode rate (output tokens per second).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tps_p50: Option<f64>,
-    /// 90th percentile settled tokens per second.
+    /// 90th percentile settled tokens per second (the fast tail).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tps_p90: Option<f64>,
-    /// Prompt processing rate, from the server's TTFT breakdown.
+    /// 10th percentile settled tokens per second: the slow tail, the
+    /// same sense as `ttft_ms_p90`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tps_p10: Option<f64>,
+    /// `ok` calls that were cold starts, kept out of `ttft_ms_*`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cold_calls: u64,
+    /// Median time to first token of those cold starts, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_ttft_ms_p50: Option<f64>,
+    /// `ok` calls that waited in the server's queue, kept out of
+    /// `ttft_ms_*`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub queued_calls: u64,
+    /// Prompt processing rate, from the server's TTFT breakdown, of
+    /// prompts of at least 512 tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_tps_p50: Option<f64>,
     /// `started_at` of the newest call in the group (RFC 3339).
     pub last_seen: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The two export formats.

@@ -89,7 +89,8 @@ pub struct SimConfig {
     /// Generation slots (llama-server `-np`): at most this many calls are
     /// admitted at once; the rest wait in FIFO order and their wait is part
     /// of their TTFT. `None` (default) is unlimited: every call gets a slot
-    /// at once and `/slots` grows to the largest concurrency seen.
+    /// at once, `/slots` grows to the largest concurrency seen and always
+    /// lists one idle slot more (there is room for the next call).
     pub slots: Option<u32>,
     /// Context size per slot in tokens (llama-server `-c`, Ollama
     /// `num_ctx`), default 131072, so no ordinary prompt reaches it. A
@@ -121,6 +122,10 @@ pub struct SimConfig {
     /// What `/api/ps` shows while a model loads (default
     /// [`PsWhileLoading::Hidden`]).
     pub ps_while_loading: PsWhileLoading,
+    /// Answer llama-server's `/slots`, `/props` and `/metrics` (default
+    /// true); false answers them 404, as Ollama does, so a server that runs
+    /// one call at a time (`slots: Some(1)`) publishes no queue of its own.
+    pub publishes_slots: bool,
 }
 
 /// What Ollama's `/api/ps` shows while a model loads. Ollama has done
@@ -207,6 +212,7 @@ impl Default for SimConfig {
             model_size: 4_920_000_000,
             vram_fraction: 1.0,
             ps_while_loading: PsWhileLoading::Hidden,
+            publishes_slots: true,
         }
     }
 }

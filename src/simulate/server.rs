@@ -795,7 +795,13 @@ fn discovery(path: &str, shared: &Shared) -> Option<Response<Body>> {
 /// The telemetry endpoints, rendered from the state at this instant.
 fn telemetry_reply(path: &str, shared: &Shared) -> Response<Body> {
     shared.telemetry.fetch_add(1, Ordering::SeqCst);
-    let snap = shared.state.snapshot(Instant::now());
+    if !shared.config.publishes_slots && path != "/api/ps" {
+        return not_found();
+    }
+    let mut snap = shared.state.snapshot(Instant::now());
+    if shared.config.slots.is_none() {
+        telemetry::with_room(&mut snap);
+    }
     let n_ctx = shared.config.n_ctx;
     let speculative = shared.config.draft_acceptance.is_some();
     match path {

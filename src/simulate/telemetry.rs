@@ -138,6 +138,20 @@ fn slot(s: &Slot, n_ctx: u64, speculative: bool, now: tokio::time::Instant) -> O
     o
 }
 
+/// A server with no parallel limit always has a slot for the next call:
+/// its slot list gets an idle one when every slot it has used is busy, so
+/// `/slots`, `/props` `total_slots` and `/metrics` all show the room.
+pub(crate) fn with_room(snap: &mut Snapshot) {
+    if snap.slots.iter().all(|s| s.busy) {
+        let id = snap.slots.len() as u32;
+        snap.slots.push(Slot {
+            id,
+            busy: false,
+            task: None,
+        });
+    }
+}
+
 /// `GET /slots`: a JSON array of every slot.
 pub(crate) fn slots(snap: &Snapshot, n_ctx: u64, speculative: bool) -> String {
     let items: Vec<String> = snap
@@ -153,7 +167,8 @@ pub(crate) fn slots(snap: &Snapshot, n_ctx: u64, speculative: bool) -> String {
 /// `model_alias`, `model_path`, `modalities`, `endpoint_*`, `build_info`,
 /// `is_sleeping`) in the captured order; the chat template and its caps
 /// are left out (the simulator has none). With unlimited slots
-/// `total_slots` is the number of slots used so far (at least 1).
+/// `total_slots` is the number of slots used so far plus an idle one
+/// when all of those are busy ([`with_room`]).
 pub(crate) fn props(snap: &Snapshot, n_ctx: u64, speculative: bool) -> String {
     let total_slots = snap.slots.len().max(1);
     Obj::new()

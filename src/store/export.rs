@@ -25,8 +25,9 @@ use crate::model::{Phase, Snapshot};
 /// Columns added later go at the end, so a script reading by position keeps
 /// working: `seen_by` and `capture_gap` came with the capture interceptor,
 /// the `wait_*` columns and the facts after them with the wait
-/// explanations.
-pub const CSV_COLUMNS: [&str; 44] = [
+/// explanations, `queued_ms` and `queue_position` with the record of what
+/// a call waited for.
+pub const CSV_COLUMNS: [&str; 46] = [
     "id",
     "route",
     "api",
@@ -71,6 +72,8 @@ pub const CSV_COLUMNS: [&str; 44] = [
     "start",
     "error",
     "prompt_tokens_estimated",
+    "queued_ms",
+    "queue_position",
 ];
 
 /// Writes the calls `filter` selects to `out`; returns how many.
@@ -160,6 +163,8 @@ fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
         opt(d.start.map(|s| s.as_str())),
         opt(d.error.as_deref()),
         opt(d.prompt_tokens_estimated),
+        opt(d.queued_ms),
+        opt(d.queue_position),
     ]
     .into_iter()
 }
@@ -423,6 +428,8 @@ fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, S
         start: r.text(41).map(|_| r.named(41)).transpose()?,
         error: r.text(42),
         prompt_tokens_estimated: r.num(43)?,
+        queued_ms: r.num(44)?,
+        queue_position: r.num(45)?,
         // Legs of a relay are never stored.
         relay: None,
     })

@@ -28,7 +28,8 @@ pub const REPLAYED_PER_MODEL: u32 = 40;
 pub(crate) fn load(conn: &Connection) -> rusqlite::Result<Normals> {
     let mut stmt = conn.prepare_cached(
         "SELECT route, model, ttft_ms, prefill_tokens, cached_tokens, input_tokens,
-                prompt_tokens_estimated, start, load_ms, prefill_ms
+                prompt_tokens_estimated, start, load_ms, prefill_ms, queued_ms,
+                queue_position
          FROM (
              SELECT *, row_number() OVER (
                  PARTITION BY route, model ORDER BY started_at_ms DESC, pk DESC
@@ -64,6 +65,12 @@ pub(crate) fn load(conn: &Connection) -> rusqlite::Result<Normals> {
             load_ms: row.get(8)?,
             prefill: prefill_tokens.zip(prefill_ms),
             prompt_estimate: None,
+            queued: row
+                .get::<_, Option<u64>>(10)?
+                .map(|ms| {
+                    Ok::<_, rusqlite::Error>((ms, row.get::<_, Option<u32>>(11)?.unwrap_or(0)))
+                })
+                .transpose()?,
         };
         normals.observe(&route, &model, &observation);
     }

@@ -7,7 +7,7 @@ use rusqlite::{params_from_iter, Connection};
 use super::record::{self, COLUMNS};
 use super::{Store, StoreError};
 use crate::model::snapshot::round_rate;
-use crate::model::{Call, CallStatus};
+use crate::model::{Call, CallStatus, StartKind};
 use crate::model::{DepthDoc, DepthPoint, DepthQuery};
 use crate::model::{HistoryFilter, ModelSummary};
 
@@ -117,9 +117,14 @@ impl Store {
     ///   abandoned or failed call's numbers describe the failure, not the
     ///   model): `ttft_ms_*` over those with a TTFT (a non-streamed response
     ///   counts, with TTFT = time to the response, as docs/metering.md
-    ///   defines it), `tps_*` over those with a settled decode rate (one-burst
-    ///   outputs have none), `prefill_tps_p50` over those whose server
-    ///   reported a prefill rate;
+    ///   defines it) that were neither queued nor cold (like with like:
+    ///   a queue wait or a load is not the model's speed; cold starts are
+    ///   counted apart in `cold_calls` and `cold_ttft_ms_p50`, queued ones
+    ///   in `queued_calls`), `tps_*` over those with a settled decode rate
+    ///   (one-burst outputs have none; `tps_p10` is the slow tail),
+    ///   `prefill_tps_p50` over those whose server reported a prefill rate
+    ///   for a prompt of at least [`MIN_PREFILL_TOKENS`] tokens (a short
+    ///   prompt's rate is mostly fixed overhead);
     /// - percentiles use linear interpolation between closest ranks (the
     ///   "R-7" method: numpy's and Excel `PERCENTILE.INC`'s default): sort the
     ///   n values x₀ ≤ … ≤ xₙ₋₁, let h = (n − 1)·p; the percentile is
@@ -175,6 +180,9 @@ fn depth_points(conn: &rusqlite::Connection, q: &DepthQuery) -> rusqlite::Result
     Ok(points)
 }
 
+/// The shortest prompt whose prefill rate enters `prefill_tps_p50`.
+pub const MIN_PREFILL_TOKENS: u64 = 512;
+
 /// The samples of one (model, route) group while scanning.
 #[derive(Default)]
 struct Group {
@@ -182,7 +190,11 @@ struct Group {
     route: String,
     calls: u64,
     ok_calls: u64,
+    /// TTFTs of calls neither queued nor cold.
     ttft: Vec<f64>,
+    /// TTFTs of cold starts.
+    cold_ttft: Vec<f64>,
+    queued_calls: u64,
     tps: Vec<f64>,
     prefill_tps: Vec<f64>,
     last_seen_ms: i64,
@@ -197,6 +209,10 @@ impl Group {
             ttft_ms_p90: pct(&mut self.ttft, 0.9),
             tps_p50: pct(&mut self.tps, 0.5),
             tps_p90: pct(&mut self.tps, 0.9),
+            tps_p10: pct(&mut self.tps, 0.1),
+            cold_calls: self.cold_ttft.len() as u64,
+            cold_ttft_ms_p50: pct(&mut self.cold_ttft, 0.5),
+            queued_calls: self.queued_calls,
             prefill_tps_p50: pct(&mut self.prefill_tps, 0.5),
             model: self.model,
             route: self.route,
@@ -207,13 +223,42 @@ impl Group {
     }
 }
 
+impl Group {
+    /// Sorts one `ok` call's figures into like with like.
+    fn take_ok(&mut self, row: &rusqlite::Row<'_>) -> rusqlite::Result<()> {
+        let cold = row.get::<_, Option<String>>(8)?.as_deref() == Some(StartKind::Cold.as_str());
+        let queued = row.get::<_, Option<i64>>(9)?.is_some();
+        if queued {
+            self.queued_calls += 1;
+        }
+        if let Some(ttft) = row.get::<_, Option<i64>>(3)? {
+            match (cold, queued) {
+                (true, _) => self.cold_ttft.push(ttft as f64),
+                (false, false) => self.ttft.push(ttft as f64),
+                (false, true) => {}
+            }
+        }
+        self.tps
+            .extend(row.get::<_, Option<f64>>(4)?.filter(|v| v.is_finite()));
+        let long_prompt = row
+            .get::<_, Option<i64>>(10)?
+            .is_some_and(|n| n >= MIN_PREFILL_TOKENS as i64);
+        if long_prompt {
+            self.prefill_tps
+                .extend(row.get::<_, Option<f64>>(5)?.filter(|v| v.is_finite()));
+        }
+        Ok(())
+    }
+}
+
 fn models(conn: &Connection, filter: &HistoryFilter) -> rusqlite::Result<Vec<ModelSummary>> {
     let (where_sql, args) = where_clause(filter);
     // `coalesce(model, '')` groups model-less calls; the index on
     // (model, started_at_ms) serves the ORDER BY when no other filter does.
     let sql = format!(
         "SELECT coalesce(model, ''), route, status, ttft_ms, output_tokens_per_second,
-                prefill_tokens_per_second, started_at_ms, started_at
+                prefill_tokens_per_second, started_at_ms, started_at, start, queued_ms,
+                prefill_tokens
          FROM calls{where_sql} ORDER BY coalesce(model, ''), route"
     );
     let mut stmt = conn.prepare(&sql)?;
@@ -247,13 +292,7 @@ fn models(conn: &Connection, filter: &HistoryFilter) -> rusqlite::Result<Vec<Mod
             continue;
         }
         g.ok_calls += 1;
-        if let Some(ttft) = row.get::<_, Option<i64>>(3)? {
-            g.ttft.push(ttft as f64);
-        }
-        g.tps
-            .extend(row.get::<_, Option<f64>>(4)?.filter(|v| v.is_finite()));
-        g.prefill_tps
-            .extend(row.get::<_, Option<f64>>(5)?.filter(|v| v.is_finite()));
+        g.take_ok(row)?;
     }
     out.extend(group.map(Group::finish));
     Ok(out)

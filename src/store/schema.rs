@@ -113,8 +113,16 @@ ALTER TABLE calls ADD COLUMN error                    TEXT;
 ALTER TABLE calls ADD COLUMN prompt_tokens_estimated  INTEGER;
 ";
 
+/// Migration 4: what each call waited for in the server's queue
+/// (`docs/api.md`, "Call details"): the time it was explained queued and
+/// the most calls ahead of it. NULL on rows from before: not known.
+pub const MIGRATION_4: &str = "
+ALTER TABLE calls ADD COLUMN queued_ms      INTEGER;
+ALTER TABLE calls ADD COLUMN queue_position INTEGER;
+";
+
 /// Every migration, in order: `MIGRATIONS[i]` upgrades version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[MIGRATION_1, MIGRATION_2, MIGRATION_3];
+pub const MIGRATIONS: &[&str] = &[MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -25,6 +25,12 @@ export const MIN_FINAL_RATE_TOKENS = 20;
 
 const SEGMENTS = [
   {
+    key: "queue",
+    field: "queued_ms",
+    label: "Queued",
+    title: "Waiting in the server's queue for a free slot, as speedtap saw it (the server's own queue, or a server learned to run one call at a time).",
+  },
+  {
     key: "load",
     field: "load_ms",
     label: "Cold load",
@@ -40,7 +46,7 @@ const SEGMENTS = [
     key: "other",
     field: "other_ms",
     label: "The rest",
-    title: "Everything else before the first token: network, queueing, HTTP, the first decode step.",
+    title: "Everything else before the first token: network, HTTP, the first decode step (a queue wait speedtap saw is its own part).",
   },
 ];
 
@@ -57,8 +63,11 @@ const SEGMENTS = [
  * and so are a note rather than a segment.
  */
 export function breakdownSegments(call) {
-  const b = call?.ttft_breakdown;
-  if (!b || typeof b !== "object") return null;
+  const server = call?.ttft_breakdown;
+  const hasServer = server && typeof server === "object";
+  if (!hasServer && !isShowable(call?.queued_ms)) return null;
+  // The queue time is speedtap's own (kept beside the server's parts).
+  const b = { ...(hasServer ? server : {}), queued_ms: call.queued_ms };
   const parts = SEGMENTS.filter((s) => isShowable(b[s.field]));
   if (parts.length === 0) return null;
   const sum = parts.reduce((acc, s) => acc + b[s.field], 0);
@@ -67,6 +76,9 @@ export function breakdownSegments(call) {
   const segments = parts.map((s) => {
     const ms = b[s.field];
     let detail = "";
+    if (s.key === "queue" && isShowable(call.queue_position)) {
+      detail = `behind ${formatCount(call.queue_position)} ${call.queue_position === 1 ? "call" : "calls"}`;
+    }
     if (s.key === "prefill") {
       const bits = [];
       if (isShowable(b.prefill_tokens)) bits.push(`${formatCount(b.prefill_tokens)} ${b.prefill_tokens === 1 ? "token" : "tokens"}`);

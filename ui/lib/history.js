@@ -181,7 +181,15 @@ export function comparisonRows(models, { now, timeZone } = {}) {
     ttftP90: formatMs(m.ttft_ms_p90),
     tpsP50: formatRate(m.tps_p50),
     tpsP90: formatRate(m.tps_p90),
+    // The slow tail, in the same sense as TTFT p90.
+    tpsP10: formatRate(m.tps_p10),
     prefillP50: formatRate(m.prefill_tps_p50),
+    // Cold starts are kept out of the TTFT figures and shown apart.
+    cold: m.cold_calls > 0 ? `p50 ${formatMs(m.cold_ttft_ms_p50)}, ${formatCount(m.cold_calls)} ${m.cold_calls === 1 ? "call" : "calls"}` : DASH,
+    ttftTitle:
+      m.queued_calls > 0 || m.cold_calls > 0
+        ? `Over the calls neither queued nor cold (${formatCount(m.queued_calls ?? 0)} queued and ${formatCount(m.cold_calls ?? 0)} cold left out)`
+        : "Over the calls neither queued nor cold",
     lastSeen: formatTime(m.last_seen, { now, timeZone }),
     lastSeenRaw: m.last_seen ?? "",
     best: {

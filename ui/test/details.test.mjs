@@ -33,6 +33,23 @@ test("breakdown: load, prefill (with its tokens and rate) and the rest, as fract
   assert.equal(b.cached, "", "no cached count reported: no note");
 });
 
+test("breakdown: a queue wait is its own part, with the calls ahead, and not in the rest", () => {
+  const b = breakdownSegments({
+    speed: { time_to_first_token_ms: 27_000 },
+    queued_ms: 25_000,
+    queue_position: 2,
+    ttft_breakdown: { prefill_ms: 909, prefill_tokens: 30, other_ms: 1_091 },
+  });
+  assert.deepEqual(b.segments.map((s) => s.key), ["queue", "prefill", "other"]);
+  assert.equal(b.segments[0].label, "Queued");
+  assert.equal(b.segments[0].text, "25.0 s");
+  assert.equal(b.segments[0].detail, "behind 2 calls");
+  // A server that reported nothing: the queue alone still shows.
+  const only = breakdownSegments({ speed: { time_to_first_token_ms: 1_500 }, queued_ms: 1_200, queue_position: 1 });
+  assert.deepEqual(only.segments.map((s) => [s.key, s.detail]), [["queue", "behind 1 call"]]);
+  assert.equal(breakdownSegments({ speed: { time_to_first_token_ms: 10 } }), null);
+});
+
 test("breakdown: only the parts present; a reported 0 is a part; cached tokens are a note", () => {
   // llama.cpp: no load time; 1 prompt token, 37 from the cache.
   const b = breakdownSegments({

@@ -111,7 +111,8 @@ const summary = [
   { model: "", route: "llama", calls: 2, ok_calls: 1, last_seen: "2026-11-29T08:00:00.000Z" },
   {
     model: "llama3.2:3b", route: "ollama", calls: 12, ok_calls: 10, ttft_ms_p50: 180, ttft_ms_p90: 412.5,
-    tps_p50: 61.5, tps_p90: 63.1, prefill_tps_p50: 840.2, last_seen: "2026-11-30T11:59:58.100Z",
+    tps_p50: 61.5, tps_p90: 63.1, tps_p10: 48.2, prefill_tps_p50: 840.2, last_seen: "2026-11-30T11:59:58.100Z",
+    cold_calls: 3, cold_ttft_ms_p50: 7000, queued_calls: 2,
   },
   {
     model: "qwen3:8b", route: "ollama", calls: 3, ok_calls: 3, ttft_ms_p50: 1250, ttft_ms_p90: 2400,
@@ -136,6 +137,13 @@ test("model comparison rows: formatted figures, absent ones as –, engine order
     ["ollama", "12", "180 ms", "413 ms", "61.5", "63.1", "840.2", "11:59:58"],
   );
   assert.match(llama.callsTitle, /12 calls, 10 ended ok/);
+  // Like with like: the slow tail of decode, cold loads apart, and the
+  // TTFT figures say which calls they are over.
+  assert.equal(llama.tpsP10, "48.2");
+  assert.equal(llama.cold, "p50 7.0 s, 3 calls");
+  assert.match(llama.ttftTitle, /neither queued nor cold \(2 queued and 3 cold left out\)/);
+  assert.equal(none.cold, DASH);
+  assert.equal(none.tpsP10, DASH);
   assert.equal(qwen.ttftP50, "1.3 s");
   assert.equal(qwen.tpsP90, "41.0");
   assert.equal(qwen.prefillP50, DASH);

@@ -24,11 +24,18 @@
 //!    task has left `/slots` no longer counts: the server is done with it),
 //!    with the later ones the server runs already (served first: their
 //!    requests overtook this one's on the way),
-//!    fill every slot the server has (`/props` `total_slots`, or the `/slots` list), and no
-//!    reading taken after the call's dispatch contradicts it: a free slot
-//!    in `/slots`, or `/metrics` showing room (nothing deferred and fewer
-//!    requests processing than there are slots). Position: those calls
-//!    ahead of it.
+//!    fill every slot the server has (the larger of `/props` `total_slots`
+//!    and the `/slots` list), the latest `/slots` shows no free slot
+//!    (however old: speedtap's own count is no evidence of a full server),
+//!    and no reading taken after the call's dispatch contradicts it:
+//!    `/metrics` showing room (nothing deferred and fewer requests
+//!    processing than there are slots). Position: those calls ahead of it.
+//!
+//!    Or, on a server that publishes no slot count (Ollama): the server
+//!    is learned serial for the call's model ([`super::serial`]: at least
+//!    five pairs of its calls were in flight together and none streamed at
+//!    the same time) and calls for that model are ahead of it. Without
+//!    either piece of evidence a waiting call is never `queued`.
 //!
 //!    Why only readings taken after the dispatch, and why "deferred 0"
 //!    alone is no contradiction: llama-server answers `/slots` and
@@ -53,6 +60,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::serial::SerialLearner;
 use super::server::{same_model, LoadedModel, Props, Queue, SlotState};
 use crate::meter::normals::Normals;
 use crate::model::{Placement, Wait, WaitReason};
@@ -93,12 +101,13 @@ pub struct ServerView {
 }
 
 impl ServerView {
+    /// The server's slot count: `/props` `total_slots`, or the `/slots`
+    /// list when it is longer (`/props` is read seldom, and a server may
+    /// have added slots since).
     fn total_slots(&self) -> Option<u64> {
-        self.props
-            .as_ref()
-            .and_then(|p| p.total_slots)
-            .or_else(|| self.slots.as_ref().map(|s| s.len() as u64))
-            .filter(|n| *n > 0)
+        let listed = self.slots.as_ref().map(|s| s.len() as u64);
+        let declared = self.props.as_ref().and_then(|p| p.total_slots);
+        declared.max(listed).filter(|n| *n > 0)
     }
 
     fn loaded(&self, model: &str) -> Option<&LoadedModel> {
@@ -165,6 +174,9 @@ struct Tracked {
     last_progress: Option<(Instant, u64)>,
     /// When the call stopped loading or queueing (its prefill began).
     prefill_since: Option<Instant>,
+    /// Calls for the same model, in flight with this one, that streamed
+    /// and ended while it waited: evidence of a serial server.
+    waited_out: u32,
     facts: ServerFacts,
 }
 
@@ -291,8 +303,10 @@ impl Tracked {
     }
 
     /// Why the call waits at `look`, with `ahead` calls taking a slot or
-    /// a queue place before it: the rules of the module doc, in order.
-    fn wait(&mut self, look: &Look<'_>, ahead: u64) -> Wait {
+    /// a queue place before it (`sign`: other evidence of a queue, on a
+    /// server that publishes no slots): the rules of the module doc, in
+    /// order.
+    fn wait(&mut self, look: &Look<'_>, ahead: u64, sign: QueueSign) -> Wait {
         let model = self.model.clone().unwrap_or_default();
         let warm_usual = look
             .normals
@@ -301,10 +315,18 @@ impl Tracked {
         if self.loading(look.view) {
             return self.loading_wait(look, &model, warm_usual);
         }
-        // 2. Queued.
-        if self.queued(look, ahead) {
+        // 2. Queued, by the server's slots, its waiting count or a
+        // learned serial server.
+        let position = match sign {
+            _ if self.queued(look, ahead) => Some(Some(ahead)),
+            _ if self.slot.is_some() => None,
+            QueueSign::Serial(n) if n > 0 => Some(Some(n)),
+            QueueSign::Gauge => Some(None),
+            _ => None,
+        };
+        if let Some(position) = position {
             return Wait {
-                position: Some(ahead as u32),
+                position: position.map(|p| p as u32),
                 prompt_tokens: self.prompt_tokens,
                 ..Wait::new(WaitReason::Queued)
             };
@@ -348,11 +370,16 @@ impl Tracked {
     }
 
     /// Rule 2: the call has no slot, the calls `ahead` of it fill every
-    /// slot, and no reading taken after its dispatch shows room.
+    /// slot, the latest `/slots` shows none free, and no gauge reading
+    /// taken after its dispatch shows room.
     fn queued(&self, look: &Look<'_>, ahead: u64) -> bool {
         let read_since_dispatch = |at: Option<Instant>| at.is_some_and(|t| t >= self.dispatched_at);
-        let contradicted = (look.free_slot && read_since_dispatch(look.view.slots_at))
-            || (look.gauges_show_room && read_since_dispatch(look.view.queue_at));
+        // A free slot in the latest `/slots`, however old, is no evidence
+        // of a full server: the count of calls ahead alone is speedtap's
+        // inference, not the server's queue (a burst's count can outrun a
+        // slot list read before it).
+        let contradicted =
+            look.free_slot || (look.gauges_show_room && read_since_dispatch(look.view.queue_at));
         self.slot.is_none() && look.total_slots.is_some_and(|n| ahead >= n) && !contradicted
     }
 
@@ -432,6 +459,17 @@ impl Tracked {
     }
 }
 
+/// Evidence, beside the server's slots, that a call waits in a queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QueueSign {
+    /// Nothing says so.
+    None,
+    /// A learned serial server, with this many calls for the model ahead.
+    Serial(u64),
+    /// The server's own waiting count, which names no place.
+    Gauge,
+}
+
 /// One look at a route, as [`Tracker::explain`] reads it for each waiting
 /// call.
 struct Look<'a> {
@@ -484,6 +522,8 @@ pub struct Tracker {
     ended: HashMap<String, Instant>,
     /// Server tasks already matched (or running before speedtap looked).
     seen_tasks: HashSet<(u64, u64)>,
+    /// Whether the server runs each model one call at a time.
+    serial: SerialLearner,
 }
 
 impl Tracker {
@@ -501,6 +541,7 @@ impl Tracker {
                 first_progress: None,
                 last_progress: None,
                 prefill_since: None,
+                waited_out: 0,
                 facts: ServerFacts::default(),
             },
         );
@@ -566,6 +607,7 @@ impl Tracker {
             c.prefill_since = None;
             Some(handed)
         });
+        self.learn_serial(seq);
         if let Some(c) = self.calls.get_mut(&seq) {
             c.waiting = false;
             if let Some((slot, first, last)) = handed {
@@ -576,11 +618,105 @@ impl Tracker {
         }
     }
 
-    /// The call ended at `now`.
-    pub fn untrack(&mut self, seq: u64, now: Instant) {
-        if let Some(model) = self.calls.remove(&seq).and_then(|c| c.model) {
-            self.ended.insert(model, now);
+    /// Call `seq`'s first token: evidence for or against a serial server.
+    /// Another call for its model streaming now proves the server runs
+    /// calls side by side; else each call it was in flight with that
+    /// streamed and ended before it is a serial pair.
+    fn learn_serial(&mut self, seq: u64) {
+        let Some(c) = self.calls.get(&seq).filter(|c| c.waiting) else {
+            return;
+        };
+        let Some(model) = c.model.clone() else {
+            return;
+        };
+        let together = self
+            .calls
+            .iter()
+            .any(|(s, o)| *s != seq && !o.waiting && o.model.as_deref() == Some(&*model));
+        if together {
+            self.serial.streamed_together(&model);
+        } else {
+            self.serial.streamed_after(&model, c.waited_out);
         }
+    }
+
+    /// The call ended at `now`. A call that streamed and ended is, for
+    /// every call for its model still waiting, one call it waited out.
+    pub fn untrack(&mut self, seq: u64, now: Instant) {
+        let Some(gone) = self.calls.remove(&seq) else {
+            return;
+        };
+        let Some(model) = gone.model else {
+            return;
+        };
+        if !gone.waiting {
+            for c in self.calls.values_mut() {
+                if c.waiting && c.model.as_deref() == Some(&*model) {
+                    c.waited_out = c.waited_out.saturating_add(1);
+                }
+            }
+        }
+        self.ended.insert(model, now);
+    }
+
+    /// For each call in dispatch order, when the server publishes no slot
+    /// count and runs its model one call at a time: the calls for that
+    /// model ahead of it (dispatched before it and still in flight, or
+    /// after it and streaming already).
+    fn serial_ahead(&self, view: &ServerView) -> Vec<Option<u64>> {
+        let calls: Vec<&Tracked> = self.calls.values().collect();
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let model = c.model.as_deref()?;
+                if view.total_slots().is_some() || !self.serial.is_serial(model) {
+                    return None;
+                }
+                let same = |o: &&&Tracked| o.model.as_deref() == Some(model);
+                let before = calls[..i].iter().filter(same).count();
+                let later = calls[i + 1..]
+                    .iter()
+                    .filter(same)
+                    .filter(|o| !o.waiting)
+                    .count();
+                Some((before + later) as u64)
+            })
+            .collect()
+    }
+
+    /// For each call in dispatch order, the evidence of a queue besides
+    /// the slots: a learned serial server, or, on a server that publishes
+    /// no slot count, its own waiting count (`/metrics`: vLLM's
+    /// `num_requests_waiting`, llama-server's `requests_deferred`) read
+    /// after the dispatch: the latest that many calls still waiting and
+    /// dispatched before the reading wait in it (it names no place).
+    fn queue_signs(&self, view: &ServerView) -> Vec<QueueSign> {
+        let mut signs: Vec<QueueSign> = self
+            .serial_ahead(view)
+            .into_iter()
+            .map(|n| n.map_or(QueueSign::None, QueueSign::Serial))
+            .collect();
+        let waiting = view
+            .queue
+            .as_ref()
+            .and_then(|q| q.deferred)
+            .zip(view.queue_at)
+            .filter(|(n, _)| *n > 0 && view.total_slots().is_none());
+        if let Some((mut left, at)) = waiting {
+            for (i, c) in self.calls.values().enumerate().rev() {
+                if left == 0 {
+                    break;
+                }
+                if c.waiting && c.slot.is_none() && c.dispatched_at <= at {
+                    if signs[i] == QueueSign::None {
+                        signs[i] = QueueSign::Gauge;
+                    }
+                    left -= 1;
+                }
+            }
+        }
+        signs
     }
 
     /// Whether a call for `model` other than `seq` was in flight after
@@ -728,6 +864,7 @@ impl Tracker {
         let mut out = Vec::new();
         let seqs: Vec<u64> = self.calls.keys().copied().collect();
         let served_later = self.served_later(view);
+        let signs = self.queue_signs(view);
         // Calls before this one that still take a slot or a queue place,
         // and later ones the server already serves (as in `observe`).
         let mut before: u64 = 0;
@@ -742,7 +879,7 @@ impl Tracker {
             if !c.waiting {
                 continue;
             }
-            out.push((seq, c.wait(&look, ahead)));
+            out.push((seq, c.wait(&look, ahead, signs[i])));
         }
         out
     }
@@ -1117,6 +1254,170 @@ mod tests {
         assert_eq!(w[0].1.progress, Some(0.25));
         assert_eq!(w[0].1.eta_ms, Some(3_000));
         assert_eq!(w[0].1.usual_ms, Some(4_000));
+    }
+
+    /// Runs `pairs` rounds of two calls for `m` on a server without slots:
+    /// the first streams and ends, then the second gets its first token.
+    fn serve_in_turn(t: &mut Tracker, view: &ServerView, t0: Instant, pairs: u64) -> u64 {
+        let mut seq = 100;
+        for i in 0..pairs {
+            let at = ms(t0, i * 1_000);
+            t.track(seq, Some("m".into()), at);
+            t.track(seq + 1, Some("m".into()), ms(at, 1));
+            t.first_token(seq, view);
+            t.untrack(seq, ms(at, 300));
+            t.first_token(seq + 1, view);
+            t.untrack(seq + 1, ms(at, 600));
+            seq += 2;
+        }
+        seq
+    }
+
+    #[test]
+    fn without_slots_a_second_call_is_queued_only_once_the_model_is_learned_serial() {
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let view = ServerView::default();
+        let mut t = Tracker::default();
+        // Four pairs served in turn: not yet evidence.
+        let seq = serve_in_turn(&mut t, &view, t0, 4);
+        let now = ms(t0, 10_000);
+        t.track(seq, Some("m".into()), now);
+        t.first_token(seq, &view);
+        t.track(seq + 1, Some("m".into()), ms(now, 10));
+        let w = t.explain("r", &view, &normals, ms(now, 100));
+        assert_eq!(w[0].1.reason, WaitReason::Unknown, "{w:?}");
+        // The fifth pair: the second call waited the first out.
+        t.untrack(seq, ms(now, 300));
+        t.first_token(seq + 1, &view);
+        t.untrack(seq + 1, ms(now, 600));
+        let now = ms(t0, 20_000);
+        t.track(1, Some("m".into()), now);
+        t.first_token(1, &view);
+        t.track(2, Some("m".into()), ms(now, 10));
+        t.track(3, Some("m".into()), ms(now, 20));
+        t.track(4, Some("other".into()), ms(now, 30));
+        let w = t.explain("r", &view, &normals, ms(now, 100));
+        assert_eq!(w[0].1.reason, WaitReason::Queued, "{w:?}");
+        assert_eq!(w[0].1.position, Some(1));
+        assert_eq!(w[1].1.position, Some(2));
+        assert_eq!(
+            w[2].1.reason,
+            WaitReason::Unknown,
+            "another model is not learned"
+        );
+    }
+
+    #[test]
+    fn without_slots_two_calls_streaming_together_prove_the_server_parallel() {
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let view = ServerView::default();
+        let mut t = Tracker::default();
+        let seq = serve_in_turn(&mut t, &view, t0, 5);
+        let now = ms(t0, 10_000);
+        t.track(seq, Some("m".into()), now);
+        t.track(seq + 1, Some("m".into()), ms(now, 1));
+        t.first_token(seq, &view);
+        t.first_token(seq + 1, &view);
+        t.untrack(seq, ms(now, 300));
+        t.untrack(seq + 1, ms(now, 300));
+        t.track(1, Some("m".into()), ms(now, 1_000));
+        t.first_token(1, &view);
+        t.track(2, Some("m".into()), ms(now, 1_010));
+        let w = t.explain("r", &view, &normals, ms(now, 1_100));
+        assert_eq!(w[0].1.reason, WaitReason::Unknown, "{w:?}");
+    }
+
+    #[test]
+    fn a_slot_list_read_before_a_burst_showing_free_slots_never_queues_it() {
+        // Two slots, both idle at the last reading; four calls dispatched
+        // since: the count says full, the server's own state does not.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        let view = ServerView {
+            slots: Some(vec![slot(0, false, None, 0, 0), slot(1, false, None, 0, 0)]),
+            slots_at: Some(t0),
+            ..ServerView::default()
+        };
+        for seq in 1..=4 {
+            t.track(seq, Some("m".into()), ms(t0, 10 + seq));
+        }
+        let w = t.explain("r", &view, &normals, ms(t0, 20));
+        assert!(
+            w.iter().all(|(_, w)| w.reason != WaitReason::Queued),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn a_slot_list_that_grew_past_the_declared_count_shows_room_and_takes_the_task() {
+        // `/props` read at start said one slot; the server has added one.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 10));
+        let view = ServerView {
+            props: Some(Props {
+                n_ctx: None,
+                total_slots: Some(1),
+            }),
+            slots: Some(vec![
+                slot(0, true, Some(5), 100, 100),
+                slot(1, false, None, 0, 0),
+            ]),
+            slots_at: Some(ms(t0, 10)),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 20));
+        let w = t.explain("r", &view, &normals, ms(t0, 20));
+        assert_ne!(w[1].1.reason, WaitReason::Queued, "{w:?}");
+        let view = ServerView {
+            slots: Some(vec![
+                slot(0, true, Some(5), 100, 100),
+                slot(1, true, Some(6), 1_000, 500),
+            ]),
+            ..view
+        };
+        t.observe(&view, ms(t0, 500));
+        let w = t.explain("r", &view, &normals, ms(t0, 500));
+        assert_eq!(w[1].1.reason, WaitReason::Prefilling, "{w:?}");
+        assert_eq!(w[1].1.progress, Some(0.5));
+    }
+
+    #[test]
+    fn without_slots_the_servers_own_waiting_count_read_after_the_dispatch_queues_the_latest_calls()
+    {
+        // vLLM: no slots, `num_requests_waiting` and `_running` only.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.track(2, Some("m".into()), ms(t0, 10));
+        t.track(3, Some("m".into()), ms(t0, 20));
+        let mut view = ServerView {
+            queue: gauges(1, 2),
+            queue_at: Some(ms(t0, 15)),
+            ..ServerView::default()
+        };
+        // Read before call 3 was sent: the one waiting is call 2.
+        let w = t.explain("r", &view, &normals, ms(t0, 100));
+        let reasons: Vec<WaitReason> = w.iter().map(|(_, w)| w.reason).collect();
+        assert_eq!(
+            reasons,
+            [WaitReason::Unknown, WaitReason::Queued, WaitReason::Unknown]
+        );
+        assert_eq!(w[1].1.position, None, "the count names no place");
+        // Nothing waiting: nobody is queued.
+        view.queue = gauges(0, 3);
+        view.queue_at = Some(ms(t0, 600));
+        let w = t.explain("r", &view, &normals, ms(t0, 700));
+        assert!(
+            w.iter().all(|(_, w)| w.reason != WaitReason::Queued),
+            "{w:?}"
+        );
     }
 
     fn gauges(deferred: u64, processing: u64) -> Option<Queue> {

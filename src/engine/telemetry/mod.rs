@@ -29,6 +29,7 @@
 //!   it while the look waits.
 
 pub mod explain;
+pub mod serial;
 pub mod server;
 
 use std::collections::HashMap;
