@@ -218,7 +218,10 @@ const firstLoad = new Promise((resolve) => {
     stats: (stats) => dispatch({ type: "stats", stats }),
     slow_first_token: (p) => dispatch({ type: "slow_first_token", ...p }),
     prompt_truncated: (p) => dispatch({ type: "prompt_truncated", ...p }),
-    servers: (doc) => start.onServers(doc),
+    servers: (doc) => {
+      start.onServers(doc);
+      settings.onServers(doc);
+    },
     open: () => {
       opened = true;
       everOpened = true;

@@ -6,6 +6,7 @@
 // command that grants its permission when that is missing (`capture`).
 
 import { captureStatus } from "../lib/capture.js";
+import { describeServer } from "../lib/servers.js";
 import { errorField, portsText, savedMessage, settingsPayload } from "../lib/settings.js";
 import { renderCaptureStatus } from "./capture.js";
 import { h } from "./dom.js";
@@ -103,6 +104,31 @@ export function mountSettings(source, doc = document) {
     };
   }
 
+  /** The servers found so far, one line each (Get started has the details). */
+  function renderServers(doc) {
+    const items = (doc?.servers ?? []).map((s) => {
+      const d = describeServer(s);
+      return h(
+        "li",
+        { "data-state": s.state },
+        h("span", { class: "item-title" }, d.title),
+        " ",
+        h("span", { class: `chip ${d.chipClass}` }, d.chip),
+        " ",
+        h("span", { class: "muted small" }, d.subtitle),
+      );
+    });
+    el("settings-servers").replaceChildren(...items);
+  }
+
+  async function loadServers() {
+    try {
+      renderServers(await source.servers());
+    } catch {
+      el("settings-servers").replaceChildren();
+    }
+  }
+
   async function loadCapture() {
     try {
       renderCaptureStatus(captureBox, captureStatus(await source.capture()));
@@ -180,6 +206,7 @@ export function mountSettings(source, doc = document) {
         form.hidden = false;
         unavailable.hidden = true;
         if (loadedCapture !== null) loadCapture();
+        if (watchPorts !== null) loadServers();
       } catch (err) {
         form.hidden = true;
         unavailable.hidden = false;
@@ -192,6 +219,10 @@ export function mountSettings(source, doc = document) {
 
   return {
     load,
+    /** A `servers` event: the followed list changed. */
+    onServers(doc) {
+      if (watchPorts !== null) renderServers(doc);
+    },
     /** Adds a prefilled route row (e.g. a discovered server's suggestion). */
     async addRoute(route) {
       await load();
