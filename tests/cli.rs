@@ -500,7 +500,7 @@ fn a_route_whose_upstream_is_its_own_listener_is_refused_at_start() {
     );
 }
 
-/// Issue 27: a capture-only route (`--route NAME=UPSTREAM`, no listen
+/// A capture-only route (`--route NAME=UPSTREAM`, no listen
 /// address) with the capture off would measure nothing: exit 2, naming the
 /// route and both fixes.
 #[test]

@@ -669,7 +669,7 @@ async fn only_loopback_host_names_are_served() {
         .assert_json_error(StatusCode::BAD_REQUEST, "missing host header");
 }
 
-/// Issue 27: RFC 9112 section 3.2 answers more than one `Host` line with
+/// RFC 9112 section 3.2 answers more than one `Host` line with
 /// 400, loopback names or not.
 #[tokio::test]
 async fn a_request_with_two_host_headers_is_a_400() {

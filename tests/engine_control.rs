@@ -357,7 +357,7 @@ async fn demo_traffic_leaves_history_and_notifications_untouched() {
     let _ = std::fs::remove_dir_all(db.parent().unwrap());
 }
 
-/// Issue 27: a route added while running (the watcher, the demo, the tray)
+/// A route added while running (the watcher, the demo, the tray)
 /// or saved from Settings whose upstream is one of speedtap's own
 /// listeners would loop every request back into speedtap: refused, with
 /// an error naming the route and the listener; nothing is bound or written.

@@ -31,15 +31,41 @@ fn start_llama_server(dir: &Path, listen: &str) -> (Proc, SocketAddr) {
         std::os::unix::fs::symlink(BIN, &link).unwrap();
     }
     let mut cmd = Command::new(&link);
-    cmd.args(["simulate", "--listen", listen, "--tps", "200"])
-        .stdin(Stdio::null())
+    cmd.args(["simulate", "--listen", listen, "--tps", "200"]);
+    spawn_listening(cmd)
+}
+
+/// Starts `cmd` and waits for its `listening on http://ADDR` line.
+fn spawn_listening(mut cmd: Command) -> (Proc, SocketAddr) {
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let sim = Proc::spawn(cmd);
-    let banner = sim.stdout.wait_for("the simulate banner", STARTUP, |l| {
+    let child = Proc::spawn(cmd);
+    let banner = child.stdout.wait_for("the listening banner", STARTUP, |l| {
         l.contains("listening on")
     });
-    (sim, url_addr(&banner, "listening on http://"))
+    (child, url_addr(&banner, "listening on http://"))
+}
+
+/// The engine started with the capture on `lo`, or `None` (the test
+/// skipped) where the capture can't run and CI doesn't require it.
+async fn capture_engine(mut options: EngineOptions) -> Option<RunningEngine> {
+    options.capture = Some(CaptureOptions {
+        interface: "lo".into(),
+        capture_only: Vec::new(),
+    });
+    let engine = Engine::start(options).await.unwrap();
+    if matches!(engine.capture, CaptureStatus::On { .. }) {
+        return Some(engine);
+    }
+    assert!(
+        std::env::var_os("SPEEDTAP_CAPTURE_REQUIRE").is_none(),
+        "SPEEDTAP_CAPTURE_REQUIRE is set but the capture can't run here: {:?}",
+        engine.capture
+    );
+    eprintln!("skipped: the capture can't run here: {:?}", engine.capture);
+    engine.shutdown(Duration::from_secs(1)).await;
+    None
 }
 
 async fn watching_engine(dir: &Path) -> RunningEngine {
@@ -149,22 +175,10 @@ async fn a_server_started_after_the_engine_is_measured_and_keeps_its_name_across
 async fn with_the_capture_a_server_started_after_the_engine_is_measured_with_no_client_change() {
     let dir = scratch("follow", "capture");
     let mut options = EngineOptions::new(Vec::new());
-    options.capture = Some(CaptureOptions {
-        interface: "lo".into(),
-        capture_only: Vec::new(),
-    });
     options.watch = Some(WatchOptions::default());
-    let engine = Engine::start(options).await.unwrap();
-    if !matches!(engine.capture, CaptureStatus::On { .. }) {
-        assert!(
-            std::env::var_os("SPEEDTAP_CAPTURE_REQUIRE").is_none(),
-            "SPEEDTAP_CAPTURE_REQUIRE is set but the capture can't run here: {:?}",
-            engine.capture
-        );
-        eprintln!("skipped: the capture can't run here: {:?}", engine.capture);
-        engine.shutdown(Duration::from_secs(1)).await;
+    let Some(engine) = capture_engine(options).await else {
         return;
-    }
+    };
     let (_sim, addr) = start_llama_server(&dir, "127.0.0.1:0");
     let (server, took) = server_on(
         &engine,
@@ -199,15 +213,8 @@ async fn with_the_capture_a_server_started_after_the_engine_is_measured_with_no_
 fn start_relay(upstream: SocketAddr) -> (Proc, SocketAddr) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/relay/litellm");
     let mut cmd = Command::new(script);
-    cmd.arg(format!("http://{upstream}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let relay = Proc::spawn(cmd);
-    let banner = relay.stdout.wait_for("the relay's banner", STARTUP, |l| {
-        l.contains("listening on")
-    });
-    (relay, url_addr(&banner, "listening on http://"))
+    cmd.arg(format!("http://{upstream}"));
+    spawn_listening(cmd)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,23 +222,11 @@ async fn a_call_through_a_relay_to_a_second_server_is_recorded_once_with_the_ser
     let dir = scratch("follow", "relay");
     let db = dir.join("speedtap.db");
     let mut options = EngineOptions::new(Vec::new());
-    options.capture = Some(CaptureOptions {
-        interface: "lo".into(),
-        capture_only: Vec::new(),
-    });
     options.watch = Some(WatchOptions::default());
     options.store = Some(speedtap::store::Store::open(&db).unwrap());
-    let engine = Engine::start(options).await.unwrap();
-    if !matches!(engine.capture, CaptureStatus::On { .. }) {
-        assert!(
-            std::env::var_os("SPEEDTAP_CAPTURE_REQUIRE").is_none(),
-            "SPEEDTAP_CAPTURE_REQUIRE is set but the capture can't run here: {:?}",
-            engine.capture
-        );
-        eprintln!("skipped: the capture can't run here: {:?}", engine.capture);
-        engine.shutdown(Duration::from_secs(1)).await;
+    let Some(engine) = capture_engine(options).await else {
         return;
-    }
+    };
     let within = 2 * WATCH_EVERY;
     let (_sim, server_addr) = start_llama_server(&dir, "127.0.0.1:0");
     let (server, _) = server_on(&engine, server_addr.port(), FollowedState::Measured, within).await;
@@ -298,15 +293,8 @@ async fn a_server_unknown_by_name_is_found_once_the_settings_name_its_port() {
     let link = dir.join("my-model-server");
     std::os::unix::fs::symlink(BIN, &link).unwrap();
     let mut cmd = Command::new(&link);
-    cmd.args(["simulate", "--listen", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let sim = Proc::spawn(cmd);
-    let banner = sim.stdout.wait_for("the simulate banner", STARTUP, |l| {
-        l.contains("listening on")
-    });
-    let addr = url_addr(&banner, "listening on http://");
+    cmd.args(["simulate", "--listen", "127.0.0.1:0"]);
+    let (_sim, addr) = spawn_listening(cmd);
 
     // Named in the Settings view: found at once, and saved to the file.
     let mut settings = engine.handle.get_settings().await.unwrap();

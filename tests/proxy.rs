@@ -561,7 +561,7 @@ async fn sixty_four_concurrent_streams_are_all_measured() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
-/// Issue 27: a client that sends its request and then shuts down its write
+/// A client that sends its request and then shuts down its write
 /// side (`nc -N`) is answered in full, and its call is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_half_closes_after_its_request_is_answered_and_metered() {
@@ -597,7 +597,7 @@ async fn a_client_that_half_closes_after_its_request_is_answered_and_metered() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
-/// Issue 27: a server that stalls 2 s after its end marker before ending
+/// A server that stalls 2 s after its end marker before ending
 /// its body. The call settles at the marker (it leaves the live list while
 /// the body is still open, with the marker's elapsed time); the client
 /// still gets every byte, the late ones included.
@@ -653,7 +653,7 @@ fn ollama_chat_lines(n: usize, ttft: Duration, gap: Duration) -> Vec<(Duration, 
         .collect()
 }
 
-/// Issue 27: streams labelled with the wrong content type are framed by
+/// Streams labelled with the wrong content type are framed by
 /// their bytes. An SSE chat stream sent as `application/json` and an
 /// Ollama NDJSON stream sent as `text/plain` both get the first token's
 /// TTFT and a decode rate, not one burst; their bytes pass unchanged.
@@ -694,7 +694,7 @@ async fn streams_with_the_wrong_content_type_are_framed_by_their_bytes() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
-/// Issue 27: a request head over the cap (408 KiB by default) is answered
+/// A request head over the cap (408 KiB by default) is answered
 /// 431 and not forwarded, also when it arrives in one piece, which hyper's
 /// own buffer check let through up to about twice the cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,7 @@
 //! connection is closed (so the server stops generating), and no call is
 //! left in flight.
 //!
-//! The proxy serves half-closed clients (issue 27), so once a request is
+//! The proxy serves half-closed clients, so once a request is
 //! whole, the end of the client's input is not a hang-up: a client that
 //! leaves while its call waits is noticed when the first bytes of the
 //! answer are written to it (`docs/protocols.md`, "HTTP transport").
@@ -175,7 +175,7 @@ async fn client_leaving_mid_stream_abandons_the_call() {
 /// and the upstream connection is closed. The client's leaving shows only
 /// once the answer starts (see the module doc), and an unmetered call is
 /// recorded at its answer's head: it is `unmetered`, with the status the
-/// upstream gave (before issue 27's half-close it was `abandoned`).
+/// upstream gave (before the proxy served half-closed clients it was `abandoned`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_leaving_an_unmetered_request_before_the_answer_is_recorded_and_closes_the_upstream()
 {

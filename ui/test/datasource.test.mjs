@@ -257,7 +257,7 @@ test("Tauri: no store rejects with the engine's message; an app without the comm
   await assert.rejects(s.exportFile({}, "csv"), (e) => e instanceof SourceError && /no text/.test(e.message));
 });
 
-test("the live list never asks for unmetered calls: they are shown only on request (issue 27)", async () => {
+test("the live list never asks for unmetered calls: they are shown only on request", async () => {
   const { fetch, requests } = fakeFetch({
     "GET /api/v1/calls": { status: 200, body: { calls: [] } },
     "GET /api/v1/calls?limit=200": { status: 200, body: { calls: [] } },
