@@ -45,6 +45,9 @@
 //! Tests: a fixture in `tests/configs/valid/full.toml` (and one in
 //! `tests/configs/invalid/` per rule), checked by `tests/config.rs`.
 
+mod define;
+pub mod defs;
+mod entries;
 mod error;
 pub mod file;
 pub mod loops;
@@ -54,10 +57,11 @@ pub mod values;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+pub use defs::{CliOverrides, SettingFlags, Settings};
 pub use error::ConfigError;
 pub use file::{load_config, parse_config, save_config, ConfigFile};
 pub use paths::{default_config_path, default_db_path};
-pub use resolve::{resolve, CliOverrides, Settings};
+pub use resolve::resolve;
 pub use values::{
     check_otlp_endpoint, parse_head_timeout, parse_idle_timeout, DbSetting, Millis, ProxySettings,
 };

@@ -28,6 +28,12 @@ pub fn at_least_one(n: u64) -> Result<u64, &'static str> {
     }
 }
 
+/// [`at_least_one`] as a flag's check (the settings table hands it the
+/// flag's value by reference).
+pub fn check_count(n: &u64) -> Result<u64, &'static str> {
+    at_least_one(*n)
+}
+
 /// A duration the user writes in whole milliseconds (`slow_ttft_ms`): the
 /// file and the flag hold the number, the resolved settings and the engine
 /// the [`Duration`]. Compares equal to its number of milliseconds.
