@@ -50,3 +50,30 @@ impl std::ops::Deref for RunArgs {
         &self.settings
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flags the table generates keep a place of their own in `--help`:
+    /// two of them say `display_order` (the file orders them differently),
+    /// and a tie would let clap reorder them by name instead.
+    #[test]
+    fn no_two_flags_share_a_place_in_help() {
+        let cmd = RunArgs::augment_args(clap::Command::new("run"));
+        let mut orders: Vec<(usize, String)> = cmd
+            .get_arguments()
+            .filter_map(|a| Some((a.get_display_order(), a.get_long()?.to_owned())))
+            .collect();
+        orders.sort();
+        for pair in orders.windows(2) {
+            assert_ne!(pair[0].0, pair[1].0, "{} and {} tie", pair[0].1, pair[1].1);
+        }
+        let longs: Vec<&str> = orders.iter().map(|(_, l)| l.as_str()).collect();
+        let at = |flag: &str| longs.iter().position(|l| *l == flag).unwrap();
+        assert!(at("allow-remote") < at("otlp-endpoint"), "{longs:?}");
+        assert!(at("otlp-endpoint") < at("retention-days"), "{longs:?}");
+        assert!(at("max-db-mb") < at("idle-timeout"), "{longs:?}");
+        assert!(at("idle-timeout") < at("head-timeout"), "{longs:?}");
+    }
+}
