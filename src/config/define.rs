@@ -19,6 +19,11 @@
 //!   `merge` rule (one of the functions below) deciding it from the flag,
 //!   the file and the default.
 //!
+//! A `group` of settings becomes one struct (each field an `Option`, unset
+//! meaning the default of the part that uses them) held as one field by
+//! the file, the flags and the resolved settings, while its keys and flags
+//! stay top-level; the flag wins over the file field by field.
+//!
 //! The table is cut into sections so that the keys a config file is
 //! written with, and the flags `--help` lists, keep their order: each
 //! section is its plain entries, then the file's and the flags' fields
@@ -90,6 +95,17 @@ macro_rules! settings_table {
                         value: $vty:ty = $default:expr, merge = $merge:path;
                     }
                 )*
+                $(
+                    group $group:ident: $group_ty:ident {
+                        $(
+                            $(#[doc = $gdoc:tt])*
+                            setting $gname:ident {
+                                file: $gty:ty $(, read_with = $gread:literal)? $(, write_with = $gwrite:literal)?;
+                                flag: [$($gclap:tt)*] $(, check = $gcheck:expr)?;
+                            }
+                        )*
+                    }
+                )?
                 by_hand file { $($hand_file:tt)* }
                 by_hand flags { $($hand_flags:tt)* }
             }
@@ -118,9 +134,38 @@ macro_rules! settings_table {
                     $(#[serde(serialize_with = $write)])?
                     pub $name: Option<$fty>,
                 )*
+                $(
+                    #[doc = concat!("The ", stringify!($group), " settings, written as top-level keys.")]
+                    #[serde(flatten)]
+                    pub $group: $group_ty,
+                )?
                 $($hand_file)*
             )*
         }
+
+        $($(
+            /// Settings kept together (each `None`: the default of the part
+            /// that uses them, documented there), as one field of the file,
+            /// the flags and the resolved settings; their keys and flags are
+            /// top-level.
+            #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+            pub struct $group_ty {
+                $(
+                    $(#[doc = $gdoc])*
+                    $(#[serde(serialize_with = $gwrite)])?
+                    pub $gname: Option<$gty>,
+                )*
+            }
+
+            impl $group_ty {
+                /// Each field the other sets wins (flags over the file).
+                pub(super) fn or(self, lower: $group_ty) -> $group_ty {
+                    $group_ty {
+                        $( $gname: self.$gname.or(lower.$gname), )*
+                    }
+                }
+            }
+        )?)*
 
         /// The file as serde reads it: the TOML's own shape (flat keys,
         /// `route` a list of tables), each value checked by its rule in
@@ -131,7 +176,12 @@ macro_rules! settings_table {
             $($(
                 $(#[serde(deserialize_with = $read)])?
                 pub(super) $name: Option<$fty>,
-            )*)*
+            )*
+            $($(
+                $(#[serde(deserialize_with = $gread)])?
+                pub(super) $gname: Option<$gty>,
+            )*)?
+            )*
             $($hand_keys)*
         }
 
@@ -140,7 +190,10 @@ macro_rules! settings_table {
             /// others are left for [`super::file`] to fill.
             pub(super) fn take_plain(&mut self) -> ConfigFile {
                 ConfigFile {
-                    $($( $name: self.$name.take(), )*)*
+                    $(
+                        $( $name: self.$name.take(), )*
+                        $( $group: $group_ty { $( $gname: self.$gname.take(), )* }, )?
+                    )*
                     ..ConfigFile::default()
                 }
             }
@@ -156,6 +209,11 @@ macro_rules! settings_table {
                     #[arg($($clap)*)]
                     pub $name: $flagty,
                 )*
+                $($(
+                    $(#[doc = $gdoc])*
+                    #[arg($($gclap)*)]
+                    pub $gname: Option<$gty>,
+                )*)?
                 $($hand_flags)*
             )*
         }
@@ -165,7 +223,10 @@ macro_rules! settings_table {
             /// are resolved by hand.
             pub fn overrides(&self, by_hand: CliOverrides) -> CliOverrides {
                 CliOverrides {
-                    $($( $name: self.$name.clone(), )*)*
+                    $(
+                        $( $name: self.$name.clone(), )*
+                        $( $group: $group_ty { $( $gname: self.$gname.clone(), )* }, )?
+                    )*
                     ..by_hand
                 }
             }
@@ -179,15 +240,29 @@ macro_rules! settings_table {
             $($(
                 $(#[doc = $doc])*
                 pub $name: $flagty,
-            )*)*
+            )*
+            $(
+                #[doc = concat!("The ", stringify!($group), " flags.")]
+                pub $group: $group_ty,
+            )?
+            )*
             $($hand_overrides)*
         }
 
         /// The plain flags' own checks, by the file's rules.
         pub(super) fn check_plain_flags(flags: &CliOverrides) -> Result<(), ConfigError> {
-            $($($(
-                $crate::config::define::check_flag(&flags.$name, stringify!($name), $check)?;
-            )?)*)*
+            $(
+                $($(
+                    $crate::config::define::check_flag(&flags.$name, stringify!($name), $check)?;
+                )?)*
+                $($($(
+                    $crate::config::define::check_flag(
+                        &flags.$group.$gname,
+                        stringify!($gname),
+                        $gcheck,
+                    )?;
+                )?)*)?
+            )*
             Ok(())
         }
 
@@ -198,14 +273,22 @@ macro_rules! settings_table {
             $($(
                 $(#[doc = $doc])*
                 pub $name: $vty,
-            )*)*
+            )*
+            $(
+                #[doc = concat!("The ", stringify!($group), " settings.")]
+                pub $group: $group_ty,
+            )?
+            )*
             $( $(#[$smeta])* pub $sname: $sty, )*
         }
 
         impl Default for Settings {
             fn default() -> Self {
                 Settings {
-                    $($( $name: $default, )*)*
+                    $(
+                        $( $name: $default, )*
+                        $( $group: $group_ty::default(), )?
+                    )*
                     $( $sname: $sdefault, )*
                 }
             }
@@ -215,9 +298,10 @@ macro_rules! settings_table {
         /// their defaults, for [`super::resolve()`] to decide.
         pub(super) fn merge_plain(file: &ConfigFile, flags: &CliOverrides) -> Settings {
             Settings {
-                $($(
-                    $name: $merge(flags.$name.clone(), file.$name.clone(), $default),
-                )*)*
+                $(
+                    $( $name: $merge(flags.$name.clone(), file.$name.clone(), $default), )*
+                    $( $group: flags.$group.clone().or(file.$group.clone()), )?
+                )*
                 ..Settings::default()
             }
         }

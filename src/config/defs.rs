@@ -8,7 +8,7 @@
 //! order, and `--help` lists the flags in it (two flags say
 //! `display_order` to keep their place there, as the file orders them
 //! differently). Settings with rules of their own (routes, the API and
-//! store addresses, the proxy's limits, the tray's switches, `--json`)
+//! store addresses, the tray's switches, `--json`)
 //! are declared by hand at the end of a section and resolved in
 //! [`super::resolve`](mod@super::resolve).
 
@@ -22,7 +22,7 @@ use super::define::{
     either_on, first_set, first_set_ms, first_set_or_none, flags_replace, settings_table,
 };
 use super::entries::{write_routes, ListenAddr, Origin, RouteEntry};
-use super::values::{self, check_otlp_endpoint, DbSetting, Millis, ProxySettings};
+use super::values::{self, check_otlp_endpoint, DbSetting, Millis};
 use super::{
     ConfigError, DEFAULT_API, DEFAULT_CAPTURE_INTERFACE, DEFAULT_MAX_DB_MB, DEFAULT_RETENTION_DAYS,
     DEFAULT_SLOW_TTFT_MS,
@@ -96,25 +96,29 @@ settings_table! {
                 check = |url: &String| check_otlp_endpoint(url);
             value: Option<String> = None, merge = first_set_or_none;
         }
-        by_hand file {
-            /// The proxy's limits, written as top-level keys.
-            #[serde(flatten)]
-            pub proxy: ProxySettings,
-        }
-        by_hand flags {
+        group proxy: ProxySettings {
             /// How long a client may take to send a request head, which is also
             /// how long an idle keep-alive connection is kept [default: 60s].
-            #[arg(long, value_name = "DURATION", value_parser = values::parse_head_timeout)]
-            pub head_timeout: Option<Duration>,
+            setting head_timeout {
+                file: Duration, read_with = "values::de_head_timeout",
+                    write_with = "values::humantime_opt";
+                flag: [long, value_name = "DURATION", value_parser = values::parse_head_timeout];
+            }
             /// The most a request head may take, in KiB; a longer one gets 431
             /// [default: 408].
-            #[arg(long, value_name = "KIB")]
-            pub max_head_kib: Option<u64>,
+            setting max_head_kib {
+                file: u64, read_with = "values::de_count";
+                flag: [long, value_name = "KIB"], check = values::check_count;
+            }
             /// The most client connections one route serves at once; more wait in
             /// the kernel's backlog [default: 4096].
-            #[arg(long, value_name = "N")]
-            pub max_connections: Option<u64>,
+            setting max_connections {
+                file: u64, read_with = "values::de_count";
+                flag: [long, value_name = "N"], check = values::check_count;
+            }
         }
+        by_hand file {}
+        by_hand flags {}
     }
     section {
         /// Also measure calls made directly to each route's upstream port, by
@@ -163,13 +167,6 @@ settings_table! {
         pub(super) db: Option<DbSetting>,
         pub(super) notifications: Option<bool>,
         pub(super) notify_settled: Option<bool>,
-        /// A duration, like `idle_timeout`.
-        #[serde(deserialize_with = "values::de_head_timeout")]
-        pub(super) head_timeout: Option<Duration>,
-        #[serde(deserialize_with = "values::de_count")]
-        pub(super) max_head_kib: Option<u64>,
-        #[serde(deserialize_with = "values::de_count")]
-        pub(super) max_connections: Option<u64>,
         pub(super) route: Vec<Spanned<RouteEntry>>,
     }
     by_hand overrides {
@@ -178,7 +175,6 @@ settings_table! {
         pub db: Option<PathBuf>,
         pub no_db: bool,
         pub json: bool,
-        pub proxy: ProxySettings,
         pub capture_routes: Vec<CaptureOnlyRoute>,
     }
     by_hand settings {
@@ -192,9 +188,6 @@ settings_table! {
         notify_settled: bool = false,
         /// Desktop notifications at all (default true).
         notifications: bool = true,
-        /// The proxy's per-connection limits; each `None` is the engine's
-        /// default (documented on the engine's proxy limits).
-        proxy: ProxySettings = ProxySettings::default(),
         /// Routes measured by capture alone (`--route NAME=UPSTREAM`).
         capture_routes: Vec<CaptureOnlyRoute> = Vec::new(),
     }

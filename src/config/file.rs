@@ -18,7 +18,7 @@ use super::defs::FileKeys;
 use super::entries::{Lines, Origin, RouteEntry, RouteLines};
 use super::error::line_of;
 use super::paths::{anchor_path, env_var};
-use super::values::{DbSetting, ProxySettings, AT_LEAST_ONE, DB_SHAPE};
+use super::values::{DbSetting, AT_LEAST_ONE, DB_SHAPE};
 use super::ConfigError;
 use crate::model::route::{check_route_name, parse_listen, RouteSpec, Upstream};
 
@@ -46,11 +46,6 @@ impl FileKeys {
             db: self.db,
             notifications: self.notifications,
             notify_settled: self.notify_settled,
-            proxy: ProxySettings {
-                head_timeout: self.head_timeout,
-                max_head_kib: self.max_head_kib,
-                max_connections: self.max_connections,
-            },
             routes: routes.iter().map(|(r, _)| r.clone()).collect(),
             origin: Origin(Some(Lines { routes, ..lines })),
             ..plain

@@ -71,14 +71,12 @@ pub mod values;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-pub use defs::{CliOverrides, SettingFlags, Settings};
+pub use defs::{CliOverrides, ProxySettings, SettingFlags, Settings};
 pub use error::ConfigError;
 pub use file::{load_config, parse_config, save_config, ConfigFile};
 pub use paths::{default_config_path, default_db_path};
 pub use resolve::resolve;
-pub use values::{
-    check_otlp_endpoint, parse_head_timeout, parse_idle_timeout, DbSetting, Millis, ProxySettings,
-};
+pub use values::{check_otlp_endpoint, parse_head_timeout, parse_idle_timeout, DbSetting, Millis};
 
 pub use crate::model::route::{
     parse_capture_route_flag, parse_listen, parse_route_flag, CaptureOnlyRoute,

@@ -10,7 +10,7 @@ pub use super::defs::{CliOverrides, Settings};
 use super::entries::{Lines, RouteLines};
 use super::file::ConfigFile;
 use super::loops::upstream_reaches;
-use super::values::{at_least_one, DbSetting};
+use super::values::DbSetting;
 use super::{ConfigError, DEFAULT_API};
 use crate::model::route::RouteSpec;
 
@@ -112,16 +112,7 @@ fn check_flags(flags: &CliOverrides) -> Result<(), ConfigError> {
     if flags.no_db && flags.db.is_some() {
         return Err(flag_error("--no-db", "can't be combined with --db".into()));
     }
-    check_plain_flags(flags)?;
-    for (flag, value) in [
-        ("--max-head-kib", flags.proxy.max_head_kib),
-        ("--max-connections", flags.proxy.max_connections),
-    ] {
-        if let Some(n) = value {
-            at_least_one(n).map_err(|e| flag_error(flag, e.into()))?;
-        }
-    }
-    Ok(())
+    check_plain_flags(flags)
 }
 
 /// The API address (flag, file, default), which must be loopback unless
@@ -257,13 +248,12 @@ fn resolve_db(flags: &CliOverrides, file: &ConfigFile) -> DbSetting {
 }
 
 /// The settings the table leaves to this module besides the addresses:
-/// the tray's switches (file only), `--json` (flag only), the proxy's
-/// limits (field by field) and the capture-only routes (flags only).
+/// the tray's switches (file only), `--json` (flag only) and the
+/// capture-only routes (flags only).
 fn merge_by_hand(settings: &mut Settings, file: ConfigFile, flags: CliOverrides) {
     settings.json = flags.json;
     settings.notify_settled = file.notify_settled.unwrap_or(settings.notify_settled);
     settings.notifications = file.notifications.unwrap_or(settings.notifications);
-    settings.proxy = flags.proxy.or(file.proxy);
     settings.capture_routes = flags.capture_routes;
 }
 

@@ -107,32 +107,6 @@ impl Serialize for DbSetting {
     }
 }
 
-/// The proxy's connection limits as the user sets them (`head_timeout`,
-/// `max_head_kib`, `max_connections`). `None` means the engine's default,
-/// so the defaults live in one place (the proxy's limits).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ProxySettings {
-    /// How long a client may take to send a request head (also how long
-    /// an idle keep-alive connection is kept).
-    #[serde(serialize_with = "humantime_opt")]
-    pub head_timeout: Option<Duration>,
-    /// The most a connection buffers while reading a request head, in KiB.
-    pub max_head_kib: Option<u64>,
-    /// The most client connections one route serves at once.
-    pub max_connections: Option<u64>,
-}
-
-impl ProxySettings {
-    /// Each field the other sets wins (flags over the file).
-    pub(super) fn or(self, lower: ProxySettings) -> ProxySettings {
-        ProxySettings {
-            head_timeout: self.head_timeout.or(lower.head_timeout),
-            max_head_kib: self.max_head_kib.or(lower.max_head_kib),
-            max_connections: self.max_connections.or(lower.max_connections),
-        }
-    }
-}
-
 /// Parses an idle timeout (`"90s"`, `"5m"`, `"1h 30m"`): a humantime
 /// duration above zero. The config key and `--idle-timeout` share it.
 pub fn parse_idle_timeout(text: &str) -> Result<Duration, String> {

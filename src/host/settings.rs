@@ -107,11 +107,6 @@ fn resolve_with(args: &RunArgs, file: Option<config::ConfigFile>) -> Result<Sett
         db: args.db.clone(),
         no_db: args.no_db,
         json: args.json,
-        proxy: config::ProxySettings {
-            head_timeout: args.head_timeout,
-            max_head_kib: args.max_head_kib,
-            max_connections: args.max_connections,
-        },
         capture_routes,
         ..CliOverrides::default()
     });
