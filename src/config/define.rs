@@ -24,6 +24,10 @@
 //! the file, the flags and the resolved settings, while its keys and flags
 //! stay top-level; the flag wins over the file field by field.
 //!
+//! A `file_only` setting (the tray's switches) has a key and no flag: the
+//! file's value, else the default. A `flag_only` one (`--json`) has a flag
+//! and no key: the flag's value, else the default.
+//!
 //! The table is cut into sections so that the keys a config file is
 //! written with, and the flags `--help` lists, keep their order: each
 //! section is its plain entries, then the file's and the flags' fields
@@ -106,6 +110,22 @@ macro_rules! settings_table {
                         )*
                     }
                 )?
+                $(
+                    file_only {
+                        $(
+                            $(#[doc = $odoc:tt])*
+                            $oname:ident: $oty:ty = $odefault:expr;
+                        )*
+                    }
+                )?
+                $(
+                    flag_only {
+                        $(
+                            $(#[doc = $ldoc:tt])*
+                            $lname:ident: [$($lclap:tt)*] $lty:ty = $ldefault:expr;
+                        )*
+                    }
+                )?
                 by_hand file { $($hand_file:tt)* }
                 by_hand flags { $($hand_flags:tt)* }
             }
@@ -139,6 +159,10 @@ macro_rules! settings_table {
                     #[serde(flatten)]
                     pub $group: $group_ty,
                 )?
+                $($(
+                    $(#[doc = $odoc])*
+                    pub $oname: Option<$oty>,
+                )*)?
                 $($hand_file)*
             )*
         }
@@ -181,6 +205,7 @@ macro_rules! settings_table {
                 $(#[serde(deserialize_with = $gread)])?
                 pub(super) $gname: Option<$gty>,
             )*)?
+            $($( pub(super) $oname: Option<$oty>, )*)?
             )*
             $($hand_keys)*
         }
@@ -193,6 +218,7 @@ macro_rules! settings_table {
                     $(
                         $( $name: self.$name.take(), )*
                         $( $group: $group_ty { $( $gname: self.$gname.take(), )* }, )?
+                        $($( $oname: self.$oname.take(), )*)?
                     )*
                     ..ConfigFile::default()
                 }
@@ -214,6 +240,11 @@ macro_rules! settings_table {
                     #[arg($($gclap)*)]
                     pub $gname: Option<$gty>,
                 )*)?
+                $($(
+                    $(#[doc = $ldoc])*
+                    #[arg($($lclap)*)]
+                    pub $lname: $lty,
+                )*)?
                 $($hand_flags)*
             )*
         }
@@ -226,6 +257,7 @@ macro_rules! settings_table {
                     $(
                         $( $name: self.$name.clone(), )*
                         $( $group: $group_ty { $( $gname: self.$gname.clone(), )* }, )?
+                        $($( $lname: self.$lname.clone(), )*)?
                     )*
                     ..by_hand
                 }
@@ -245,6 +277,10 @@ macro_rules! settings_table {
                 #[doc = concat!("The ", stringify!($group), " flags.")]
                 pub $group: $group_ty,
             )?
+            $($(
+                $(#[doc = $ldoc])*
+                pub $lname: $lty,
+            )*)?
             )*
             $($hand_overrides)*
         }
@@ -278,6 +314,14 @@ macro_rules! settings_table {
                 #[doc = concat!("The ", stringify!($group), " settings.")]
                 pub $group: $group_ty,
             )?
+            $($(
+                $(#[doc = $odoc])*
+                pub $oname: $oty,
+            )*)?
+            $($(
+                $(#[doc = $ldoc])*
+                pub $lname: $lty,
+            )*)?
             )*
             $( $(#[$smeta])* pub $sname: $sty, )*
         }
@@ -288,6 +332,8 @@ macro_rules! settings_table {
                     $(
                         $( $name: $default, )*
                         $( $group: $group_ty::default(), )?
+                        $($( $oname: $odefault, )*)?
+                        $($( $lname: $ldefault, )*)?
                     )*
                     $( $sname: $sdefault, )*
                 }
@@ -301,6 +347,8 @@ macro_rules! settings_table {
                 $(
                     $( $name: $merge(flags.$name.clone(), file.$name.clone(), $default), )*
                     $( $group: flags.$group.clone().or(file.$group.clone()), )?
+                    $($( $oname: file.$oname.unwrap_or($odefault), )*)?
+                    $($( $lname: flags.$lname.clone(), )*)?
                 )*
                 ..Settings::default()
             }

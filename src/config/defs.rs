@@ -8,7 +8,7 @@
 //! order, and `--help` lists the flags in it (two flags say
 //! `display_order` to keep their place there, as the file orders them
 //! differently). Settings with rules of their own (routes, the API and
-//! store addresses, the tray's switches, `--json`)
+//! store addresses)
 //! are declared by hand at the end of a section and resolved in
 //! [`super::resolve`](mod@super::resolve).
 
@@ -37,17 +37,17 @@ settings_table! {
             flag: [long, value_name = "N"] Option<u64>, check = values::check_count;
             value: Millis = Millis::from_ms(DEFAULT_SLOW_TTFT_MS), merge = first_set_ms;
         }
+        flag_only {
+            /// One JSON line per published call snapshot on stdout.
+            json: [long] bool = false;
+        }
         by_hand file {
             /// The control API's address (`api`).
             pub api: Option<SocketAddr>,
             /// The store (`db`): a path, `false` (memory only) or `true`.
             pub db: Option<DbSetting>,
         }
-        by_hand flags {
-            /// One JSON line per published call snapshot on stdout.
-            #[arg(long)]
-            pub json: bool,
-        }
+        by_hand flags {}
     }
     section {
         /// Allow listening on non-loopback addresses.
@@ -56,12 +56,14 @@ settings_table! {
             flag: [long] bool;
             value: bool = false, merge = either_on;
         }
-        by_hand file {
-            /// Desktop notifications at all (tray; no flag).
-            pub notifications: Option<bool>,
-            /// A follow-up notification when a slow call settles (tray).
-            pub notify_settled: Option<bool>,
+        file_only {
+            /// Desktop notifications at all (tray; default true).
+            notifications: bool = true;
+            /// A follow-up notification when a slow call settles (tray;
+            /// default false).
+            notify_settled: bool = false;
         }
+        by_hand file {}
         by_hand flags {}
     }
     section {
@@ -165,8 +167,6 @@ settings_table! {
         pub(super) api: Option<Spanned<ListenAddr>>,
         /// `"path"`, `false` (memory only) or `true` (the default file).
         pub(super) db: Option<DbSetting>,
-        pub(super) notifications: Option<bool>,
-        pub(super) notify_settled: Option<bool>,
         pub(super) route: Vec<Spanned<RouteEntry>>,
     }
     by_hand overrides {
@@ -174,7 +174,6 @@ settings_table! {
         pub api: Option<SocketAddr>,
         pub db: Option<PathBuf>,
         pub no_db: bool,
-        pub json: bool,
         pub capture_routes: Vec<CaptureOnlyRoute>,
     }
     by_hand settings {
@@ -182,12 +181,6 @@ settings_table! {
         /// Control API and dashboard address (default 127.0.0.1:7878).
         api: SocketAddr = DEFAULT_API,
         db: DbSetting = DbSetting::Default,
-        /// One JSON line per snapshot instead of the live view (flag only).
-        json: bool = false,
-        /// Notify (tray) when a call settles (default false).
-        notify_settled: bool = false,
-        /// Desktop notifications at all (default true).
-        notifications: bool = true,
         /// Routes measured by capture alone (`--route NAME=UPSTREAM`).
         capture_routes: Vec<CaptureOnlyRoute> = Vec::new(),
     }

@@ -44,8 +44,6 @@ impl FileKeys {
         ConfigFile {
             api: self.api.map(|a| a.into_inner().0),
             db: self.db,
-            notifications: self.notifications,
-            notify_settled: self.notify_settled,
             routes: routes.iter().map(|(r, _)| r.clone()).collect(),
             origin: Origin(Some(Lines { routes, ..lines })),
             ..plain

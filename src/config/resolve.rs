@@ -98,7 +98,7 @@ pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings
     settings.db = resolve_db(&flags, &file);
     settings.routes = routes;
     settings.api = api;
-    merge_by_hand(&mut settings, file, flags);
+    settings.capture_routes = flags.capture_routes;
     Ok(settings)
 }
 
@@ -245,16 +245,6 @@ fn resolve_db(flags: &CliOverrides, file: &ConfigFile) -> DbSetting {
     } else {
         file.db.clone().unwrap_or(DbSetting::Default)
     }
-}
-
-/// The settings the table leaves to this module besides the addresses:
-/// the tray's switches (file only), `--json` (flag only) and the
-/// capture-only routes (flags only).
-fn merge_by_hand(settings: &mut Settings, file: ConfigFile, flags: CliOverrides) {
-    settings.json = flags.json;
-    settings.notify_settled = file.notify_settled.unwrap_or(settings.notify_settled);
-    settings.notifications = file.notifications.unwrap_or(settings.notifications);
-    settings.capture_routes = flags.capture_routes;
 }
 
 /// Whether binding both addresses would clash. See [`resolve`].

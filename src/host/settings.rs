@@ -106,7 +106,6 @@ fn resolve_with(args: &RunArgs, file: Option<config::ConfigFile>) -> Result<Sett
         api: args.api,
         db: args.db.clone(),
         no_db: args.no_db,
-        json: args.json,
         capture_routes,
         ..CliOverrides::default()
     });
