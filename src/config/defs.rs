@@ -1,16 +1,17 @@
 //! Every setting, defined once: its config key, its `speedtap run` flag
 //! (the doc is the `--help` text), its rule, its resolved type, its default
-//! and its merge. From this table [`super::define`] generates
-//! [`ConfigFile`], the private file keys, [`SettingFlags`],
-//! [`CliOverrides`], [`Settings`] with its defaults, and the merge.
+//! and its merge. From this table the `settings_table!` macro (in
+//! `config/define.rs`) generates [`ConfigFile`], the private file keys,
+//! [`SettingFlags`], [`CliOverrides`], [`Settings`] with its defaults,
+//! [`ProxySettings`], the flag checks and the merge.
 //!
 //! Order matters twice: a saved config file lists its keys in the table's
 //! order, and `--help` lists the flags in it (two flags say
 //! `display_order` to keep their place there, as the file orders them
-//! differently). Settings with rules of their own (routes, the API and
-//! store addresses)
-//! are declared by hand at the end of a section and resolved in
-//! [`super::resolve`](mod@super::resolve).
+//! differently). The settings with rules of their own (the routes, the API
+//! and store addresses) are declared by hand, at the end of their section
+//! for the file and in the `by_hand` blocks for the other layers, and
+//! resolved in [`super::resolve`](mod@super::resolve).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -48,7 +48,9 @@
 //!    (a bad flag is named `--max-calls`); `value` the resolved type, the
 //!    default and the merge rule (`define.rs`: `first_set`, `first_set_ms`,
 //!    `first_set_or_none`, `either_on`, `flags_replace`). A new rule goes
-//!    in [`values`] once, for both.
+//!    in [`values`] once, for both. A key without a flag goes in the
+//!    section's `file_only` block, a flag without a key in `flag_only`,
+//!    a setting kept with others in one struct in a `group`.
 //! 2. **Any special resolution rule**, in `config/resolve.rs`, when the
 //!    value depends on others (as the API address depends on
 //!    `allow_remote`); a plain setting has none.
