@@ -30,8 +30,9 @@
 //!
 //! The table is cut into sections so that the keys a config file is
 //! written with, and the flags `--help` lists, keep their order: each
-//! section is its plain entries, then the file's and the flags' fields
-//! that are resolved by hand (their rules live in [`super::resolve`] and
+//! section is its entries (`setting`, then any `group`, `file_only` and
+//! `flag_only` blocks), then the file's and the flags' fields
+//! that are resolved by hand (their rules live in [`super::resolve()`] and
 //! [`super::file`]).
 
 use super::values::Millis;
@@ -211,9 +212,9 @@ macro_rules! settings_table {
         }
 
         impl FileKeys {
-            /// The typed file's plain keys, taken from what was read; the
+            /// The typed file's keys from the table, taken from what was read; the
             /// others are left for [`super::file`] to fill.
-            pub(super) fn take_plain(&mut self) -> ConfigFile {
+            pub(super) fn take_table_keys(&mut self) -> ConfigFile {
                 ConfigFile {
                     $(
                         $( $name: self.$name.take(), )*
@@ -250,7 +251,7 @@ macro_rules! settings_table {
         }
 
         impl SettingFlags {
-            /// The plain flags over `by_hand`, the overrides whose flags
+            /// The table's flags over `by_hand`, the overrides whose flags
             /// are resolved by hand.
             pub fn overrides(&self, by_hand: CliOverrides) -> CliOverrides {
                 CliOverrides {
@@ -285,8 +286,8 @@ macro_rules! settings_table {
             $($hand_overrides)*
         }
 
-        /// The plain flags' own checks, by the file's rules.
-        pub(super) fn check_plain_flags(flags: &CliOverrides) -> Result<(), ConfigError> {
+        /// The table's flags' own checks, by the file's rules.
+        pub(super) fn check_table_flags(flags: &CliOverrides) -> Result<(), ConfigError> {
             $(
                 $($(
                     $crate::config::define::check_flag(&flags.$name, stringify!($name), $check)?;
@@ -340,9 +341,9 @@ macro_rules! settings_table {
             }
         }
 
-        /// The plain settings decided by their merge rules; the others at
+        /// The table's settings decided by their merge rules; the others at
         /// their defaults, for [`super::resolve()`] to decide.
-        pub(super) fn merge_plain(file: &ConfigFile, flags: &CliOverrides) -> Settings {
+        pub(super) fn merge_table(file: &ConfigFile, flags: &CliOverrides) -> Settings {
             Settings {
                 $(
                     $( $name: $merge(flags.$name.clone(), file.$name.clone(), $default), )*

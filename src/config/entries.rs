@@ -1,6 +1,6 @@
 //! The config file's entries that the settings table ([`super::defs`])
 //! leaves to hand-written code: where a parsed file's values came from
-//! (for [`super::resolve`](mod@super::resolve)'s messages), the `api`
+//! (for [`super::resolve()`](mod@super::resolve)'s messages), the `api`
 //! address and the `[[route]]` tables as written, and the routes as saved.
 //! Apart from [`super::file`] so that the table and the file's reader
 //! can both name them.
@@ -13,7 +13,7 @@ use toml::Spanned;
 use super::values;
 use crate::model::route::RouteSpec;
 
-/// Where a parsed file's values came from, for [`super::resolve`]'s
+/// Where a parsed file's values came from, for [`super::resolve()`]'s
 /// messages. Never makes two files differ: equality is about settings.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Origin(pub(super) Option<Lines>);
@@ -34,7 +34,7 @@ pub(super) struct Lines {
     pub(super) routes: Vec<(RouteSpec, RouteLines)>,
 }
 
-/// Lines of one route's entries, for errors found in [`super::resolve`].
+/// Lines of one route's entries, for errors found in [`super::resolve()`].
 #[derive(Clone, Debug)]
 pub(super) struct RouteLines {
     pub(super) name: usize,

@@ -6,7 +6,7 @@
 //! [`ConfigFile`], from the settings table in [`super::defs`]), whose values check
 //! themselves as serde reads them (see [`super::values`]), so toml places
 //! every error at its line; routes and the `api` address keep their
-//! [`toml::Spanned`] lines, because [`super::resolve`] checks them again
+//! [`toml::Spanned`] lines, because [`super::resolve()`] checks them again
 //! against the flags and still has to name the line.
 
 use std::path::{Path, PathBuf};
@@ -37,16 +37,16 @@ impl ConfigFile {
 }
 
 impl FileKeys {
-    /// The typed file, remembering where its values came from: the plain
-    /// keys as read, the others as their rules say.
+    /// The typed file, remembering where its values came from: the
+    /// table's keys as read, the others as their rules say.
     fn into_file(mut self, routes: Vec<(RouteSpec, RouteLines)>, lines: Lines) -> ConfigFile {
-        let plain = self.take_plain();
+        let table = self.take_table_keys();
         ConfigFile {
             api: self.api.map(|a| a.into_inner().0),
             db: self.db,
             routes: routes.iter().map(|(r, _)| r.clone()).collect(),
             origin: Origin(Some(Lines { routes, ..lines })),
-            ..plain
+            ..table
         }
     }
 }

@@ -15,7 +15,7 @@
 //!   (by the macro and merge rules in `define`);
 //! - [`values`]: the value types and their checks, each written once (a
 //!   count of at least 1, the two timeouts, the OTLP endpoint, `db`);
-//! - [`file`]: the TOML file, read into the typed [`ConfigFile`] (the raw
+//! - [`file`](mod@file): the TOML file, read into the typed [`ConfigFile`] (the raw
 //!   layer: what the file says) and written back ([`save_config`]); the
 //!   entries the table leaves to it (routes, `api`) and where each value
 //!   came from are in `entries`;

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use super::defs::{check_plain_flags, merge_plain};
+use super::defs::{check_table_flags, merge_table};
 pub use super::defs::{CliOverrides, Settings};
 use super::entries::{Lines, RouteLines};
 use super::file::ConfigFile;
@@ -84,7 +84,7 @@ pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings
     check_flags(&flags)?;
     // The plain settings first: whether remote addresses are allowed
     // decides what the API and the routes may listen on.
-    let mut settings = merge_plain(&file, &flags);
+    let mut settings = merge_table(&file, &flags);
     let allow_remote = settings.allow_remote;
     let api = resolve_api(&flags, &file, &blame, allow_remote)?;
     let flag_routes = !flags.routes.is_empty();
@@ -112,7 +112,7 @@ fn check_flags(flags: &CliOverrides) -> Result<(), ConfigError> {
     if flags.no_db && flags.db.is_some() {
         return Err(flag_error("--no-db", "can't be combined with --db".into()));
     }
-    check_plain_flags(flags)
+    check_table_flags(flags)
 }
 
 /// The API address (flag, file, default), which must be loopback unless

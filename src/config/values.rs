@@ -1,7 +1,7 @@
 //! The settings' value types and their checks. Each check is written once
 //! here and used by every way a value arrives: the config file (through
 //! serde, so toml names the offending line), the `speedtap run` flags
-//! (through [`super::resolve`], naming the flag) and the settings form the
+//! (through [`super::resolve()`], naming the flag) and the settings form the
 //! tray saves (through the host).
 
 use std::path::PathBuf;
