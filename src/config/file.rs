@@ -2,60 +2,25 @@
 //! typed [`ConfigFile`], and writing it back ([`save_config`]) when the tray
 //! saves its settings view.
 //!
-//! The TOML is read through the private [`FileKeys`], whose values check
+//! The TOML is read through the private `FileKeys` (generated, with
+//! [`ConfigFile`], from the settings table in [`super::defs`]), whose values check
 //! themselves as serde reads them (see [`super::values`]), so toml places
 //! every error at its line; routes and the `api` address keep their
-//! [`toml::Spanned`] lines, because [`super::resolve`] checks them again
+//! [`toml::Spanned`] lines, because [`super::resolve()`] checks them again
 //! against the flags and still has to name the line.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize, Serializer};
 use toml::Spanned;
 
+pub use super::defs::ConfigFile;
+use super::defs::FileKeys;
+use super::entries::{Lines, Origin, RouteEntry, RouteLines};
 use super::error::line_of;
 use super::paths::{anchor_path, env_var};
-use super::values::{self, DbSetting, ProxySettings, AT_LEAST_ONE, DB_SHAPE};
+use super::values::{DbSetting, AT_LEAST_ONE, DB_SHAPE};
 use super::ConfigError;
 use crate::model::route::{check_route_name, parse_listen, RouteSpec, Upstream};
-
-/// The config file's contents, typed and validated. Every field is optional:
-/// absent means "not set here", so a lower layer (the defaults) applies.
-///
-/// Build one with `ConfigFile::default()` and set fields; [`parse_config`]
-/// also remembers the file name and lines, so [`super::resolve`] can name
-/// them. Equality compares the settings only, not where they came from.
-/// Serialised as the file is written: `None` keys are left out (toml skips
-/// them), the proxy limits are top-level keys, routes are `[[route]]`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct ConfigFile {
-    pub slow_ttft_ms: Option<u64>,
-    pub api: Option<SocketAddr>,
-    pub db: Option<DbSetting>,
-    pub allow_remote: Option<bool>,
-    pub notifications: Option<bool>,
-    pub notify_settled: Option<bool>,
-    #[serde(serialize_with = "values::humantime_opt")]
-    pub idle_timeout: Option<Duration>,
-    pub retention_days: Option<u64>,
-    pub max_db_mb: Option<u64>,
-    pub otlp_endpoint: Option<String>,
-    #[serde(flatten)]
-    pub proxy: ProxySettings,
-    pub capture: Option<bool>,
-    pub capture_interface: Option<String>,
-    pub watch_ports: Option<Vec<u16>>,
-    #[serde(
-        rename = "route",
-        serialize_with = "write_routes",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub routes: Vec<RouteSpec>,
-    #[serde(skip)]
-    pub(super) origin: Origin,
-}
 
 impl ConfigFile {
     /// The name the file was parsed under, if it was parsed.
@@ -71,133 +36,17 @@ impl ConfigFile {
     }
 }
 
-/// Where a parsed file's values came from, for [`super::resolve`]'s
-/// messages. Never makes two files differ: equality is about settings.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Origin(pub(super) Option<Lines>);
-
-impl PartialEq for Origin {
-    fn eq(&self, _: &Origin) -> bool {
-        true
-    }
-}
-
-/// The file's name and the lines of the values resolve checks again.
-#[derive(Clone, Debug)]
-pub(super) struct Lines {
-    pub(super) file: String,
-    pub(super) api_line: Option<usize>,
-    /// Each parsed route with its lines. Looked up by value, so routes the
-    /// tray added or edited since simply have no line.
-    pub(super) routes: Vec<(RouteSpec, RouteLines)>,
-}
-
-/// Lines of one route's entries, for errors found in [`super::resolve`].
-#[derive(Clone, Debug)]
-pub(super) struct RouteLines {
-    pub(super) name: usize,
-    pub(super) listen: usize,
-    pub(super) upstream: usize,
-}
-
-/// The file as serde reads it: the TOML's own shape (flat keys, `route` a
-/// list of tables), each value checked by its rule in [`super::values`]
-/// as it is read. Private: callers get [`ConfigFile`].
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct FileKeys {
-    #[serde(deserialize_with = "values::de_count")]
-    slow_ttft_ms: Option<u64>,
-    api: Option<Spanned<ListenAddr>>,
-    /// `"path"`, `false` (memory only) or `true` (the default file).
-    db: Option<DbSetting>,
-    allow_remote: Option<bool>,
-    notifications: Option<bool>,
-    notify_settled: Option<bool>,
-    /// A duration such as `"90s"` or `"5m"` (humantime).
-    #[serde(deserialize_with = "values::de_idle_timeout")]
-    idle_timeout: Option<Duration>,
-    #[serde(deserialize_with = "values::de_count")]
-    retention_days: Option<u64>,
-    #[serde(deserialize_with = "values::de_count")]
-    max_db_mb: Option<u64>,
-    #[serde(deserialize_with = "values::de_otlp_endpoint")]
-    otlp_endpoint: Option<String>,
-    /// A duration, like `idle_timeout`.
-    #[serde(deserialize_with = "values::de_head_timeout")]
-    head_timeout: Option<Duration>,
-    #[serde(deserialize_with = "values::de_count")]
-    max_head_kib: Option<u64>,
-    #[serde(deserialize_with = "values::de_count")]
-    max_connections: Option<u64>,
-    capture: Option<bool>,
-    #[serde(deserialize_with = "values::de_interface")]
-    capture_interface: Option<String>,
-    /// Ports whose listeners are probed whoever owns them.
-    #[serde(deserialize_with = "values::de_ports")]
-    watch_ports: Option<Vec<u16>>,
-    route: Vec<Spanned<RouteEntry>>,
-}
-
-/// A listen address read by the routes' rule (`api`).
-struct ListenAddr(SocketAddr);
-
-impl<'de> Deserialize<'de> for ListenAddr {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        values::de_listen(d).map(ListenAddr)
-    }
-}
-
-/// One `[[route]]` as written; checked in [`read_routes`], which names the
-/// route in its messages.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RouteEntry {
-    name: Spanned<String>,
-    listen: Spanned<String>,
-    upstream: Spanned<String>,
-}
-
-/// One `[[route]]` as [`save_config`] writes it.
-#[derive(Serialize)]
-struct SavedRoute {
-    name: String,
-    listen: String,
-    upstream: String,
-}
-
-fn write_routes<S: Serializer>(routes: &[RouteSpec], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(routes.iter().map(|r| SavedRoute {
-        name: r.name.clone(),
-        listen: r.listen.to_string(),
-        upstream: r.upstream.base_url(),
-    }))
-}
-
 impl FileKeys {
-    /// The typed file, remembering where its values came from.
-    fn into_file(self, routes: Vec<(RouteSpec, RouteLines)>, lines: Lines) -> ConfigFile {
+    /// The typed file, remembering where its values came from: the
+    /// table's keys as read, the others as their rules say.
+    fn into_file(mut self, routes: Vec<(RouteSpec, RouteLines)>, lines: Lines) -> ConfigFile {
+        let table = self.take_table_keys();
         ConfigFile {
-            slow_ttft_ms: self.slow_ttft_ms,
             api: self.api.map(|a| a.into_inner().0),
             db: self.db,
-            allow_remote: self.allow_remote,
-            notifications: self.notifications,
-            notify_settled: self.notify_settled,
-            idle_timeout: self.idle_timeout,
-            retention_days: self.retention_days,
-            max_db_mb: self.max_db_mb,
-            otlp_endpoint: self.otlp_endpoint,
-            proxy: ProxySettings {
-                head_timeout: self.head_timeout,
-                max_head_kib: self.max_head_kib,
-                max_connections: self.max_connections,
-            },
-            capture: self.capture,
-            capture_interface: self.capture_interface,
-            watch_ports: self.watch_ports,
             routes: routes.iter().map(|(r, _)| r.clone()).collect(),
             origin: Origin(Some(Lines { routes, ..lines })),
+            ..table
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Whether a route's upstream is one of speedtap's own listeners: such a
 //! route would forward every request back into speedtap, which forwards it
-//! again, call after call, until memory runs out. [`resolve`](super::resolve)
+//! again, call after call, until memory runs out. [`resolve`](super::resolve())
 //! refuses it at start.
 //!
 //! The rule follows what a connect would reach: an upstream reaches a

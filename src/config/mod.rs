@@ -9,42 +9,61 @@
 //! flag. Both mean exit code 2 (`docs/api.md`).
 //!
 //! By concern:
+//! - [`defs`]: **the settings table**: every setting once, with its key,
+//!   flag, rule, resolved type, default and doc; it generates
+//!   [`ConfigFile`], [`SettingFlags`], [`CliOverrides`] and [`Settings`]
+//!   (by the macro and merge rules in `define`);
 //! - [`values`]: the value types and their checks, each written once (a
 //!   count of at least 1, the two timeouts, the OTLP endpoint, `db`);
-//! - [`file`]: the TOML file, read into the typed [`ConfigFile`] (the raw
-//!   layer: what the file says) and written back ([`save_config`]);
-//! - [`resolve`](mod@resolve): [`CliOverrides`] (the flags, also raw) and
-//!   the merge into [`Settings`] (resolved: every value decided and
-//!   checked);
+//! - [`file`](mod@file): the TOML file, read into the typed [`ConfigFile`] (the raw
+//!   layer: what the file says) and written back ([`save_config`]); the
+//!   entries the table leaves to it (routes, `api`) and where each value
+//!   came from are in `entries`;
+//! - [`resolve`](mod@resolve): the merge of [`CliOverrides`] (the flags,
+//!   also raw) and the file into [`Settings`] (resolved: every value
+//!   decided and checked), with the rules that need more than one value;
 //! - [`paths`]: the default config and store paths;
 //! - [`loops`]: whether a route's upstream is one of speedtap's own
 //!   listeners (refused: every request would come back round).
 //!
 //! # How to add a setting
 //!
-//! Say `max_calls`, a count, in the file and as `--max-calls`:
+//! Three places. Say `max_calls`, a count, in the file and as
+//! `--max-calls`, default 64:
 //!
-//! 1. **Its definition, default and doc.** The value's rule lives in
-//!    [`values`] (reuse one: `at_least_one`, a humantime duration, ...).
-//!    Declare the key where each layer holds it, with its doc:
-//!    - the file: a field of `FileKeys` in `config/file.rs` with the
-//!      rule as its `deserialize_with` (toml then names the line of a bad
-//!      value), the same field in [`ConfigFile`] (typed; it is written back
-//!      by its derived `Serialize`), and one line in `FileKeys::into_file`;
-//!    - the flag: a field of `RunArgs` in `host/args.rs` (its doc is the
-//!      `--help` text) and of [`CliOverrides`], one line in
-//!      `host/settings.rs`'s `resolve_with`, and the flag's name in
-//!      `check_flags` when it has a rule;
-//!    - the resolved value: a field of [`Settings`] with its default in
-//!      `Settings::default`.
-//! 2. **Any special resolution rule**, in `config/resolve.rs`: usually one
-//!    line in `merge` (`flags.x.or(file.x).unwrap_or(defaults.x)`).
-//! 3. **Its use**: `EngineOptions::from_settings` in `host/options.rs`
-//!    hands it to the engine.
+//! 1. **Its definition, default and doc**: one entry in the table in
+//!    `config/defs.rs`, in the section where its key should sit in a saved
+//!    file (and its flag in `--help`):
+//!    ```text
+//!    /// Refuse calls beyond this many at once [default: 64].
+//!    setting max_calls {
+//!        file: u64, read_with = "values::de_count";
+//!        flag: [long, value_name = "N"] Option<u64>, check = values::check_count;
+//!        value: u64 = 64, merge = first_set;
+//!    }
+//!    ```
+//!    `file` is the key's type and the rule serde reads it by (toml then
+//!    names the line of a bad value); `flag` the flag's clap attributes and
+//!    type (the doc is its `--help` text) and the same rule as a check
+//!    (a bad flag is named `--max-calls`); `value` the resolved type, the
+//!    default and the merge rule (`define.rs`: `first_set`, `first_set_ms`,
+//!    `first_set_or_none`, `either_on`, `flags_replace`). A new rule goes
+//!    in [`values`] once, for both. A key without a flag goes in the
+//!    section's `file_only` block, a flag without a key in `flag_only`,
+//!    a setting kept with others in one struct in a `group`.
+//! 2. **Any special resolution rule**, in `config/resolve.rs`, when the
+//!    value depends on others (as the API address depends on
+//!    `allow_remote`); a plain setting has none.
+//! 3. **Its use**: read `settings.max_calls` where it is needed, e.g. one
+//!    line in `EngineOptions::from_settings` (`host/options.rs`) when the
+//!    engine takes it.
 //!
 //! Tests: a fixture in `tests/configs/valid/full.toml` (and one in
 //! `tests/configs/invalid/` per rule), checked by `tests/config.rs`.
 
+mod define;
+pub mod defs;
+mod entries;
 mod error;
 pub mod file;
 pub mod loops;
@@ -54,13 +73,12 @@ pub mod values;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+pub use defs::{CliOverrides, ProxySettings, SettingFlags, Settings};
 pub use error::ConfigError;
 pub use file::{load_config, parse_config, save_config, ConfigFile};
 pub use paths::{default_config_path, default_db_path};
-pub use resolve::{resolve, CliOverrides, Settings};
-pub use values::{
-    check_otlp_endpoint, parse_head_timeout, parse_idle_timeout, DbSetting, Millis, ProxySettings,
-};
+pub use resolve::resolve;
+pub use values::{check_otlp_endpoint, parse_head_timeout, parse_idle_timeout, DbSetting, Millis};
 
 pub use crate::model::route::{
     parse_capture_route_flag, parse_listen, parse_route_flag, CaptureOnlyRoute,

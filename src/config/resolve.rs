@@ -4,107 +4,15 @@
 //! `allow_remote`), naming the flag or the file's line to fix.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
-use super::file::{ConfigFile, Lines, RouteLines};
+use super::defs::{check_table_flags, merge_table};
+pub use super::defs::{CliOverrides, Settings};
+use super::entries::{Lines, RouteLines};
+use super::file::ConfigFile;
 use super::loops::upstream_reaches;
-use super::values::{at_least_one, check_otlp_endpoint, DbSetting, Millis, ProxySettings};
-use super::{
-    ConfigError, DEFAULT_API, DEFAULT_CAPTURE_INTERFACE, DEFAULT_MAX_DB_MB, DEFAULT_RETENTION_DAYS,
-    DEFAULT_SLOW_TTFT_MS,
-};
-use crate::model::route::{CaptureOnlyRoute, RouteSpec};
-
-/// The resolved settings the engine runs with.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Settings {
-    pub routes: Vec<RouteSpec>,
-    /// Control API and dashboard address (default 127.0.0.1:7878).
-    pub api: SocketAddr,
-    pub db: DbSetting,
-    /// Slow-first-token threshold (default 5000 ms).
-    pub slow_ttft_ms: Millis,
-    /// One JSON line per snapshot instead of the live view (flag only).
-    pub json: bool,
-    /// Non-loopback listen/API addresses are allowed.
-    pub allow_remote: bool,
-    /// Notify (tray) when a call settles (default false).
-    pub notify_settled: bool,
-    /// Desktop notifications at all (default true).
-    pub notifications: bool,
-    /// Cut a response whose upstream sends nothing for this long
-    /// (`idle_timeout`, `--idle-timeout`); `None`, the default, never does.
-    pub idle_timeout: Option<std::time::Duration>,
-    /// Keep settled calls this many days (`retention_days`, default 90).
-    pub retention_days: u64,
-    /// Cap the store at this many MB (`max_db_mb`, default 1024).
-    pub max_db_mb: u64,
-    /// Push metrics by OTLP/HTTP to this collector (`otlp_endpoint`);
-    /// `None`, the default, pushes nothing.
-    pub otlp_endpoint: Option<String>,
-    /// The proxy's per-connection limits; each `None` is the engine's
-    /// default (documented on the engine's proxy limits).
-    pub proxy: ProxySettings,
-    /// Also measure calls made directly to each route's upstream port, by
-    /// passive capture of the loopback traffic (`capture`, `--capture`;
-    /// default false).
-    pub capture: bool,
-    /// The interface captured (`capture_interface`, `--capture-interface`;
-    /// default `lo`; `any` also sees clients in containers).
-    pub capture_interface: String,
-    /// Routes measured by capture alone (`--route NAME=UPSTREAM`).
-    pub capture_routes: Vec<CaptureOnlyRoute>,
-    /// Ports whose new listeners are probed whoever owns them, besides
-    /// model servers by name and the well-known ports (`watch_ports`,
-    /// `--watch-port`; default none).
-    pub watch_ports: Vec<u16>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            routes: Vec::new(),
-            api: DEFAULT_API,
-            db: DbSetting::Default,
-            slow_ttft_ms: Millis::from_ms(DEFAULT_SLOW_TTFT_MS),
-            json: false,
-            allow_remote: false,
-            notify_settled: false,
-            notifications: true,
-            idle_timeout: None,
-            retention_days: DEFAULT_RETENTION_DAYS,
-            max_db_mb: DEFAULT_MAX_DB_MB,
-            otlp_endpoint: None,
-            proxy: ProxySettings::default(),
-            capture: false,
-            capture_interface: DEFAULT_CAPTURE_INTERFACE.to_owned(),
-            capture_routes: Vec::new(),
-            watch_ports: Vec::new(),
-        }
-    }
-}
-
-/// What the command line says; `None`/`false`/empty means "not given".
-/// The values are as typed; [`resolve`] checks them by the file's rules.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct CliOverrides {
-    pub routes: Vec<RouteSpec>,
-    pub api: Option<SocketAddr>,
-    pub db: Option<PathBuf>,
-    pub no_db: bool,
-    pub slow_ttft_ms: Option<u64>,
-    pub json: bool,
-    pub allow_remote: bool,
-    pub idle_timeout: Option<std::time::Duration>,
-    pub retention_days: Option<u64>,
-    pub max_db_mb: Option<u64>,
-    pub otlp_endpoint: Option<String>,
-    pub proxy: ProxySettings,
-    pub capture: bool,
-    pub capture_interface: Option<String>,
-    pub capture_routes: Vec<CaptureOnlyRoute>,
-    pub watch_ports: Vec<u16>,
-}
+use super::values::DbSetting;
+use super::{ConfigError, DEFAULT_API};
+use crate::model::route::RouteSpec;
 
 /// Where a setting came from, for error messages.
 enum Source<'a> {
@@ -174,7 +82,10 @@ pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings
         lines: file.origin.0.as_ref(),
     };
     check_flags(&flags)?;
-    let allow_remote = flags.allow_remote || file.allow_remote.unwrap_or(false);
+    // The plain settings first: whether remote addresses are allowed
+    // decides what the API and the routes may listen on.
+    let mut settings = merge_table(&file, &flags);
+    let allow_remote = settings.allow_remote;
     let api = resolve_api(&flags, &file, &blame, allow_remote)?;
     let flag_routes = !flags.routes.is_empty();
     let routes = if flag_routes {
@@ -184,12 +95,15 @@ pub fn resolve(file: Option<ConfigFile>, flags: CliOverrides) -> Result<Settings
     };
     check_routes(&routes, flag_routes, &blame, allow_remote, api)?;
     check_loops(&routes, flag_routes, &blame, api)?;
-    let db = resolve_db(&flags, &file);
-    Ok(merge(file, flags, routes, api, db, allow_remote))
+    settings.db = resolve_db(&flags, &file);
+    settings.routes = routes;
+    settings.api = api;
+    settings.capture_routes = flags.capture_routes;
+    Ok(settings)
 }
 
 /// The flags' own checks, by the file's rules: a count of 0, a bad OTLP
-/// endpoint, `--db` with `--no-db`.
+/// endpoint (the plain settings', from the table), `--db` with `--no-db`.
 fn check_flags(flags: &CliOverrides) -> Result<(), ConfigError> {
     let flag_error = |flag: &str, message: String| ConfigError::Flag {
         flag: flag.into(),
@@ -198,21 +112,7 @@ fn check_flags(flags: &CliOverrides) -> Result<(), ConfigError> {
     if flags.no_db && flags.db.is_some() {
         return Err(flag_error("--no-db", "can't be combined with --db".into()));
     }
-    for (flag, value) in [
-        ("--slow-ttft-ms", flags.slow_ttft_ms),
-        ("--retention-days", flags.retention_days),
-        ("--max-db-mb", flags.max_db_mb),
-        ("--max-head-kib", flags.proxy.max_head_kib),
-        ("--max-connections", flags.proxy.max_connections),
-    ] {
-        if let Some(n) = value {
-            at_least_one(n).map_err(|e| flag_error(flag, e.into()))?;
-        }
-    }
-    if let Some(url) = &flags.otlp_endpoint {
-        check_otlp_endpoint(url).map_err(|e| flag_error("--otlp-endpoint", e))?;
-    }
-    Ok(())
+    check_table_flags(flags)
 }
 
 /// The API address (flag, file, default), which must be loopback unless
@@ -347,53 +247,6 @@ fn resolve_db(flags: &CliOverrides, file: &ConfigFile) -> DbSetting {
     }
 }
 
-/// Every other setting: the flag, else the file, else the default.
-fn merge(
-    file: ConfigFile,
-    flags: CliOverrides,
-    routes: Vec<RouteSpec>,
-    api: SocketAddr,
-    db: DbSetting,
-    allow_remote: bool,
-) -> Settings {
-    let defaults = Settings::default();
-    Settings {
-        routes,
-        api,
-        db,
-        slow_ttft_ms: flags
-            .slow_ttft_ms
-            .or(file.slow_ttft_ms)
-            .map_or(defaults.slow_ttft_ms, Millis::from_ms),
-        json: flags.json,
-        allow_remote,
-        notify_settled: file.notify_settled.unwrap_or(defaults.notify_settled),
-        notifications: file.notifications.unwrap_or(defaults.notifications),
-        idle_timeout: flags.idle_timeout.or(file.idle_timeout),
-        retention_days: flags
-            .retention_days
-            .or(file.retention_days)
-            .unwrap_or(defaults.retention_days),
-        max_db_mb: flags
-            .max_db_mb
-            .or(file.max_db_mb)
-            .unwrap_or(defaults.max_db_mb),
-        otlp_endpoint: flags.otlp_endpoint.or(file.otlp_endpoint),
-        proxy: flags.proxy.or(file.proxy),
-        capture: flags.capture || file.capture.unwrap_or(defaults.capture),
-        capture_interface: flags
-            .capture_interface
-            .or(file.capture_interface)
-            .unwrap_or(defaults.capture_interface),
-        capture_routes: flags.capture_routes,
-        watch_ports: if flags.watch_ports.is_empty() {
-            file.watch_ports.unwrap_or(defaults.watch_ports)
-        } else {
-            flags.watch_ports
-        },
-    }
-}
-
 /// Whether binding both addresses would clash. See [`resolve`].
 fn collides(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() != 0
@@ -404,7 +257,7 @@ fn collides(a: SocketAddr, b: SocketAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{parse_config, parse_route_flag};
+    use crate::config::{parse_config, parse_route_flag, ProxySettings};
 
     #[test]
     fn resolve_names_the_file_line_for_file_routes_and_the_flag_for_flag_routes() {

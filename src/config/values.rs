@@ -1,7 +1,7 @@
 //! The settings' value types and their checks. Each check is written once
 //! here and used by every way a value arrives: the config file (through
 //! serde, so toml names the offending line), the `speedtap run` flags
-//! (through [`super::resolve`], naming the flag) and the settings form the
+//! (through [`super::resolve()`], naming the flag) and the settings form the
 //! tray saves (through the host).
 
 use std::path::PathBuf;
@@ -26,6 +26,12 @@ pub fn at_least_one(n: u64) -> Result<u64, &'static str> {
     } else {
         Ok(n)
     }
+}
+
+/// [`at_least_one`] as a flag's check (the settings table hands it the
+/// flag's value by reference).
+pub fn check_count(n: &u64) -> Result<u64, &'static str> {
+    at_least_one(*n)
 }
 
 /// A duration the user writes in whole milliseconds (`slow_ttft_ms`): the
@@ -97,32 +103,6 @@ impl Serialize for DbSetting {
             DbSetting::Default => s.serialize_bool(true),
             DbSetting::None => s.serialize_bool(false),
             DbSetting::File(p) => s.serialize_str(&p.to_string_lossy()),
-        }
-    }
-}
-
-/// The proxy's connection limits as the user sets them (`head_timeout`,
-/// `max_head_kib`, `max_connections`). `None` means the engine's default,
-/// so the defaults live in one place (the proxy's limits).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ProxySettings {
-    /// How long a client may take to send a request head (also how long
-    /// an idle keep-alive connection is kept).
-    #[serde(serialize_with = "humantime_opt")]
-    pub head_timeout: Option<Duration>,
-    /// The most a connection buffers while reading a request head, in KiB.
-    pub max_head_kib: Option<u64>,
-    /// The most client connections one route serves at once.
-    pub max_connections: Option<u64>,
-}
-
-impl ProxySettings {
-    /// Each field the other sets wins (flags over the file).
-    pub(super) fn or(self, lower: ProxySettings) -> ProxySettings {
-        ProxySettings {
-            head_timeout: self.head_timeout.or(lower.head_timeout),
-            max_head_kib: self.max_head_kib.or(lower.max_head_kib),
-            max_connections: self.max_connections.or(lower.max_connections),
         }
     }
 }

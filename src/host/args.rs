@@ -1,11 +1,14 @@
 //! The flags `speedtap run` and `speedtap-desktop` share, as clap parses
 //! them. The doc comments are the `--help` text; the flags are documented
-//! in `docs/api.md`.
+//! in `docs/api.md`. The flags of the settings come from the settings
+//! table ([`SettingFlags`]); here are the ones that say what to run.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
+
+use crate::config::SettingFlags;
 
 /// The options of `speedtap run`, which the tray app takes too.
 #[derive(Debug, Clone, Args)]
@@ -28,59 +31,49 @@ pub struct RunArgs {
     /// Keep everything in memory only.
     #[arg(long)]
     pub no_db: bool,
-    /// A first token later than this raises a warning [default: 5000].
-    #[arg(long, value_name = "N")]
-    pub slow_ttft_ms: Option<u64>,
-    /// One JSON line per published call snapshot on stdout.
-    #[arg(long)]
-    pub json: bool,
-    /// Allow listening on non-loopback addresses.
-    #[arg(long)]
-    pub allow_remote: bool,
-    /// Also push metrics by OTLP/HTTP to this collector, e.g.
-    /// `http://127.0.0.1:4318`.
-    #[arg(long, value_name = "URL")]
-    pub otlp_endpoint: Option<String>,
-    /// Keep settled calls in the store this many days [default: 90].
-    #[arg(long, value_name = "DAYS")]
-    pub retention_days: Option<u64>,
-    /// Cap the store's size; the oldest calls go first [default: 1024].
-    #[arg(long, value_name = "MB")]
-    pub max_db_mb: Option<u64>,
-    /// Cut a response when its upstream sends nothing for this long, e.g.
-    /// `5m` [default: off: a slow model is never cut].
-    #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_idle_timeout)]
-    pub idle_timeout: Option<std::time::Duration>,
-    /// How long a client may take to send a request head, which is also
-    /// how long an idle keep-alive connection is kept [default: 60s].
-    #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_head_timeout)]
-    pub head_timeout: Option<std::time::Duration>,
-    /// The most a request head may take, in KiB; a longer one gets 431
-    /// [default: 408].
-    #[arg(long, value_name = "KIB")]
-    pub max_head_kib: Option<u64>,
-    /// The most client connections one route serves at once; more wait in
-    /// the kernel's backlog [default: 4096].
-    #[arg(long, value_name = "N")]
-    pub max_connections: Option<u64>,
-    /// Also measure calls made directly to each route's upstream port, by
-    /// passive capture of the loopback traffic (needs a one-time
-    /// permission for the helper `speedtap-capture`; without it speedtap
-    /// says the command and keeps proxying).
-    #[arg(long)]
-    pub capture: bool,
-    /// The interface to capture [default: lo]; `any` also sees clients in
-    /// containers (bridges).
-    #[arg(long, value_name = "IFACE")]
-    pub capture_interface: Option<String>,
-    /// With no route configured, also probe new listeners on this port
-    /// whoever owns them (model servers are found by process name and on
-    /// the well-known ports anyway); repeat it for more ports.
-    #[arg(long = "watch-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
-    pub watch_ports: Vec<u16>,
+    /// Every flag that sets a setting, from the settings table
+    /// (`config/defs.rs`), in its `--help` order.
+    #[command(flatten)]
+    pub settings: SettingFlags,
     /// Don't ask the model servers what they publish (`/api/ps`, `/slots`,
     /// `/props`, `/metrics`): waits are then not explained beyond what the
     /// stream shows.
     #[arg(long)]
     pub no_telemetry: bool,
+}
+
+/// `args.slow_ttft_ms` reads the setting's flag, wherever the table puts it.
+impl std::ops::Deref for RunArgs {
+    type Target = SettingFlags;
+
+    fn deref(&self) -> &SettingFlags {
+        &self.settings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flags the table generates keep a place of their own in `--help`:
+    /// two of them say `display_order` (the file orders them differently),
+    /// and a tie would let clap reorder them by name instead.
+    #[test]
+    fn no_two_flags_share_a_place_in_help() {
+        let cmd = RunArgs::augment_args(clap::Command::new("run"));
+        let mut orders: Vec<(usize, String)> = cmd
+            .get_arguments()
+            .filter_map(|a| Some((a.get_display_order(), a.get_long()?.to_owned())))
+            .collect();
+        orders.sort();
+        for pair in orders.windows(2) {
+            assert_ne!(pair[0].0, pair[1].0, "{} and {} tie", pair[0].1, pair[1].1);
+        }
+        let longs: Vec<&str> = orders.iter().map(|(_, l)| l.as_str()).collect();
+        let at = |flag: &str| longs.iter().position(|l| *l == flag).unwrap();
+        assert!(at("allow-remote") < at("otlp-endpoint"), "{longs:?}");
+        assert!(at("otlp-endpoint") < at("retention-days"), "{longs:?}");
+        assert!(at("max-db-mb") < at("idle-timeout"), "{longs:?}");
+        assert!(at("idle-timeout") < at("head-timeout"), "{longs:?}");
+    }
 }

@@ -116,11 +116,13 @@ pub enum CaptureStatus {
     Unavailable(String),
 }
 
-/// Default retention of settled calls.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
+/// Default retention of settled calls: the settings' default
+/// (`retention_days`), so engines built in code keep calls as long.
+pub const DEFAULT_RETENTION: Duration =
+    Duration::from_secs(config::DEFAULT_RETENTION_DAYS * 24 * 3600);
 
-/// Default cap on the store's size.
-pub const DEFAULT_MAX_DB_BYTES: u64 = 1024 * 1024 * 1024;
+/// Default cap on the store's size: the settings' default (`max_db_mb`).
+pub const DEFAULT_MAX_DB_BYTES: u64 = config::DEFAULT_MAX_DB_MB * 1024 * 1024;
 
 impl EngineOptions {
     pub fn new(routes: Vec<RouteSpec>) -> Self {

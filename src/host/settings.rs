@@ -123,28 +123,14 @@ fn resolve_with(args: &RunArgs, file: Option<config::ConfigFile>) -> Result<Sett
             config::parse_route_flag(spec).map_err(|e| RunError::Usage(format!("--route {e}")))?,
         );
     }
-    let flags = CliOverrides {
+    let flags = args.settings.overrides(CliOverrides {
         routes,
         api: args.api,
         db: args.db.clone(),
         no_db: args.no_db,
-        slow_ttft_ms: args.slow_ttft_ms,
-        json: args.json,
-        allow_remote: args.allow_remote,
-        idle_timeout: args.idle_timeout,
-        retention_days: args.retention_days,
-        max_db_mb: args.max_db_mb,
-        otlp_endpoint: args.otlp_endpoint.clone(),
-        proxy: config::ProxySettings {
-            head_timeout: args.head_timeout,
-            max_head_kib: args.max_head_kib,
-            max_connections: args.max_connections,
-        },
-        capture: args.capture,
-        capture_interface: args.capture_interface.clone(),
-        watch_ports: args.watch_ports.clone(),
         capture_routes,
-    };
+        ..CliOverrides::default()
+    });
     Ok(config::resolve(file, flags)?)
 }
 

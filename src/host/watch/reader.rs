@@ -75,7 +75,12 @@ mod tests {
                 .iter()
                 .map(|(port, inode)| tcp4_line([127, 0, 0, 1], *port, 0x0A, 1000, *inode))
                 .collect();
-            std::fs::write(&tcp, format!("{TCP_HEADER}{body}")).unwrap();
+            // Replaced whole (written beside, then renamed over), as the
+            // kernel's table is: the reader, looking every 2 ms, must never
+            // catch a half-written file and send that as a change.
+            let next = tcp.with_extension("next");
+            std::fs::write(&next, format!("{TCP_HEADER}{body}")).unwrap();
+            std::fs::rename(&next, &tcp).unwrap();
         };
         write(&[(11434, 1)]);
         let mut rx = spawn(root.path().to_path_buf(), Duration::from_millis(2));
