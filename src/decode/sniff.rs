@@ -8,7 +8,8 @@
 //! the bytes decide, whatever the `Content-Type` says:
 //!
 //! - a first line that is an SSE field (`data:`, `event:`, `id:`,
-//!   `retry:`) or comment (`:`) means SSE;
+//!   `retry:`) means SSE; comment lines (`: ping`) before it are skipped,
+//!   but decide nothing alone (one `:` byte is also how binary may begin);
 //! - a first line that is a whole JSON object, followed by another line
 //!   starting with `{`, means NDJSON (one object per line); when the label
 //!   already says NDJSON, the first whole line is enough;
@@ -39,8 +40,8 @@ pub enum Sniffed {
     Undecided,
 }
 
-/// The SSE field names a stream may open with, and the comment prefix.
-const SSE_OPENINGS: [&[u8]; 5] = [b"data:", b"event:", b"id:", b"retry:", b":"];
+/// The SSE field names a stream may open with.
+const SSE_OPENINGS: [&[u8]; 4] = [b"data:", b"event:", b"id:", b"retry:"];
 
 /// Reads the framing from `prefix`, the body's bytes so far. `declared`
 /// is the framing the `Content-Type` gave; `ended` says the body is over
@@ -64,6 +65,10 @@ fn skip_blank(bytes: &[u8]) -> &[u8] {
 }
 
 fn read_opening(text: &[u8], declared: BodyFraming, ended: bool) -> Sniffed {
+    let text = match after_comments(text, ended) {
+        Ok(text) => text,
+        Err(verdict) => return verdict,
+    };
     if text.is_empty() {
         return Sniffed::NeedMore;
     }
@@ -77,6 +82,26 @@ fn read_opening(text: &[u8], declared: BodyFraming, ended: bool) -> Sniffed {
         return read_json_opening(text, declared, ended);
     }
     Sniffed::Undecided
+}
+
+/// The bytes after the SSE comment lines a stream may open with (`: ping`),
+/// each a whole line of text; `Err` with the verdict when a comment is
+/// cut (more may come) or is not text (no stream's).
+fn after_comments(mut text: &[u8], ended: bool) -> Result<&[u8], Sniffed> {
+    while text.first() == Some(&b':') {
+        let Some(newline) = memchr::memchr(b'\n', text) else {
+            return Err(if ended {
+                Sniffed::Undecided
+            } else {
+                Sniffed::NeedMore
+            });
+        };
+        if std::str::from_utf8(&text[..newline]).is_err() {
+            return Err(Sniffed::Undecided);
+        }
+        text = skip_blank(&text[newline + 1..]);
+    }
+    Ok(text)
 }
 
 /// A body opening with `{`: NDJSON, one JSON body, or not known yet.
@@ -146,12 +171,23 @@ mod tests {
             );
         }
         assert_eq!(
-            sniff(": keep-alive\n\n", Json, false),
+            sniff(": keep-alive\n\ndata: {}\n\n", Json, false),
             Sniffed::Framing(Sse)
         );
         assert_eq!(
             sniff("event: message_start\n", Other, false),
             Sniffed::Framing(Sse)
+        );
+    }
+
+    #[test]
+    fn a_comment_alone_decides_nothing_and_binary_opening_with_a_colon_is_no_stream() {
+        assert_eq!(sniff(": keep-alive\n\n", Json, false), Sniffed::NeedMore);
+        assert_eq!(sniff(": keep-alive\n\n", Json, true), Sniffed::Undecided);
+        assert_eq!(sniff(":\x01\x7f", Other, false), Sniffed::NeedMore);
+        assert_eq!(
+            sniff_framing(b":\xff\xfe\x00\n\x92data: x", Other, false),
+            Sniffed::Undecided
         );
     }
 
