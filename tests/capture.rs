@@ -768,9 +768,11 @@ async fn burst_server(tokens: usize) -> std::net::SocketAddr {
 /// settled with a count at or below the truth. Run by hand, as root, after
 /// `cargo build -p speedtap-capture`:
 /// `cargo test --test tests capture::seven_mb_bursts -- --ignored --nocapture`.
-/// Figures: docs/reliability.md.
+/// Figures: docs/reliability.md. What it checks (every call settles, no
+/// count above the truth) runs in CI on seeded loss, over all 8 protocols,
+/// in `engine::capture::lossy`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, run by hand"]
+#[ignore = "a measurement (drops vary with the machine), run by hand; its invariants run in CI in engine::capture::lossy"]
 async fn seven_mb_bursts_measured_by_capture_settle_and_report_their_drops() {
     const TOKENS: usize = 50_000;
     let server = burst_server(TOKENS).await;
