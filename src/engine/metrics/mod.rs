@@ -22,6 +22,7 @@
 //! | `gen_ai_client_operation_duration_seconds` | histogram | the same, as the client saw it |
 //! | `gen_ai_client_operation_time_to_first_chunk_seconds` | histogram | calls that got a first output chunk |
 //! | `gen_ai_client_token_usage` | histogram | input and output counts, when known |
+//! | `speedtap_decode_rate_per_second` | histogram | `ok` calls with a settled rate: the rate, 1 to 1,000 tok/s buckets |
 //! | `speedtap_calls_total` | counter | every settled call, by `route` and `status` |
 //! | `speedtap_output_tokens_total` | counter | output tokens of every settled metered call |
 //! | `speedtap_active_calls` | gauge | calls in flight, set when the engine publishes stats |
@@ -64,6 +65,13 @@
 //! - Model names come from client requests, so a misbehaving client could
 //!   mint a new series per request. The first [`MAX_MODELS`](schema::MAX_MODELS) distinct names
 //!   are kept; later ones are recorded as [`OTHER_MODEL`](schema::OTHER_MODEL).
+//!
+//! - Series exist at zero before their first event: each bound route has
+//!   `speedtap_calls_total` for every settled status, and the first call of
+//!   a route and model creates every series that pair can feed (each
+//!   `error_type`, each token type). A series that appears already at 1
+//!   is invisible to `rate()` and `increase()`, so without this a restart's
+//!   first failures would not be counted.
 //!
 //! Cost: a settled call costs a few histogram observations (a short lock per
 //! family, once per call). The per-frame proxy latency is two relaxed atomic

@@ -19,10 +19,11 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::schema::{
-    frame_sinks_record, observations, Gauges, GenAiHistogram, LabelValue, Labels, MetricsSource,
-    Observation, ObservationSink, OptionalGauge, ServerAddr, DURATION_BUCKETS, HELP_ACTIVE_CALLS,
-    HELP_CALLS, HELP_CAPTURE_DROPPED, HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW,
-    HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS,
+    frame_sinks_record, observations, series_of, Gauges, GenAiHistogram, LabelValue, Labels,
+    MetricsSource, Observation, ObservationSink, OptionalGauge, ServerAddr, DECODE_RATE_BUCKETS,
+    DURATION_BUCKETS, HELP_ACTIVE_CALLS, HELP_CALLS, HELP_CAPTURE_DROPPED,
+    HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW, HELP_OUTPUT_TOKENS,
+    HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS, SETTLED_STATUSES,
     TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
 };
 use crate::model::{Call, CallStatus, Stats};
@@ -73,8 +74,15 @@ impl GenAiHistogram {
         self.otel_name().replace('.', "_")
     }
 
+    /// The suffix an OTel Prometheus exporter writes for the unit: `s` is
+    /// `seconds`, `{token}/s` is `per_second` (annotations drop out),
+    /// `{token}` none.
     fn prometheus_unit(self) -> Option<Unit> {
-        (self.unit() == "s").then_some(Unit::Seconds)
+        match self.unit() {
+            "s" => Some(Unit::Seconds),
+            "{token}/s" => Some(Unit::Other("per_second".into())),
+            _ => None,
+        }
     }
 }
 
@@ -184,6 +192,8 @@ pub struct Metrics {
     capture_dropped: Counter,
     upstreams: RwLock<HashMap<String, ServerAddr>>,
     models: Mutex<HashSet<String>>,
+    /// Base labels whose every series exists already (see [`series_of`]).
+    bases: Mutex<HashSet<Labels>>,
     otel: RwLock<Option<Arc<dyn ObservationSink>>>,
 }
 
@@ -207,6 +217,7 @@ fn histogram_family(kind: GenAiHistogram) -> HistogramFamily {
         | GenAiHistogram::ClientOperationDuration
         | GenAiHistogram::ClientTimeToFirstChunk => || Histogram::new(DURATION_BUCKETS),
         GenAiHistogram::ClientTokenUsage => || Histogram::new(TOKEN_BUCKETS),
+        GenAiHistogram::DecodeRate => || Histogram::new(DECODE_RATE_BUCKETS),
     };
     Family::new_with_constructor(new)
 }
@@ -301,14 +312,24 @@ impl Metrics {
             capture_dropped,
             upstreams: RwLock::new(HashMap::new()),
             models: Mutex::new(HashSet::new()),
+            bases: Mutex::new(HashSet::new()),
             otel: RwLock::new(None),
         }
     }
 
     /// Tells the metrics where a route forwards to, so its calls carry
-    /// `server_address` / `server_port`. The host calls it when it binds a
-    /// route; calls of routes it wasn't told about go without them.
+    /// `server_address` / `server_port`, and creates the route's
+    /// `speedtap_calls_total` series at zero, one per settled status, so
+    /// the first failure after a start is an increase Prometheus sees. The
+    /// host calls it when it binds a route; calls of routes it wasn't told
+    /// about go without the upstream labels.
     pub fn set_route_upstream(&self, route: &str, address: &str, port: u16) {
+        for status in SETTLED_STATUSES {
+            drop(self.calls.get_or_create(&CallLabels {
+                route: route.to_owned(),
+                status,
+            }));
+        }
         write(&self.upstreams).insert(
             route.to_owned(),
             ServerAddr {
@@ -341,6 +362,7 @@ impl Metrics {
         let model = call.identity.model.as_deref().map(|m| self.model_label(m));
         let server = read(&self.upstreams).get(&call.identity.route).cloned();
         let observations = observations(call, model, server);
+        self.create_series_of(&observations);
         for o in &observations {
             match o {
                 Observation::Histogram {
@@ -366,6 +388,25 @@ impl Metrics {
         if let Some(otel) = read(&self.otel).as_ref() {
             otel.record(&observations);
         }
+    }
+
+    /// Creates at zero every series a call with these observations' base
+    /// labels can feed, the first time that base is seen ([`series_of`]).
+    fn create_series_of(&self, observations: &[Observation]) {
+        let Some(base) = observations.iter().find_map(|o| match o {
+            Observation::OutputTokens { labels, .. } => Some(labels),
+            _ => None,
+        }) else {
+            return;
+        };
+        let mut bases = self.bases.lock().unwrap_or_else(|p| p.into_inner());
+        if !bases.insert(base.clone()) {
+            return;
+        }
+        for (kind, labels) in series_of(base) {
+            drop(self.histograms[kind.index()].get_or_create(&labels));
+        }
+        drop(self.output_tokens.get_or_create(base));
     }
 
     /// The label for a model name: itself, or [`OTHER_MODEL`] once
@@ -602,6 +643,7 @@ mod tests {
                 "gen_ai_client_operation_duration_seconds",
                 "gen_ai_client_operation_time_to_first_chunk_seconds",
                 "gen_ai_client_token_usage",
+                "speedtap_decode_rate_per_second",
             ]
         );
     }
@@ -665,7 +707,6 @@ mod tests {
                 "{family}"
             );
         }
-        assert!(!text.contains("error_type"), "{text}");
         assert_eq!(
             sample(
                 &text,
@@ -689,6 +730,33 @@ mod tests {
             201.0
         );
         assert_eq!(sample(&text, "speedtap_active_calls "), 3.0);
+    }
+
+    #[test]
+    fn an_ok_calls_rate_lands_in_speedtaps_own_buckets_and_its_error_series_stay_zero() {
+        let m = Metrics::new();
+        m.record_settled(&call(
+            CallStatus::Ok,
+            ApiKind::OpenaiChat,
+            Some(final_snapshot(Some(312), 201, Some(40.0))),
+        ));
+        let text = m.render();
+        // An ok call feeds no error_type series; those exist at zero.
+        for error_type in ["abandoned", "upstream_error"] {
+            assert_eq!(
+                sample(
+                    &text,
+                    &format!(
+                        "gen_ai_server_request_duration_seconds_count{{{LABELS},error_type=\"{error_type}\"}}"
+                    )
+                ),
+                0.0
+            );
+        }
+        // 40 tok/s in speedtap's own rate histogram: (36.5, 42.2].
+        let rate = format!("speedtap_decode_rate_per_second_bucket{{{LABELS},le=\"");
+        assert_eq!(sample(&text, &format!("{rate}36.5\"}}")), 0.0);
+        assert_eq!(sample(&text, &format!("{rate}42.2\"}}")), 1.0);
     }
 
     #[test]
@@ -721,8 +789,16 @@ mod tests {
             Some(final_snapshot(Some(100), 5, Some(20.0))),
         ));
         let text = m.render();
-        assert!(!text.contains("gen_ai_server_time_to_first_token_seconds_count"));
-        assert!(!text.contains("gen_ai_server_time_per_output_token_seconds_count"));
+        // The series exist (at zero, created with the call's labels) but
+        // took nothing.
+        let base = r#"{gen_ai_operation_name="text_completion",gen_ai_provider_name="ollama_generate",gen_ai_request_model="qwen3:8b",route="ollama"}"#;
+        for family in [
+            "gen_ai_server_time_to_first_token_seconds",
+            "gen_ai_server_time_per_output_token_seconds",
+            "speedtap_decode_rate_per_second",
+        ] {
+            assert_eq!(sample(&text, &format!("{family}_count{base}")), 0.0);
+        }
         assert!(text.contains(r#"speedtap_calls_total{route="ollama",status="abandoned"} 1"#));
         let labels = r#"{gen_ai_operation_name="text_completion",gen_ai_provider_name="ollama_generate",gen_ai_request_model="qwen3:8b",route="ollama",error_type="abandoned"} 1"#;
         for family in [
@@ -751,11 +827,15 @@ mod tests {
         c.input_tokens = None;
         m.record_settled(&c);
         let text = m.render();
-        assert!(!text.contains("gen_ai_client_token_usage_count"), "{text}");
-        assert!(
-            !text.contains("time_to_first_chunk_seconds_count"),
-            "{text}"
-        );
+        // Their series exist at zero and took nothing.
+        for family in [
+            "gen_ai_client_token_usage_count{",
+            "gen_ai_client_operation_time_to_first_chunk_seconds_count{",
+        ] {
+            let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(family)).collect();
+            assert!(!lines.is_empty(), "{family}");
+            assert!(lines.iter().all(|l| l.ends_with(" 0")), "{lines:?}");
+        }
         assert!(text.contains(r#"speedtap_calls_total{route="ollama",status="upstream_error"} 1"#));
         assert!(text.contains(r#"error_type="upstream_error"} 1"#), "{text}");
     }
@@ -791,6 +871,60 @@ mod tests {
         assert!(text.contains(
             r#"gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="chat",gen_ai_provider_name="openai_chat",route="ollama"} 1"#
         ));
+    }
+
+    #[test]
+    fn a_bound_route_has_a_zero_call_counter_for_every_status_from_the_start() {
+        let m = Metrics::new();
+        m.set_route_upstream("ollama", "127.0.0.1", 11434);
+        let text = m.render();
+        for status in ["ok", "abandoned", "upstream_error", "unmetered"] {
+            assert_eq!(
+                sample(
+                    &text,
+                    &format!("speedtap_calls_total{{route=\"ollama\",status=\"{status}\"}}")
+                ),
+                0.0
+            );
+        }
+    }
+
+    #[test]
+    fn a_models_first_call_creates_every_series_it_can_ever_feed_at_zero() {
+        let m = Metrics::new();
+        m.record_settled(&call(
+            CallStatus::Ok,
+            ApiKind::OpenaiChat,
+            Some(final_snapshot(Some(312), 201, Some(40.0))),
+        ));
+        let text = m.render();
+        let base = Labels {
+            operation: "chat",
+            provider: "openai_chat",
+            request_model: Some("qwen3:8b".into()),
+            server: None,
+            route: "ollama".into(),
+            error_type: None,
+            token_type: None,
+        };
+        for (kind, labels) in series_of(&base) {
+            let mut rendered = String::new();
+            for (name, _, value) in labels.pairs() {
+                let value = match value {
+                    LabelValue::Str(s) => s.to_owned(),
+                    LabelValue::Int(p) => p.to_string(),
+                };
+                rendered.push_str(&format!("{name}=\"{value}\","));
+            }
+            let line = format!(
+                "{}_count{{{}}}",
+                kind.prometheus_name(),
+                rendered.trim_end_matches(',')
+            );
+            assert!(text.contains(&line), "{line}:\n{text}");
+        }
+        // 3 error types on two durations, 2 token types, 5 other families.
+        assert_eq!(series_of(&base).len(), 3 * 2 + 2 + 4);
     }
 
     #[test]

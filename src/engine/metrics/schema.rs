@@ -37,6 +37,27 @@ pub const TOKEN_BUCKETS: [f64; 14] = [
     16777216.0, 67108864.0,
 ];
 
+/// Buckets of speedtap's own decode-rate histogram (`speedtap.decode.rate`,
+/// tokens per second): 1 to 1,000 tok/s, 16 per decade (10^(k/16) to three
+/// significant digits). The conventions' time-per-token buckets start at
+/// 0.01 s (100 tok/s), so every faster model lands in their first bucket;
+/// here each bucket is at most 15.5 % wider than the last, so a quantile
+/// read by linear interpolation stays within about 12 % of the rate it
+/// estimates, fast models included.
+pub const DECODE_RATE_BUCKETS: [f64; 49] = [
+    1.0, 1.15, 1.33, 1.54, 1.78, 2.05, 2.37, 2.74, 3.16, 3.65, 4.22, 4.87, 5.62, 6.49, 7.5, 8.66,
+    10.0, 11.5, 13.3, 15.4, 17.8, 20.5, 23.7, 27.4, 31.6, 36.5, 42.2, 48.7, 56.2, 64.9, 75.0, 86.6,
+    100.0, 115.0, 133.0, 154.0, 178.0, 205.0, 237.0, 274.0, 316.0, 365.0, 422.0, 487.0, 562.0,
+    649.0, 750.0, 866.0, 1000.0,
+];
+
+/// Every status a settled call can have: `speedtap_calls_total` has one
+/// series per route and status from the moment the route is bound.
+pub const SETTLED_STATUSES: [&str; 4] = ["ok", "abandoned", "upstream_error", "unmetered"];
+
+/// The `error_type` values of the duration histograms (`None`: an `ok` call).
+pub const ERROR_TYPES: [Option<&str>; 3] = [None, Some("abandoned"), Some("upstream_error")];
+
 /// Buckets of `speedtap_proxy_added_latency_seconds`: 1 µs to 10 ms. The
 /// tap's work per frame (a reference-count clone and a queue push) is a few
 /// microseconds; anything in the millisecond buckets means the metering
@@ -80,8 +101,9 @@ pub const MAX_MODELS: usize = 200;
 /// The model label value past [`MAX_MODELS`].
 pub const OTHER_MODEL: &str = "_other";
 
-/// The GenAI histograms, with everything both exporters need to know about
-/// them. One table, so the scrape and OTLP can't drift apart.
+/// The per-call histograms, with everything both exporters need to know
+/// about them: the conventions' GenAI histograms and speedtap's own decode
+/// rate beside them. One table, so the scrape and OTLP can't drift apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GenAiHistogram {
     ServerTimeToFirstToken,
@@ -90,16 +112,20 @@ pub enum GenAiHistogram {
     ClientOperationDuration,
     ClientTimeToFirstChunk,
     ClientTokenUsage,
+    /// speedtap's own: the settled decode rate in tokens per second, with
+    /// buckets that hold for fast models ([`DECODE_RATE_BUCKETS`]).
+    DecodeRate,
 }
 
 impl GenAiHistogram {
-    pub const ALL: [GenAiHistogram; 6] = [
+    pub const ALL: [GenAiHistogram; 7] = [
         GenAiHistogram::ServerTimeToFirstToken,
         GenAiHistogram::ServerTimePerOutputToken,
         GenAiHistogram::ServerRequestDuration,
         GenAiHistogram::ClientOperationDuration,
         GenAiHistogram::ClientTimeToFirstChunk,
         GenAiHistogram::ClientTokenUsage,
+        GenAiHistogram::DecodeRate,
     ];
 
     /// The conventions' instrument name (`gen_ai.server.time_to_first_token`).
@@ -111,13 +137,16 @@ impl GenAiHistogram {
             Self::ClientOperationDuration => "gen_ai.client.operation.duration",
             Self::ClientTimeToFirstChunk => "gen_ai.client.operation.time_to_first_chunk",
             Self::ClientTokenUsage => "gen_ai.client.token.usage",
+            Self::DecodeRate => "speedtap.decode.rate",
         }
     }
 
-    /// The conventions' unit: `s`, or `{token}` for token usage.
+    /// The conventions' unit: `s`, `{token}` for token usage, `{token}/s`
+    /// for the decode rate.
     pub fn unit(self) -> &'static str {
         match self {
             Self::ClientTokenUsage => "{token}",
+            Self::DecodeRate => "{token}/s",
             _ => "s",
         }
     }
@@ -141,6 +170,9 @@ impl GenAiHistogram {
                 "Request to the first response chunk carrying output, every call that got one"
             }
             Self::ClientTokenUsage => "Input and output tokens per call, when known",
+            Self::DecodeRate => {
+                "Settled decode rate in tokens per second after the first token, successful responses"
+            }
         }
     }
 
@@ -153,6 +185,7 @@ impl GenAiHistogram {
             | Self::ClientOperationDuration
             | Self::ClientTimeToFirstChunk => &DURATION_BUCKETS,
             Self::ClientTokenUsage => &TOKEN_BUCKETS,
+            Self::DecodeRate => &DECODE_RATE_BUCKETS,
         }
     }
 
@@ -347,8 +380,43 @@ fn push_timings(
                 base.clone(),
                 1.0 / rate,
             );
+            histogram(GenAiHistogram::DecodeRate, base.clone(), rate);
         }
     }
+}
+
+/// Every histogram series a call with these base labels (no error, no
+/// token type) can ever feed: each family, each error type on the two
+/// duration histograms, each token type on usage. The registry creates
+/// them at zero when it first sees the base, so a first failure or a first
+/// input count is an increase from 0, not a series that appears already
+/// counted (which `rate()` and `increase()` can't see).
+pub fn series_of(base: &Labels) -> Vec<(GenAiHistogram, Labels)> {
+    let mut out = Vec::new();
+    for kind in GenAiHistogram::ALL {
+        match kind {
+            GenAiHistogram::ServerRequestDuration | GenAiHistogram::ClientOperationDuration => {
+                for error_type in ERROR_TYPES {
+                    let labels = Labels {
+                        error_type,
+                        ..base.clone()
+                    };
+                    out.push((kind, labels));
+                }
+            }
+            GenAiHistogram::ClientTokenUsage => {
+                for token_type in ["input", "output"] {
+                    let labels = Labels {
+                        token_type: Some(token_type),
+                        ..base.clone()
+                    };
+                    out.push((kind, labels));
+                }
+            }
+            _ => out.push((kind, base.clone())),
+        }
+    }
+    out
 }
 
 /// The token usage histograms: input when known, output when the call
