@@ -31,14 +31,22 @@
 //!   them or take precedence.
 //! - Only `http://` endpoints: speedtap is built without a TLS stack. Send
 //!   to a collector on the host or the private network; let it do TLS.
+//! - An unreachable collector is retried at every interval, and stderr says
+//!   so once when exports start failing and once when they succeed again
+//!   ([`Reachability`]), not at every attempt: a service's log should show
+//!   the outage, not fill with it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider, ObservableGauge};
 use opentelemetry::{Key, KeyValue};
 use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig};
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use opentelemetry_sdk::Resource;
 
 use super::schema::{
@@ -75,7 +83,8 @@ pub use crate::model::otlp_endpoint::otlp_metrics_url as metrics_url;
 /// `interval`. Returns an error for a bad endpoint, a zero interval, or if
 /// an exporter is already attached to `metrics`. Nothing is sent until the
 /// first interval (or [`OtlpExporter::shutdown`]); an unreachable collector
-/// is logged by the SDK and retried at the next interval, never fatal.
+/// is retried at the next interval, never fatal, and said on stderr once
+/// per outage ([`Reachability`]).
 pub fn start_otlp_exporter<M: MetricsSource + 'static>(
     endpoint: &str,
     interval: Duration,
@@ -93,6 +102,11 @@ pub fn start_otlp_exporter<M: MetricsSource + 'static>(
         .with_timeout(EXPORT_TIMEOUT)
         .build()
         .map_err(|e| format!("cannot build the OTLP exporter for {url}: {e}"))?;
+    let exporter = ReportingExporter {
+        inner: exporter,
+        url: url.clone(),
+        reach: Reachability::default(),
+    };
     let reader = PeriodicReader::builder(exporter)
         .with_interval(interval)
         .build();
@@ -149,6 +163,69 @@ impl Drop for OtlpExporter {
     fn drop(&mut self) {
         // The provider's own Drop shuts the SDK down; stop feeding it first.
         self.detach();
+    }
+}
+
+/// Whether the collector took the last export. Only a change is worth a
+/// line on stderr: the first failure, and the first success after failures.
+#[derive(Debug, Default)]
+pub(crate) struct Reachability {
+    failing: AtomicBool,
+}
+
+impl Reachability {
+    /// The line to print for one export's outcome, when it changes the state.
+    pub(crate) fn note(&self, url: &str, outcome: Result<(), String>) -> Option<String> {
+        match outcome {
+            Err(e) => (!self.failing.swap(true, Ordering::Relaxed)).then(|| {
+                format!(
+                    "speedtap: OTLP collector {url} unreachable ({e}); retrying at every interval, silently until it answers"
+                )
+            }),
+            Ok(()) => self
+                .failing
+                .swap(false, Ordering::Relaxed)
+                .then(|| format!("speedtap: OTLP collector {url} reachable again; exports resumed")),
+        }
+    }
+}
+
+/// The OTLP/HTTP exporter, saying on stderr when the collector stops and
+/// starts taking exports ([`Reachability`]).
+struct ReportingExporter {
+    inner: MetricExporter,
+    url: String,
+    reach: Reachability,
+}
+
+impl std::fmt::Debug for ReportingExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReportingExporter")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PushMetricExporter for ReportingExporter {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        let result = self.inner.export(metrics).await;
+        let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        if let Some(line) = self.reach.note(&self.url, outcome) {
+            eprintln!("{line}");
+        }
+        result
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
     }
 }
 
@@ -345,6 +422,22 @@ mod tests {
         assert!(bare.contains("not an http:// URL"), "{bare}");
         assert!(metrics_url("http://").is_err());
         assert!(metrics_url("http://c:4318/?x=1").is_err());
+    }
+
+    #[test]
+    fn an_unreachable_collector_is_reported_once_and_its_recovery_once() {
+        let reach = Reachability::default();
+        let url = "http://collector:4318/v1/metrics";
+        assert_eq!(reach.note(url, Ok(())), None);
+        let down = reach.note(url, Err("connection refused".into())).unwrap();
+        assert!(down.contains("unreachable (connection refused)"), "{down}");
+        assert!(down.contains(url), "{down}");
+        assert_eq!(reach.note(url, Err("connection refused".into())), None);
+        assert_eq!(reach.note(url, Err("timed out".into())), None);
+        let up = reach.note(url, Ok(())).unwrap();
+        assert!(up.contains("reachable again"), "{up}");
+        assert_eq!(reach.note(url, Ok(())), None);
+        assert!(reach.note(url, Err("refused".into())).is_some());
     }
 
     #[test]
