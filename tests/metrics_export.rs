@@ -543,6 +543,9 @@ async fn the_otlp_exporter_delivers_the_genai_metrics_to_a_collector() {
     };
     assert_eq!(calls.get("ok"), Some(&2.0));
     assert_eq!(calls.get("abandoned"), Some(&1.0));
+    // The route's other statuses are there at zero, as in the scrape.
+    assert_eq!(calls.get("upstream_error"), Some(&0.0));
+    assert_eq!(calls.get("unmetered"), Some(&0.0));
     let gauge = |name: &str| match &by_name[name].data {
         Some(metric::Data::Gauge(g)) => {
             assert_eq!(g.data_points.len(), 1, "{name}");

@@ -52,7 +52,7 @@ use opentelemetry_sdk::Resource;
 use super::schema::{
     install_frame_sink, remove_frame_sink, GenAiHistogram, LabelValue, Labels, MetricsSource,
     Observation, ObservationSink, HELP_ACTIVE_CALLS, HELP_CALLS, HELP_HOUR_HIGH, HELP_HOUR_LOW,
-    HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, PROXY_LATENCY_BUCKETS,
+    HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, PROXY_LATENCY_BUCKETS, SETTLED_STATUSES,
 };
 
 /// How long one export may take before it is abandoned.
@@ -373,6 +373,18 @@ impl ObservationSink for OtelInstruments {
                     self.output_tokens.add(*n, &attributes(labels))
                 }
             }
+        }
+    }
+
+    fn declare_route(&self, route: &str) {
+        for status in SETTLED_STATUSES {
+            self.calls.add(
+                0,
+                &[
+                    KeyValue::new("route", route.to_owned()),
+                    KeyValue::new("status", status),
+                ],
+            );
         }
     }
 }

@@ -330,6 +330,9 @@ impl Metrics {
                 status,
             }));
         }
+        if let Some(otel) = read(&self.otel).as_ref() {
+            otel.declare_route(route);
+        }
         write(&self.upstreams).insert(
             route.to_owned(),
             ServerAddr {
@@ -472,6 +475,9 @@ impl MetricsSource for Metrics {
         let mut slot = write(&self.otel);
         if slot.is_some() {
             return Err("an OTLP exporter is already attached to these metrics".into());
+        }
+        for route in read(&self.upstreams).keys() {
+            sink.declare_route(route);
         }
         *slot = Some(sink);
         Ok(())

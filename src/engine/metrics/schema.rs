@@ -491,6 +491,9 @@ pub struct Gauges {
 pub trait ObservationSink: Send + Sync {
     /// Records one settled call's observations.
     fn record(&self, observations: &[Observation]);
+    /// A route exists: its call counters start at zero for every status,
+    /// as in the scrape.
+    fn declare_route(&self, route: &str);
 }
 
 /// The engine's metrics as an exporter sees them: the live gauges, and a
