@@ -30,3 +30,4 @@ mod simulate_servers;
 mod store;
 mod store_engine;
 mod wait;
+mod why_slow;

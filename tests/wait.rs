@@ -638,7 +638,8 @@ fn model_route_only() -> std::collections::HashMap<String, Script> {
 }
 
 /// Three calls through a telemetry route to `upstream`: each telemetry
-/// endpoint was asked once, at the start look, and never again.
+/// endpoint, and each place a version is published, was asked once, at
+/// the start look, and never again.
 async fn each_endpoint_is_asked_once(upstream: ScriptedUpstream) {
     let engine = telemetry_engine(&upstream.url()).await;
     let addr = engine.routes[0].listen;
@@ -664,7 +665,14 @@ async fn each_endpoint_is_asked_once(upstream: ScriptedUpstream) {
     sorted.sort_unstable();
     assert_eq!(
         sorted,
-        ["/api/ps", "/metrics", "/props", "/slots"],
+        [
+            "/api/ps",
+            "/api/version",
+            "/metrics",
+            "/props",
+            "/slots",
+            "/version"
+        ],
         "each endpoint once: {telemetry:?}"
     );
     engine.shutdown(Duration::from_secs(1)).await;

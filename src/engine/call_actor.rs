@@ -494,6 +494,10 @@ impl CallActor {
             error,
             prompt_tokens_estimated: ending.estimate.filter(|n| *n > 0),
             relay: self.relay.clone(),
+            server_version: self.facts.server_version.clone(),
+            reasoning_tokens: report.reasoning.map(|r| r.tokens),
+            reasoning_tokens_estimated: report.reasoning.is_some_and(|r| r.estimated),
+            reasoning_ms: report.reasoning.map(|r| r.ms),
         }
     }
 

@@ -402,6 +402,13 @@ impl CallMeter {
         self.latest.output_tokens
     }
 
+    /// The output count so far, with every buffered text counted: where
+    /// one channel's share ends (the reasoning's, at the first answer).
+    pub fn count_so_far(&mut self) -> u64 {
+        self.tokenize_pending();
+        self.live_count().round() as u64
+    }
+
     /// Whether the call was settled or abandoned.
     pub fn is_ended(&self) -> bool {
         self.ended

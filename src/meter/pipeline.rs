@@ -28,6 +28,7 @@ use crate::decode::sniff::{sniff_framing, Sniffed};
 use crate::decode::stream::StreamDecoder;
 use crate::decode::{ServerTimings, StreamEvent};
 use crate::meter::call::CallMeter;
+use crate::meter::reasoning::{ReasoningCost, ReasoningSplit};
 use crate::model::ApiKind;
 use crate::model::{Phase, Snapshot, TokenSource};
 use crate::tokens::TokenEstimator;
@@ -83,6 +84,8 @@ pub struct CallReport {
     pub raw_estimate: u64,
     /// More than one token, all of it in the same frame.
     pub one_burst: bool,
+    /// What the call spent reasoning, when it reasoned.
+    pub reasoning: Option<ReasoningCost>,
 }
 
 /// What the response head said, as far as metering cares.
@@ -133,6 +136,7 @@ pub struct CallMetering {
     server_timings: Option<ServerTimings>,
     events: Vec<StreamEvent>,
     latest: Snapshot,
+    reasoning: ReasoningSplit,
 }
 
 impl CallMetering {
@@ -153,6 +157,7 @@ impl CallMetering {
             server_timings: None,
             events: Vec::new(),
             latest: waiting_snapshot(0),
+            reasoning: ReasoningSplit::default(),
         }
     }
 
@@ -369,7 +374,12 @@ impl CallMetering {
             ),
             None => (None, 0, false),
         };
+        let reasoning = self.active.as_ref().and_then(|a| {
+            self.reasoning
+                .settle(snapshot.output_tokens, a.meter.usage().reasoning_tokens)
+        });
         CallReport {
+            reasoning,
             snapshot,
             outcome,
             calibration_ratio,
@@ -389,6 +399,13 @@ impl CallMetering {
         for event in self.events.drain(..) {
             match event {
                 StreamEvent::Output { channel, text } => {
+                    if !text.is_empty() && !active.meter.is_ended() {
+                        let before = self
+                            .reasoning
+                            .answer_begins(channel)
+                            .then(|| active.meter.count_so_far());
+                        self.reasoning.on_output(channel, now, before);
+                    }
                     if let Some(s) = active.meter.on_output(channel, &text, now) {
                         due = Some(s);
                     }

@@ -383,6 +383,33 @@ mod tests {
     }
 
     #[test]
+    fn the_reasoning_text_says_how_long_it_thought_and_how_much() {
+        let d = CallDetails {
+            reasoning_ms: Some(41_200),
+            reasoning_tokens: Some(1_800),
+            ..CallDetails::default()
+        };
+        assert_eq!(
+            d.reasoning_text(Some(3_000)).as_deref(),
+            Some("thought 41 s / 1.8k tokens · answered in 3 s")
+        );
+        let estimated = CallDetails {
+            reasoning_ms: Some(2_450),
+            reasoning_tokens: Some(64),
+            reasoning_tokens_estimated: true,
+            ..CallDetails::default()
+        };
+        assert_eq!(
+            estimated.reasoning_text(None).as_deref(),
+            Some("thought 2.5 s / ~64 tokens")
+        );
+        assert_eq!(CallDetails::default().reasoning_text(Some(1)), None);
+        let json = serde_json::to_value(&estimated).unwrap();
+        assert_eq!(json["reasoning_ms"], 2450);
+        assert_eq!(json["reasoning_tokens_estimated"], true);
+    }
+
+    #[test]
     fn details_carry_the_new_facts_and_skip_them_when_unknown() {
         use crate::model::{Wait, WaitReason};
         let plain = serde_json::to_value(CallDetails::default()).unwrap();
@@ -528,6 +555,71 @@ pub struct CallDetails {
     /// call is recorded once (`docs/metering.md`, "each client call once").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay: Option<String>,
+    /// The model server's version as it publishes it (Ollama
+    /// `/api/version`, llama-server `/props` `build_info`, vLLM
+    /// `/version`), asked when the server is found and again after it
+    /// restarts. Absent: the server publishes none, or it was not known
+    /// yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+    /// Reasoning tokens, for a call that reasoned: the server's own
+    /// count when its usage receipt has one, else speedtap's count of
+    /// the streamed reasoning (`reasoning_tokens_estimated`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<u64>,
+    /// `reasoning_tokens` is speedtap's estimate, not the server's count.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reasoning_tokens_estimated: bool,
+    /// From the first reasoning output to the first answer output (or,
+    /// when no answer came, the last output), in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_ms: Option<u64>,
+}
+
+impl CallDetails {
+    /// The reasoning cost as call details show it, e.g. `thought 41 s /
+    /// 1.8k tokens · answered in 3 s` (`~1.8k` when the count is an
+    /// estimate). `answer_ms`: from the first answer output to the end,
+    /// when the call answered. `None` for a call that did not reason.
+    pub fn reasoning_text(&self, answer_ms: Option<u64>) -> Option<String> {
+        let ms = self.reasoning_ms?;
+        let mut s = format!("thought {}", whole_seconds(ms));
+        if let Some(n) = self.reasoning_tokens {
+            let approx = if self.reasoning_tokens_estimated {
+                "~"
+            } else {
+                ""
+            };
+            s.push_str(&format!(" / {approx}{} tokens", short_count(n)));
+        }
+        if let Some(answer) = answer_ms {
+            s.push_str(&format!(" · answered in {}", whole_seconds(answer)));
+        }
+        Some(s)
+    }
+}
+
+/// `41 s` from ten seconds up, `2.5 s` (to the tenth) below.
+fn whole_seconds(ms: u64) -> String {
+    if ms < 10_000 {
+        let tenths = (ms + 50) / 100;
+        if tenths % 10 == 0 {
+            format!("{} s", tenths / 10)
+        } else {
+            format!("{}.{} s", tenths / 10, tenths % 10)
+        }
+    } else {
+        format!("{} s", (ms + 500) / 1000)
+    }
+}
+
+/// `950`, `1.8k`, `12k`.
+fn short_count(n: u64) -> String {
+    match n {
+        0..=999 => n.to_string(),
+        1_000..=9_949 => format!("{:.1}k", n as f64 / 1000.0),
+        _ => format!("{}k", (n + 500) / 1000),
+    }
 }
 
 /// How a call was seen: through a proxy route, or by the passive capture

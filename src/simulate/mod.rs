@@ -126,6 +126,9 @@ pub struct SimConfig {
     /// true); false answers them 404, as Ollama does, so a server that runs
     /// one call at a time (`slots: Some(1)`) publishes no queue of its own.
     pub publishes_slots: bool,
+    /// What `/api/version` answers at start (default
+    /// `0.0.0-speedtap-sim`); `SimServer::set_version` plays an upgrade.
+    pub version: String,
 }
 
 /// What Ollama's `/api/ps` shows while a model loads. Ollama has done
@@ -213,6 +216,7 @@ impl Default for SimConfig {
             vram_fraction: 1.0,
             ps_while_loading: PsWhileLoading::Hidden,
             publishes_slots: true,
+            version: "0.0.0-speedtap-sim".to_owned(),
         }
     }
 }

@@ -139,6 +139,8 @@ struct Shared {
     /// Set on shutdown, so streams cut by the server itself are not counted
     /// as client hang-ups.
     closing: AtomicBool,
+    /// What `/api/version` answers now.
+    version: std::sync::Mutex<String>,
 }
 
 /// A running simulated server.
@@ -197,6 +199,7 @@ impl SimServer {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             state: Arc::new(State::new(&config)),
+            version: std::sync::Mutex::new(config.version.clone()),
             config,
             ids: IdSource::new(),
             started: SystemTime::now(),
@@ -236,6 +239,14 @@ impl SimServer {
     /// `/metrics`): what polling this server costs it.
     pub fn telemetry_requests(&self) -> u64 {
         self.shared.telemetry.load(Ordering::SeqCst)
+    }
+
+    /// From now on `/api/version` answers `version`: the server was
+    /// upgraded (or downgraded) in place.
+    pub fn set_version(&self, version: &str) {
+        if let Ok(mut v) = self.shared.version.lock() {
+            *v = version.to_owned();
+        }
     }
 
     /// Generations in progress now (streamed or not).
@@ -785,7 +796,10 @@ fn discovery(path: &str, shared: &Shared) -> Option<Response<Body>> {
                 .obj("details", details);
             Obj::new().arr("models", vec![model]).finish()
         }
-        "/api/version" => Obj::new().field("version", "0.0.0-speedtap-sim").finish(),
+        "/api/version" => {
+            let version = shared.version.lock().map(|v| v.clone()).unwrap_or_default();
+            Obj::new().field("version", version).finish()
+        }
         "/api/ps" | "/slots" | "/props" | "/metrics" => return Some(telemetry_reply(path, shared)),
         _ => return None,
     };
@@ -860,6 +874,7 @@ mod tests {
             cancelled: AtomicU64::new(0),
             telemetry: AtomicU64::new(0),
             closing: AtomicBool::new(false),
+            version: std::sync::Mutex::new(String::new()),
         };
         for p in GET_PATHS {
             assert!(discovery(p, &shared).is_some(), "{p}");

@@ -26,8 +26,9 @@ use crate::model::{Phase, Snapshot};
 /// working: `seen_by` and `capture_gap` came with the capture interceptor,
 /// the `wait_*` columns and the facts after them with the wait
 /// explanations, `queued_ms` and `queue_position` with the record of what
-/// a call waited for.
-pub const CSV_COLUMNS: [&str; 46] = [
+/// a call waited for, `server_version` and the `reasoning_*` columns with
+/// the server's version and the reasoning cost.
+pub const CSV_COLUMNS: [&str; 50] = [
     "id",
     "route",
     "api",
@@ -74,6 +75,10 @@ pub const CSV_COLUMNS: [&str; 46] = [
     "prompt_tokens_estimated",
     "queued_ms",
     "queue_position",
+    "server_version",
+    "reasoning_tokens",
+    "reasoning_tokens_estimated",
+    "reasoning_ms",
 ];
 
 /// Writes the calls `filter` selects to `out`; returns how many.
@@ -165,6 +170,10 @@ fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
         opt(d.prompt_tokens_estimated),
         opt(d.queued_ms),
         opt(d.queue_position),
+        opt(d.server_version.as_deref()),
+        opt(d.reasoning_tokens),
+        d.reasoning_tokens_estimated.to_string(),
+        opt(d.reasoning_ms),
     ]
     .into_iter()
 }
@@ -432,6 +441,10 @@ fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, S
         queue_position: r.num(45)?,
         // Legs of a relay are never stored.
         relay: None,
+        server_version: r.text(46),
+        reasoning_tokens: r.num(47)?,
+        reasoning_tokens_estimated: r.boolean(48)?,
+        reasoning_ms: r.num(49)?,
     })
 }
 

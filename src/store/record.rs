@@ -22,7 +22,8 @@ pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, mod
     wait_eta_ms, wait_usual_ms, wait_prompt_tokens, truncated_request_tokens, \
     truncated_server_tokens, truncated_context_size, context_size, context_used, draft_n, \
     draft_accepted, placement, model_bytes, vram_bytes, start, error, prompt_tokens_estimated, \
-    queued_ms, queue_position";
+    queued_ms, queue_position, server_version, reasoning_tokens, reasoning_tokens_estimated, \
+    reasoning_ms";
 
 /// Inserts `calls`, skipping any already stored (same id and started_at).
 pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Result<()> {
@@ -30,7 +31,7 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
         "INSERT INTO calls ({COLUMNS}) VALUES \
          (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
           ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, \
-          ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45, ?46, ?47, ?48, ?49, ?50) \
+          ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45, ?46, ?47, ?48, ?49, ?50, ?51, ?52, ?53, ?54) \
          ON CONFLICT (id, started_at) DO NOTHING"
     ))?;
     for c in calls {
@@ -95,6 +96,10 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
             d.prompt_tokens_estimated,
             d.queued_ms,
             d.queue_position,
+            d.server_version,
+            d.reasoning_tokens,
+            d.reasoning_tokens_estimated,
+            d.reasoning_ms,
         ])?;
     }
     Ok(())
@@ -215,6 +220,10 @@ fn details_from_row(row: &Row<'_>, breakdown: TtftBreakdown) -> rusqlite::Result
         queue_position: row.get(49)?,
         // Legs of a relay are never stored.
         relay: None,
+        server_version: row.get(50)?,
+        reasoning_tokens: row.get(51)?,
+        reasoning_tokens_estimated: row.get(52)?,
+        reasoning_ms: row.get(53)?,
     })
 }
 

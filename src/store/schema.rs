@@ -121,8 +121,24 @@ ALTER TABLE calls ADD COLUMN queued_ms      INTEGER;
 ALTER TABLE calls ADD COLUMN queue_position INTEGER;
 ";
 
+/// Migration 5: the server's version with every call, and what a call
+/// spent reasoning (`docs/api.md`, "Call details"). NULL on rows from
+/// before: not known.
+pub const MIGRATION_5: &str = "
+ALTER TABLE calls ADD COLUMN server_version             TEXT;
+ALTER TABLE calls ADD COLUMN reasoning_tokens           INTEGER;
+ALTER TABLE calls ADD COLUMN reasoning_tokens_estimated INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE calls ADD COLUMN reasoning_ms               INTEGER;
+";
+
 /// Every migration, in order: `MIGRATIONS[i]` upgrades version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4];
+pub const MIGRATIONS: &[&str] = &[
+    MIGRATION_1,
+    MIGRATION_2,
+    MIGRATION_3,
+    MIGRATION_4,
+    MIGRATION_5,
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -153,6 +153,9 @@ pub struct ServerFacts {
     pub vram_bytes: Option<u64>,
     /// The model was not loaded at dispatch (`Some(false)`: it was).
     pub cold: Option<bool>,
+    /// The server's version, as the poller last read it (the same for
+    /// every call on the route; set by the poller, not the rules).
+    pub server_version: Option<String>,
 }
 
 /// One call speedtap sees on the route.
@@ -1363,6 +1366,7 @@ mod tests {
             props: Some(Props {
                 n_ctx: None,
                 total_slots: Some(1),
+                build_info: None,
             }),
             slots: Some(vec![
                 slot(0, true, Some(5), 100, 100),
@@ -1469,6 +1473,7 @@ mod tests {
         view.props = Some(Props {
             n_ctx: None,
             total_slots: Some(1),
+            build_info: None,
         });
         view.slots = Some(vec![
             slot(0, true, Some(5), 1000, 0),

@@ -21,6 +21,12 @@
 //!   with its own HTTP client and connections; each request has a
 //!   [`REQUEST_TIMEOUT`] and a body cap. Call actors talk to it with
 //!   `do_send` only.
+//! - **The server's version.** Asked once when the route starts (Ollama
+//!   `/api/version`, vLLM `/version`; llama-server's `/props`
+//!   `build_info` otherwise), again with `/props` (at most every
+//!   [`PROPS_MAX_AGE`], on a dispatch), and again at once when the server
+//!   answers after a look could not reach it (a restart). Never per call:
+//!   each tracked call gets the last version read with its server facts.
 //! - **What it tells.** After each look it runs the rules of [`explain`]
 //!   and sends each waiting call's actor its [`Wait`] and the server facts
 //!   about its model (`WaitExplained`), when they changed. A look whose
@@ -105,6 +111,10 @@ impl Endpoint {
         }
     }
 }
+
+/// Where servers publish their version, `{"version": "..."}`: Ollama's,
+/// then vLLM's.
+const VERSION_PATHS: [&str; 2] = ["/api/version", "/version"];
 
 /// One endpoint's answer.
 enum Answer {
@@ -194,6 +204,15 @@ pub struct TelemetryPoller {
     requests: Arc<AtomicU64>,
     /// Passes of the rules over every tracked call (tests).
     passes: Arc<AtomicU64>,
+    /// The version read from [`VERSION_PATHS`].
+    version: Option<String>,
+    /// `false` once that path answered that it does not exist.
+    version_available: [bool; 2],
+    /// A version request is under way.
+    version_asking: bool,
+    /// The last answer was a failure to reach the server: the next answer
+    /// may be a restarted server, whose version is asked again.
+    unreachable: bool,
 }
 
 impl TelemetryPoller {
@@ -217,7 +236,62 @@ impl TelemetryPoller {
             next: None,
             requests: Arc::new(AtomicU64::new(0)),
             passes: Arc::new(AtomicU64::new(0)),
+            version: None,
+            version_available: [true; 2],
+            version_asking: false,
+            unreachable: false,
         }
+    }
+
+    /// The server's version as last read: its version endpoint's, else
+    /// llama-server's `build_info`.
+    fn server_version(&self) -> Option<String> {
+        self.version
+            .clone()
+            .or_else(|| self.view.props.as_ref().and_then(|p| p.build_info.clone()))
+    }
+
+    /// Asks the version endpoints still thought to exist, in order, until
+    /// one answers; tells the tracked calls when the version changed.
+    fn ask_version(&mut self, ctx: &mut Context<Self>) {
+        if self.version_asking || !self.version_available.contains(&true) {
+            return;
+        }
+        self.version_asking = true;
+        let wanted: Vec<usize> = (0..VERSION_PATHS.len())
+            .filter(|i| self.version_available[*i])
+            .collect();
+        let (client, upstream) = (self.client.clone(), self.upstream.clone());
+        let fut = async move {
+            let mut answers = Vec::new();
+            for i in wanted {
+                let answer = fetch(&client, &upstream, VERSION_PATHS[i]).await;
+                let found =
+                    matches!(&answer, Answer::Body(b) if server::parse_version(b).is_some());
+                answers.push((i, answer));
+                if found {
+                    break;
+                }
+            }
+            answers
+        };
+        ctx.spawn(fut.into_actor(self).map(|answers, act, _ctx| {
+            act.version_asking = false;
+            let before = act.server_version();
+            for (i, answer) in answers {
+                match answer {
+                    Answer::Body(body) => match server::parse_version(&body) {
+                        Some(v) => act.version = Some(v),
+                        None => act.version_available[i] = false,
+                    },
+                    Answer::Absent => act.version_available[i] = false,
+                    Answer::Failed | Answer::TimedOut => {}
+                }
+            }
+            if act.server_version() != before {
+                act.tell(Instant::now());
+            }
+        }));
     }
 
     /// The count of telemetry requests this poller sent, shared.
@@ -263,6 +337,11 @@ impl TelemetryPoller {
         if let Some(h) = self.next.take() {
             ctx.cancel_future(h);
         }
+        if props_due && self.props_read_at.is_some() {
+            // With `/props`, at most once a minute: a server restarted
+            // while no look was under way shows its new version here.
+            self.ask_version(ctx);
+        }
         self.polling = true;
         self.look_began = now;
         self.requests
@@ -288,8 +367,14 @@ impl TelemetryPoller {
         };
         ctx.spawn(fut.into_actor(self).map(|answers, act, ctx| {
             act.polling = false;
+            let was_unreachable = act.unreachable;
             for (endpoint, answer) in answers {
                 act.take(endpoint, answer);
+            }
+            if was_unreachable && !act.unreachable {
+                // The server answers again: perhaps restarted, perhaps
+                // upgraded.
+                act.ask_version(ctx);
             }
             act.after_look(ctx);
         }));
@@ -329,6 +414,7 @@ impl TelemetryPoller {
             // time-out stays held: the next look asks again.)
             self.view.ps_held_since = None;
         }
+        self.unreachable = matches!(answer, Answer::Failed);
         let body = match answer {
             Answer::Body(b) => b,
             Answer::Absent => {
@@ -387,6 +473,7 @@ impl TelemetryPoller {
         };
         let mut waits: HashMap<u64, Wait> = waits.into_iter().collect();
         let mut gone = Vec::new();
+        let server_version = self.server_version();
         for (seq, actor) in &self.actors {
             let Some(facts) = self.tracker.facts(*seq) else {
                 continue;
@@ -397,7 +484,10 @@ impl TelemetryPoller {
             };
             let msg = WaitExplained {
                 wait: waits.remove(seq),
-                facts: facts.clone(),
+                facts: ServerFacts {
+                    server_version: server_version.clone(),
+                    ..facts.clone()
+                },
             };
             if self.last_sent.get(seq) != Some(&msg) {
                 actor.do_send(msg.clone());
@@ -465,8 +555,10 @@ impl Actor for TelemetryPoller {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        // Once at start: which endpoints exist, what is loaded.
+        // Once at start: which endpoints exist, what is loaded, which
+        // version runs.
         self.look(ctx);
+        self.ask_version(ctx);
     }
 }
 
@@ -474,6 +566,19 @@ impl Handler<Track> for TelemetryPoller {
     type Result = ();
     fn handle(&mut self, msg: Track, ctx: &mut Self::Context) {
         self.tracker.track(msg.seq, msg.model, msg.dispatched_at);
+        if let (Some(version), Some(facts)) = (self.server_version(), self.tracker.facts(msg.seq)) {
+            // The version at once, so a call that ends before the next
+            // look still carries it.
+            let told = WaitExplained {
+                wait: None,
+                facts: ServerFacts {
+                    server_version: Some(version),
+                    ..facts.clone()
+                },
+            };
+            msg.actor.do_send(told.clone());
+            self.last_sent.insert(msg.seq, told);
+        }
         self.actors.insert(msg.seq, msg.actor.downgrade());
         // Look now: whether the model is loaded is decided on the first
         // look after dispatch.

@@ -51,6 +51,8 @@ pub struct Props {
     pub n_ctx: Option<u64>,
     /// `total_slots`.
     pub total_slots: Option<u64>,
+    /// `build_info` (`b5902-bf9087f5`): the build, llama-server's version.
+    pub build_info: Option<String>,
 }
 
 /// `/metrics`, the gauges the poller uses.
@@ -132,10 +134,25 @@ pub fn parse_props(body: &[u8]) -> Option<Props> {
                 .and_then(|d| d.get("n_ctx")),
         ),
         total_slots: count(v.get("total_slots")),
+        build_info: version_text(v.get("build_info")),
     };
     // An object with neither (another server's error object) is not
     // llama-server's properties.
     (props.n_ctx.is_some() || props.total_slots.is_some()).then_some(props)
+}
+
+/// A version string as published: trimmed, non-empty, at most 64
+/// characters (it is stored with every call).
+fn version_text(v: Option<&Value>) -> Option<String> {
+    let text = v?.as_str()?.trim();
+    (!text.is_empty()).then(|| text.chars().take(64).collect())
+}
+
+/// Ollama's `GET /api/version` and vLLM's `GET /version`: both answer
+/// `{"version": "0.6.3"}`.
+pub fn parse_version(body: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    version_text(v.get("version"))
 }
 
 /// `GET /metrics` (Prometheus text): the queue gauges of llama-server or
@@ -249,6 +266,21 @@ mod tests {
         assert_eq!(parse_slots(stream), None);
         assert_eq!(parse_props(stream), None);
         assert_eq!(parse_metrics(stream), None);
+    }
+
+    #[test]
+    fn the_servers_version_is_read_where_each_kind_publishes_it() {
+        assert_eq!(
+            parse_version(br#"{"version":"0.33.2"}"#).as_deref(),
+            Some("0.33.2")
+        );
+        assert_eq!(parse_version(br#"{"version":""}"#), None);
+        assert_eq!(parse_version(b"404 page not found"), None);
+        let props = parse_props(
+            br#"{"default_generation_settings":{"n_ctx":4096},"total_slots":1,"build_info":"b5902-bf9087f5"}"#,
+        )
+        .unwrap();
+        assert_eq!(props.build_info.as_deref(), Some("b5902-bf9087f5"));
     }
 
     #[test]
