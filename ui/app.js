@@ -4,8 +4,10 @@
 // (lib/reducer.js), and hands it to the views. Views only render; the rules
 // (formatting, ordering, what is hidden) live in lib/ and are unit-tested.
 
+import { emptyCallsText } from "./lib/capture.js";
 import { createDataSource } from "./lib/datasource.js";
 import { initialState, reduce } from "./lib/reducer.js";
+import { VIEWS, createScrollMemory, initialView } from "./lib/views.js";
 import { mountCalls } from "./views/calls.js";
 import { mountChart } from "./views/chart.js";
 import { mountDetails } from "./views/details.js";
@@ -15,7 +17,6 @@ import { mountSettings } from "./views/settings.js";
 import { mountStart } from "./views/start.js";
 
 const LIST_LIMIT = 200;
-const VIEWS = ["live", "history", "start", "settings"];
 const HIDE_UNMETERED_KEY = "speedtap.hideUnmetered";
 
 const $ = (id) => document.getElementById(id);
@@ -33,8 +34,15 @@ let detailsLive = false;
 const details = mountDetails({ onClose: () => calls.select(null) });
 const calls = mountCalls({
   tbody: $("calls"),
+  thead: $("calls-table").tHead,
   empty: $("calls-empty"),
+  noneMatch: $("calls-none-match"),
   count: $("calls-count"),
+  modelPick: $("live-model"),
+  routePick: $("live-route"),
+  onChange: () => {
+    if (!frame) frame = requestAnimationFrame(render);
+  },
   onSelect: (id) => {
     const call = state.calls[id];
     if (!call) return;
@@ -141,9 +149,19 @@ function render() {
 
 // ---- views ---------------------------------------------------------------
 
+/** Each view's own scroll position: a view never opens where another was left. */
+const scrolls = createScrollMemory();
+let shown = null;
+
 function show(view, { auto = false } = {}) {
   if (!VIEWS.includes(view)) view = "live";
   autoStart = auto;
+  const switching = shown !== view;
+  if (switching && shown) {
+    scrolls.leave(shown, window.scrollY);
+    // The drawer belongs to the view it was opened from.
+    details.close();
+  }
   for (const section of document.querySelectorAll("main > .view")) {
     section.hidden = section.dataset.view !== view;
   }
@@ -158,6 +176,8 @@ function show(view, { auto = false } = {}) {
   if (view === "start") start.load();
   if (view === "settings") settings.load();
   if (view === "live") render();
+  if (switching) window.scrollTo(0, scrolls.enter(view));
+  shown = view;
 }
 
 window.addEventListener("hashchange", () => show(location.hash.slice(1)));
@@ -206,6 +226,25 @@ function reload() {
   return reloading;
 }
 
+// What the empty calls table says: with the capture on, the servers it
+// measures (calls to them show up with no client change).
+let captureDoc = null;
+let serversDoc = null;
+function showEmptyText() {
+  const empty = emptyCallsText(captureDoc, serversDoc);
+  $("calls-empty-text").textContent = empty.text;
+  $("calls-empty-link").textContent = empty.link;
+}
+async function loadCaptureDoc() {
+  try {
+    captureDoc = await source.capture?.();
+  } catch {
+    captureDoc = null; // an older engine: no capture to name
+  }
+  showEmptyText();
+}
+loadCaptureDoc();
+
 let opened = false;
 let everOpened = false;
 const firstLoad = new Promise((resolve) => {
@@ -219,6 +258,8 @@ const firstLoad = new Promise((resolve) => {
     slow_first_token: (p) => dispatch({ type: "slow_first_token", ...p }),
     prompt_truncated: (p) => dispatch({ type: "prompt_truncated", ...p }),
     servers: (doc) => {
+      serversDoc = doc;
+      showEmptyText();
       start.onServers(doc);
       settings.onServers(doc);
     },
@@ -237,15 +278,21 @@ const firstLoad = new Promise((resolve) => {
   });
 });
 
-// Initial view: the one in the URL, else "Get started" while there are no
-// calls yet, else the live table.
-const wanted = location.hash.slice(1);
-if (VIEWS.includes(wanted)) show(wanted);
-else {
-  show("live");
-  firstLoad.then((list) => {
-    if (Array.isArray(list) && list.length === 0 && Object.keys(state.calls).length === 0 && !location.hash.slice(1).match(/^(start|settings|history)$/)) {
-      show("start", { auto: true });
+// Initial view: the one in the URL, else Live once there is anything to
+// show (calls in the live list, or stored ones from an earlier run), else
+// Get started.
+const named = VIEWS.includes(location.hash.slice(1));
+show(initialView(location.hash));
+if (!named) {
+  firstLoad.then(async (list) => {
+    if (!Array.isArray(list) || list.length > 0 || Object.keys(state.calls).length > 0) return;
+    let stored = false;
+    try {
+      stored = ((await source.history({ limit: 1 })).calls ?? []).length > 0;
+    } catch {
+      stored = false; // no store: nothing from earlier runs to show
     }
+    const view = initialView("", { hasCalls: stored || Object.keys(state.calls).length > 0 });
+    if (view === "start" && shown === "live") show("start", { auto: true });
   });
 }

@@ -61,6 +61,8 @@ pub const ASSETS: &[Asset] = &[
     ui!("lib/servers.js", JS),
     ui!("lib/settings.js", JS),
     ui!("lib/sparkline.js", JS),
+    ui!("lib/table.js", JS),
+    ui!("lib/views.js", JS),
     ui!("views/calls.js", JS),
     ui!("views/capture.js", JS),
     ui!("views/chart.js", JS),
@@ -70,6 +72,7 @@ pub const ASSETS: &[Asset] = &[
     ui!("views/history.js", JS),
     ui!("views/historychart.js", JS),
     ui!("views/settings.js", JS),
+    ui!("views/sort.js", JS),
     ui!("views/start.js", JS),
     // uPlot, copied byte for byte from its npm package by
     // `ui/scripts/vendor.mjs` (checked by `ui/test/vendor.test.mjs`).

@@ -103,3 +103,41 @@ export function seenBy(call) {
       "The capture lost packets of this call: what the server reported is kept, but no rate is shown rather than a wrong one.",
   };
 }
+
+/**
+ * The servers the capture measures now, as "Ollama on 11434 and llama.cpp
+ * on 8080", or "" when it measures none. The followed servers (the
+ * `servers` document) name them where the engine follows servers; else the
+ * capture document's routes do.
+ */
+export function capturedServers(captureDoc, serversDoc) {
+  const parts = [];
+  const add = (part) => {
+    if (!parts.includes(part)) parts.push(part);
+  };
+  const followed = serversDoc?.watching ? serversDoc.servers ?? [] : null;
+  if (followed) {
+    for (const s of followed) {
+      if (s.state !== "measured" || s.seen_by !== "capture") continue;
+      const port = /:(\d+)\/?$/.exec(String(s.upstream ?? ""))?.[1];
+      add(port ? `${s.name} on ${port}` : String(s.name));
+    }
+    if (parts.length) return joinList(parts);
+  }
+  if (captureDoc?.state !== "on") return "";
+  for (const r of captureDoc.routes ?? []) add(`${serverLabel(r.name)} on ${r.port}`);
+  return joinList(parts);
+}
+
+/**
+ * What an empty calls table says: with the capture measuring servers,
+ * that calls to them show here with no client change; else how to get a
+ * call in (`{text, link}`: the link's words lead to Get started).
+ */
+export function emptyCallsText(captureDoc, serversDoc) {
+  const where = capturedServers(captureDoc, serversDoc);
+  if (where) {
+    return { text: `No calls yet. Measuring every call to ${where}: calls show here as they start, no client changes.`, link: "Or start demo traffic." };
+  }
+  return { text: "No calls yet.", link: "Point a client at speedtap or start demo traffic." };
+}

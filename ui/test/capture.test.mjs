@@ -76,3 +76,31 @@ test("a save that turned capture on asks for a restart to do it", () => {
   );
   assert.equal(savedMessage({ restart_required: false }, { captureTurned: "on" }), "Saved.");
 });
+
+test("with capture on, the empty table names the captured servers instead of asking to point a client at speedtap", async () => {
+  const { emptyCallsText } = await import("../lib/capture.js");
+  const doc = { state: "on", routes: [{ name: "ollama", port: 11434 }, { name: "llamacpp-8080", port: 8080 }] };
+  const empty = emptyCallsText(doc, null);
+  assert.match(empty.text, /Measuring every call to Ollama on 11434 and llama\.cpp on 8080/);
+  assert.doesNotMatch(`${empty.text} ${empty.link}`, /Point a client/);
+});
+
+test("the followed servers name the captured ones where the engine follows servers", async () => {
+  const { capturedServers } = await import("../lib/capture.js");
+  const servers = {
+    watching: true,
+    servers: [
+      { name: "ollama", state: "measured", seen_by: "capture", upstream: "http://127.0.0.1:11434" },
+      { name: "vllm", state: "proxied", upstream: "http://127.0.0.1:8000" },
+      { name: "lmstudio", state: "down", upstream: "http://127.0.0.1:1234" },
+    ],
+  };
+  assert.equal(capturedServers({ state: "on", routes: [] }, servers), "ollama on 11434");
+});
+
+test("with capture off or unknown the empty table asks for a client or demo traffic", async () => {
+  const { emptyCallsText } = await import("../lib/capture.js");
+  for (const doc of [null, { state: "off", routes: [{ name: "ollama", port: 11434 }] }, { state: "on", routes: [] }]) {
+    assert.match(emptyCallsText(doc, null).link, /Point a client at speedtap/);
+  }
+});

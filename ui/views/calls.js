@@ -1,38 +1,85 @@
 // The live calls table. Rows are keyed by call id and updated in place, so
 // a row that streams four snapshots a second doesn't flicker or lose its
-// tooltip; order changes move the existing rows.
+// tooltip; order changes move the existing rows. The key numbers lead
+// (model, phase, TTFT, tok/s), the rest follow in narrow secondary columns
+// (below 900 px the rows are cards, style.css). Its headers sort it and
+// its model and route pickers filter it (lib/table.js); both are kept in
+// the window's storage.
 
 import { seenBy } from "../lib/capture.js";
 import { callRow } from "../lib/present.js";
 import { orderedCalls } from "../lib/reducer.js";
 import { sparklinePoints } from "../lib/sparkline.js";
+import { filterCalls, filterOptions, sortCalls } from "../lib/table.js";
 import { h, setText } from "./dom.js";
+import { loadSort, mountSortHeaders, saveSort } from "./sort.js";
 
 const SPARK_W = 88;
 const SPARK_H = 22;
 const SVG = "http://www.w3.org/2000/svg";
+const SORT_KEY = "speedtap.liveSort";
+const FILTER_KEY = "speedtap.liveFilter";
 
-export function mountCalls({ tbody, empty, count, onSelect }) {
+export function mountCalls({ tbody, thead, empty, noneMatch, count, modelPick, routePick, onSelect, onChange, storage = localStorage }) {
   /** id -> {tr, cells} */
   const rows = new Map();
   /** The call whose details are open, marked in the table. */
   let selected = null;
+  const sorting = mountSortHeaders(thead, {
+    initial: loadSort(storage, SORT_KEY),
+    onChange: (sort) => {
+      saveSort(storage, SORT_KEY, sort);
+      onChange?.();
+    },
+  });
+  const filter = loadFilter();
+  for (const [pick, kind] of [[modelPick, "model"], [routePick, "route"]]) {
+    pick.addEventListener("change", () => {
+      filter[kind] = pick.value;
+      try {
+        storage.setItem(FILTER_KEY, JSON.stringify(filter));
+      } catch {
+        // forgets, still filters
+      }
+      onChange?.();
+    });
+  }
+
+  function loadFilter() {
+    try {
+      const saved = JSON.parse(storage.getItem(FILTER_KEY) ?? "{}") ?? {};
+      return { model: String(saved.model ?? ""), route: String(saved.route ?? "") };
+    } catch {
+      return { model: "", route: "" };
+    }
+  }
+
+  /** Refills a picker only when its choices changed (an open select keeps its place). */
+  function fillPick(pick, values, chosen, all) {
+    const want = ["", ...values];
+    const have = [...pick.options].map((o) => o.value);
+    if (have.length !== want.length || have.some((v, i) => v !== want[i])) {
+      pick.replaceChildren(...want.map((v) => h("option", { value: v }, v || all)));
+    }
+    pick.value = chosen;
+  }
 
   function create(id) {
     const cell = (col, cls) => h("td", { class: cls, "data-col": col });
+    // In the headers' order: the key numbers first.
     const cells = {
-      route: cell("route"),
       model: cell("model", "model"),
-      client: cell("client", "client"),
-      api: cell("api", "api"),
-      phase: cell("phase"),
+      phase: cell("phase", "phase-col"),
       ttft: cell("ttft", "num"),
       rate: cell("rate", "num strong"),
       spark: cell("spark", "spark-col"),
       tokens: cell("tokens", "num"),
-      source: cell("source"),
-      seen: cell("seen"),
-      status: cell("status"),
+      status: cell("status", "status-col"),
+      route: cell("route", "secondary"),
+      client: cell("client", "client secondary"),
+      api: cell("api", "api secondary"),
+      source: cell("source", "secondary"),
+      seen: cell("seen", "secondary"),
     };
     const badge = h("span", { class: "badge phase" });
     const slow = h("span", { class: "badge slow", hidden: true }, "slow");
@@ -72,6 +119,8 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
     tr.classList.toggle("unmetered", v.unmetered);
     tr.classList.toggle("selected", call.id === selected);
     setText(cells.route, v.route);
+    cells.route.title = v.route;
+    cells.client.title = v.client;
     setText(cells.model, v.model);
     cells.model.title = v.model;
     setText(cells.client, v.client);
@@ -148,9 +197,11 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
     },
     render(state, { hideUnmetered = false } = {}) {
       const all = orderedCalls(state);
-      const shown = hideUnmetered
-        ? all.filter((c) => c.status !== "unmetered" && c.api !== "unknown")
-        : all;
+      const options = filterOptions(all, filter);
+      fillPick(modelPick, options.models, filter.model, "All models");
+      fillPick(routePick, options.routes, filter.route, "All routes");
+      const metered = hideUnmetered ? all.filter((c) => c.status !== "unmetered" && c.api !== "unknown") : all;
+      const shown = sortCalls(filterCalls(metered, filter), sorting.get());
       const keep = new Set();
       let before = tbody.firstChild;
       for (const call of shown) {
@@ -171,13 +222,15 @@ export function mountCalls({ tbody, empty, count, onSelect }) {
         }
       }
       empty.hidden = all.length > 0;
+      noneMatch.hidden = all.length === 0 || shown.length > 0;
       const inFlight = all.filter((c) => c.status === "in_flight").length;
-      const hidden = all.length - shown.length;
+      const hidden = all.length - metered.length;
+      const filtered = metered.length - shown.length;
       setText(
         count,
         all.length === 0
           ? ""
-          : `${all.length} ${all.length === 1 ? "call" : "calls"}${inFlight ? ` · ${inFlight} in flight` : ""}${hidden ? ` · ${hidden} unmetered hidden` : ""}`,
+          : `${all.length} ${all.length === 1 ? "call" : "calls"}${inFlight ? ` · ${inFlight} in flight` : ""}${hidden ? ` · ${hidden} unmetered hidden` : ""}${filtered ? ` · ${filtered} filtered out` : ""}`,
       );
     },
   };

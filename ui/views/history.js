@@ -23,11 +23,14 @@ import {
 } from "../lib/history.js";
 import { formatTime } from "../lib/format.js";
 import { callRow } from "../lib/present.js";
+import { sortCalls } from "../lib/table.js";
 import { mountDepthChart, mountHistoryChart } from "./historychart.js";
 import { h, setText } from "./dom.js";
+import { loadSort, mountSortHeaders, saveSort } from "./sort.js";
 
 const RANGE_KEY = "speedtap.historyRange";
 const FORMAT_KEY = "speedtap.exportFormat";
+const SORT_KEY = "speedtap.historySort";
 /** New calls settling while the view is open reload it, at most this often. */
 const RELOAD_AFTER_SETTLED_MS = 3_000;
 
@@ -45,6 +48,15 @@ export function mountHistory(source, { onSelect }, doc = document) {
   const callsBody = el("h-calls");
   const callsEmpty = el("h-calls-empty");
   const callsCount = el("h-calls-count");
+  /** The stored calls last loaded, in the engine's order (newest first). */
+  let loadedCalls = [];
+  const sorting = mountSortHeaders(el("h-calls-table").tHead, {
+    initial: loadSort(localStorage, SORT_KEY),
+    onChange: (sort) => {
+      saveSort(localStorage, SORT_KEY, sort);
+      drawCalls(loadedCalls, Date.now());
+    },
+  });
   const chart = mountHistoryChart({ container: el("h-chart"), empty: el("h-chart-empty"), note: el("h-chart-note") });
   const depthCard = el("h-depth-card");
   const depthPicker = el("h-depth-model");
@@ -185,7 +197,9 @@ export function mountHistory(source, { onSelect }, doc = document) {
     modelsEmpty.hidden = rows.length > 0;
   }
 
-  function drawCalls(calls, now) {
+  function drawCalls(loaded, now) {
+    loadedCalls = loaded;
+    const calls = sortCalls(loaded, sorting.get());
     byId = new Map(calls.map((c) => [c.id, c]));
     callsBody.replaceChildren(
       ...calls.map((call) => {
