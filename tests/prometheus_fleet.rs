@@ -35,6 +35,9 @@ const LOAD: Duration = Duration::from_secs(42);
 const TOLERANCE: f64 = 0.15;
 /// The scrape interval the test puts in place of the doc's.
 const SCRAPE_INTERVAL: &str = "1s";
+/// How far above the truth `increase()`'s extrapolation may take the
+/// restart check's short window (seen: 1.25 over about 10 s).
+const RESTART_STRETCH: f64 = 1.5;
 /// Every third call of the steady traffic is answered 503 by the simulator.
 const ERROR_EVERY: usize = 3;
 /// Prompt tokens every call reports (`x-sim-prompt-tokens`).
@@ -685,7 +688,13 @@ fn restart_with_failures(prom: SocketAddr, host: &mut Host) -> (Vec<String>, Vec
             .find(|(l, _)| l["status"] == status)
             .map(|(_, v)| *v)
             .unwrap_or(0.0);
-        let ok = value >= truth - 0.01 && value <= truth * (1.0 + TOLERANCE) + 0.01;
+        // None may be missed (series born at their first event made
+        // `increase()` miss them). Above the truth, `increase()` extrapolates
+        // its samples to the window's ends, by up to about a scrape interval
+        // at each (Prometheus's documented behaviour); over the few seconds
+        // since the restart that adds up to a quarter or so, never a
+        // second count of the same failures.
+        let ok = value >= truth - 0.01 && value < truth * RESTART_STRETCH;
         let line = format!(
             "restart of host A: increase({status}) = {value:.2} against {truth} {}",
             if ok { "ok" } else { "WRONG" }
