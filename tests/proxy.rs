@@ -599,6 +599,39 @@ async fn a_client_that_half_closes_after_its_request_is_answered_and_metered() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
+/// A client that sends a non-streamed request and closes its socket for
+/// good while the answer is still being generated: nothing has been
+/// written to it yet, so only its input's end tells. That is a hang-up,
+/// not a half-close: the call ends `abandoned` and the server stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_closes_before_the_head_of_a_whole_answer_is_abandoned() {
+    use tokio::io::AsyncWriteExt;
+    let mut script = openai_chat_script(5, 20 * MS, 5 * MS, Some(5));
+    // The whole body comes at once, 10 s later.
+    script.frames = vec![(10_000 * MS, Bytes::from(script.body()))];
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let body = r#"{"model":"m1","stream":false,"messages":[]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // Once the request has reached the server, the client leaves.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while up.seen.lock().unwrap().requests.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "never forwarded");
+        tokio::task::yield_now().await;
+    }
+    drop(stream);
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Abandoned, "{:#?}", calls[0]);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
 /// A server that stalls 2 s after its end marker before ending
 /// its body. The call settles at the marker (it leaves the live list while
 /// the body is still open, with the marker's elapsed time); the client

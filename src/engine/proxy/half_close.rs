@@ -10,11 +10,12 @@
 //! write (the soak saw 75 of 632 hang-ups so recorded), against the rule
 //! that a hang-up is an abandon.
 //!
-//! So when a client's input ends while its answer is still pending,
-//! [`ClientStream`] asks the kernel who holds the client's end. On this
+//! So when a client's input ends while it awaits an answer (one in
+//! progress, or a request read with the input's end that hyper has not
+//! dispatched yet), [`ClientStream`] asks the kernel who holds the client's end. On this
 //! machine (the proxy listens on loopback by default) the client's socket
 //! is in the same TCP table: a socket a process still holds (a non-zero
-//! inode, [`held_by_a_process`]) is a half-close, and the answer is
+//! inode, [`client_socket`]) is a half-close, and the answer is
 //! served; a socket closed for good is orphaned (inode 0) or gone, and
 //! the input's end reads as a hang-up, as it always did: the call ends
 //! `abandoned` and the upstream connection closes at once, so the server
@@ -23,47 +24,63 @@
 //! `docs/protocols.md`).
 //!
 //! The lookup reads `/proc/net/tcp{,6}` off the async threads, and only
-//! when an input ends with an answer pending: a keep-alive connection
-//! closed between calls costs nothing.
+//! when an input ends awaiting an answer: a keep-alive connection closed
+//! between calls costs nothing.
 
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
+use futures_util::task::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
-/// How many of a connection's requests still have an answer on its way
-/// (from the request's head until its response body is dropped).
+/// A connection's answers: how many are on their way now (from the
+/// request's dispatch until its response body is dropped), and how many
+/// have been finished so far.
 #[derive(Clone, Debug, Default)]
-pub struct Pending(Arc<AtomicUsize>);
+pub struct Pending(Arc<Answers>);
+
+#[derive(Debug, Default)]
+struct Answers {
+    in_progress: AtomicUsize,
+    finished: AtomicU64,
+    /// The half-closed connection's reader, woken when an answer finishes.
+    reader: AtomicWaker,
+}
 
 impl Pending {
-    /// Counts one more answer pending until the guard is dropped.
+    /// Counts one more answer in progress until the guard is dropped.
     pub fn guard(&self) -> PendingGuard {
-        self.0.fetch_add(1, Ordering::AcqRel);
+        self.0.in_progress.fetch_add(1, Ordering::AcqRel);
         PendingGuard(self.0.clone())
     }
 
     fn any(&self) -> bool {
-        self.0.load(Ordering::Acquire) > 0
+        self.0.in_progress.load(Ordering::Acquire) > 0
+    }
+
+    fn finished(&self) -> u64 {
+        self.0.finished.load(Ordering::Acquire)
     }
 }
 
-/// One pending answer; dropped with its response body.
+/// One answer in progress; dropped with its response body.
 #[derive(Debug)]
-pub struct PendingGuard(Arc<AtomicUsize>);
+pub struct PendingGuard(Arc<Answers>);
 
 impl Drop for PendingGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.finished.fetch_add(1, Ordering::AcqRel);
+        self.0.in_progress.fetch_sub(1, Ordering::AcqRel);
+        self.0.reader.wake();
     }
 }
 
@@ -109,10 +126,17 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Guarded<B> {
 pub struct ClientStream {
     inner: TcpStream,
     pending: Pending,
+    /// How many answers were finished when the client last sent bytes:
+    /// while no answer has finished since, those bytes (a request hyper
+    /// may not have dispatched yet) are still unanswered.
+    finished_at_last_input: Option<u64>,
     /// `(client, server)`: the client's socket is `client -> server`.
     ends: Option<(SocketAddr, SocketAddr)>,
     lookup: Option<JoinHandle<bool>>,
     half_closed: bool,
+    /// Set at a half-close, cleared by the first write after it: see
+    /// [`ClientStream::poll_still_there_to_write`].
+    recheck_before_writing: bool,
 }
 
 impl ClientStream {
@@ -121,9 +145,40 @@ impl ClientStream {
         ClientStream {
             inner,
             pending,
+            finished_at_last_input: None,
             ends,
             lookup: None,
             half_closed: false,
+            recheck_before_writing: false,
+        }
+    }
+
+    /// Whether the client has sent something not yet answered: an answer
+    /// in progress, or input since the last answer finished (a request
+    /// read together with the input's end, before hyper dispatched it).
+    fn awaits_an_answer(&self) -> bool {
+        self.pending.any() || self.finished_at_last_input == Some(self.pending.finished())
+    }
+
+    /// Before the first write after a half-close, asks the kernel again.
+    /// A client library that hangs up may shut its sending side down a
+    /// moment before it closes the socket (hyper's client does), so the
+    /// first lookup can catch it still held; by the time the answer's
+    /// first bytes are ready (a model's prefill later) it is gone, and the
+    /// write fails as a write to a departed client would.
+    fn poll_still_there_to_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.recheck_before_writing {
+            return Poll::Ready(Ok(()));
+        }
+        let held = ready!(self.poll_still_there(cx));
+        self.recheck_before_writing = false;
+        if held {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the client hung up before its answer",
+            )))
         }
     }
 
@@ -132,9 +187,9 @@ impl ClientStream {
         let Some((client, server)) = self.ends else {
             return Poll::Ready(false);
         };
-        let lookup = self
-            .lookup
-            .get_or_insert_with(|| tokio::task::spawn_blocking(move || client_holds(client, server)));
+        let lookup = self.lookup.get_or_insert_with(|| {
+            tokio::task::spawn_blocking(move || client_holds(client, server))
+        });
         let held = ready!(Pin::new(lookup).poll(cx)).unwrap_or(false);
         self.lookup = None;
         Poll::Ready(held)
@@ -148,20 +203,40 @@ impl AsyncRead for ClientStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.half_closed {
+            return this.poll_after_half_close(cx);
+        }
         let before = buf.filled().len();
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        if buf.filled().len() > before {
+            this.finished_at_last_input = Some(this.pending.finished());
+        }
         let at_end = buf.filled().len() == before && buf.remaining() > 0;
-        if !at_end || this.half_closed || !this.pending.any() {
+        if !at_end || !this.awaits_an_answer() {
             return Poll::Ready(Ok(()));
         }
         if ready!(this.poll_still_there(cx)) {
             this.half_closed = true;
-            Poll::Ready(Ok(()))
+            this.recheck_before_writing = true;
+            return this.poll_after_half_close(cx);
+        }
+        // A hang-up: hyper sees the input's end mid-message, as it always
+        // did, and drops the answer (the call ends `abandoned`).
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl ClientStream {
+    /// After a half-close, hyper is shown no input's end until the
+    /// awaited answer is done: it would take it for a hang-up. Then the
+    /// end shows, and hyper closes the connection after the answer, as
+    /// the client (which can send no other request) waits for.
+    fn poll_after_half_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.pending.0.reader.register(cx.waker());
+        if self.awaits_an_answer() {
+            Poll::Pending
         } else {
-            Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the client hung up before its answer",
-            )))
+            Poll::Ready(Ok(()))
         }
     }
 }
@@ -172,7 +247,9 @@ impl AsyncWrite for ClientStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        ready!(this.poll_still_there_to_write(cx))?;
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -180,7 +257,9 @@ impl AsyncWrite for ClientStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        ready!(this.poll_still_there_to_write(cx))?;
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -196,34 +275,62 @@ impl AsyncWrite for ClientStream {
     }
 }
 
+/// How many times a socket not listed is looked for before it is taken
+/// for gone.
+const READINGS: usize = 3;
+
 /// Whether a process on this machine still holds the client's socket of
 /// the `client -> server` connection, from the kernel's TCP tables. A
 /// table that can't be read is no evidence of a half-close.
+///
+/// `/proc/net/tcp` is read a page at a time while the kernel's table
+/// changes, so one reading can skip a socket that exists (seen with
+/// parallel tests: a half-closed client taken for gone). A socket listed
+/// is an answer either way; one not listed is looked for again.
 fn client_holds(client: SocketAddr, server: SocketAddr) -> bool {
-    let mut entries = procfs::net::tcp().unwrap_or_default();
-    entries.extend(procfs::net::tcp6().unwrap_or_default());
-    held_by_a_process(
-        entries
+    for _ in 0..READINGS {
+        let mut entries = procfs::net::tcp().unwrap_or_default();
+        entries.extend(procfs::net::tcp6().unwrap_or_default());
+        let listed = entries
             .iter()
-            .map(|e| (e.local_address, e.remote_address, e.inode)),
-        client,
-        server,
-    )
+            .map(|e| (e.local_address, e.remote_address, e.inode));
+        match client_socket(listed, client, server) {
+            ClientSocket::Held => return true,
+            ClientSocket::Orphaned => return false,
+            ClientSocket::NotListed => continue,
+        }
+    }
+    false
 }
 
-/// Whether, among `(local, remote, inode)` sockets, the one from `client`
-/// to `server` is held by a process: a socket closed for good but not yet
-/// done with its FIN handshake is orphaned, which the kernel lists with
-/// inode 0; one never listed is on another machine or gone.
-pub fn held_by_a_process(
+/// What the kernel's table says of a client's socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientSocket {
+    /// A process holds it: the client can still read (a half-close).
+    Held,
+    /// Closed for good but not yet done with its FIN handshake, which the
+    /// kernel lists with inode 0: a hang-up.
+    Orphaned,
+    /// Not in this reading: on another machine, gone, or skipped.
+    NotListed,
+}
+
+/// Finds the socket from `client` to `server` among `(local, remote,
+/// inode)` sockets.
+pub fn client_socket(
     sockets: impl IntoIterator<Item = (SocketAddr, SocketAddr, u64)>,
     client: SocketAddr,
     server: SocketAddr,
-) -> bool {
+) -> ClientSocket {
     let (client, server) = (canonical(client), canonical(server));
-    sockets.into_iter().any(|(local, remote, inode)| {
-        inode != 0 && canonical(local) == client && canonical(remote) == server
-    })
+    let found = sockets
+        .into_iter()
+        .find(|(local, remote, _)| canonical(*local) == client && canonical(*remote) == server);
+    match found {
+        Some((_, _, 0)) => ClientSocket::Orphaned,
+        Some(_) => ClientSocket::Held,
+        None => ClientSocket::NotListed,
+    }
 }
 
 /// An IPv4-mapped IPv6 address (how a dual-stack listener sees an IPv4
@@ -250,11 +357,11 @@ mod tests {
     }
 
     fn held(sockets: &[(SocketAddr, SocketAddr, u64)]) -> bool {
-        held_by_a_process(
+        client_socket(
             sockets.iter().copied(),
             CLIENT.parse().unwrap(),
             SERVER.parse().unwrap(),
-        )
+        ) == ClientSocket::Held
     }
 
     #[test]
@@ -281,11 +388,100 @@ mod tests {
 
     #[test]
     fn a_dual_stack_listeners_view_of_an_ipv4_client_matches_its_socket() {
-        assert!(held_by_a_process(
-            [socket(CLIENT, SERVER, 9)],
-            "[::ffff:127.0.0.1]:50000".parse().unwrap(),
-            "[::ffff:127.0.0.1]:8080".parse().unwrap(),
-        ));
+        assert_eq!(
+            client_socket(
+                [socket(CLIENT, SERVER, 9)],
+                "[::ffff:127.0.0.1]:50000".parse().unwrap(),
+                "[::ffff:127.0.0.1]:8080".parse().unwrap(),
+            ),
+            ClientSocket::Held
+        );
+    }
+
+    /// A connected pair on loopback: the client's socket, and the proxy's
+    /// end wrapped as the proxy wraps it.
+    async fn connected() -> (tokio::net::TcpStream, ClientStream, Pending) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        let pending = Pending::default();
+        (
+            client,
+            ClientStream::new(accepted, pending.clone()),
+            pending,
+        )
+    }
+
+    /// Reads the proxy's end until its input ends or fails.
+    async fn read_to_end(stream: &mut ClientStream) -> io::Result<Vec<u8>> {
+        use tokio::io::AsyncReadExt;
+        let mut read = Vec::new();
+        stream.read_to_end(&mut read).await.map(|_| read)
+    }
+
+    #[tokio::test]
+    async fn a_hang_up_awaiting_an_answer_shows_its_end_at_once() {
+        use tokio::io::AsyncWriteExt;
+        let (mut client, mut proxy_end, pending) = connected().await;
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let _answer = pending.guard();
+        drop(client);
+        let read = read_to_end(&mut proxy_end).await.unwrap();
+        assert_eq!(read, b"GET / HTTP/1.1\r\n\r\n");
+    }
+
+    /// Polls one read of the proxy's end: `None` while it waits, else how
+    /// many bytes it gave (0 at the input's end).
+    async fn poll_once(stream: &mut ClientStream) -> Option<usize> {
+        let mut bytes = [0u8; 64];
+        std::future::poll_fn(|cx| {
+            let mut buf = ReadBuf::new(&mut bytes);
+            Poll::Ready(match Pin::new(&mut *stream).poll_read(cx, &mut buf) {
+                Poll::Ready(read) => Some(read.map(|()| buf.filled().len()).unwrap()),
+                Poll::Pending => None,
+            })
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_half_close_shows_its_end_only_once_the_answer_is_done() {
+        use tokio::io::AsyncWriteExt;
+        let (mut client, mut proxy_end, pending) = connected().await;
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        client.shutdown().await.unwrap();
+        let answer = pending.guard();
+        // The request, then no end while the kernel is asked and after it
+        // says the client is still there.
+        let mut read = 0;
+        while !proxy_end.half_closed {
+            match poll_once(&mut proxy_end).await {
+                Some(0) => panic!("the input's end showed before the answer"),
+                Some(n) => read += n,
+                None => tokio::task::yield_now().await,
+            }
+        }
+        assert_eq!(read, 18);
+        assert_eq!(poll_once(&mut proxy_end).await, None);
+        drop(answer);
+        assert_eq!(poll_once(&mut proxy_end).await, Some(0));
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn an_input_that_ends_after_its_answer_finished_is_a_plain_close() {
+        use tokio::io::AsyncWriteExt;
+        let (mut client, mut proxy_end, pending) = connected().await;
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut head = [0u8; 18];
+        tokio::io::AsyncReadExt::read_exact(&mut proxy_end, &mut head)
+            .await
+            .unwrap();
+        drop(pending.guard());
+        drop(client);
+        assert!(read_to_end(&mut proxy_end).await.unwrap().is_empty());
     }
 
     #[tokio::test]

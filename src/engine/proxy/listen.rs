@@ -5,12 +5,14 @@
 //!   effect (without a timer hyper silently ignores its 30 s default, and a
 //!   client trickling its head one byte a minute would hold its connection
 //!   forever), and `max_buf_size` caps what a head may buffer.
-//! - Half-closed clients are served (hyper's `half_close` on), but only
-//!   those the kernel says are still there to read: each connection is a
-//!   [`ClientStream`], whose input's end with an answer pending is a
-//!   hang-up unless a process still holds the client's socket
-//!   ([`super::half_close`]). A hang-up still ends the call `abandoned` at
-//!   once and closes the upstream connection.
+//! - Half-closed clients are served, but only those the kernel says are
+//!   still there to read: each connection is a [`ClientStream`], which
+//!   hides the end of a half-closed client's input from hyper until its
+//!   answer is done ([`super::half_close`]). hyper's own `half_close`
+//!   stays off: with it on, hyper stops reading while it answers and never
+//!   sees a hang-up that comes before the answer's first write. A hang-up
+//!   still ends the call `abandoned` at once and closes the upstream
+//!   connection.
 //! - A semaphore caps the connections served at once; at the cap the loop
 //!   stops accepting, so extra clients wait in the kernel's backlog.
 //! - A failed `accept` (no descriptors left) backs off briefly instead of
@@ -45,7 +47,6 @@ pub async fn serve_route(
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
-        .half_close(true)
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_buf_size);
