@@ -6,6 +6,7 @@
 //! - [`calibration`]: the per-(route, model) tokenizer-drift factors;
 //! - [`global`]: the all-streams meter with its hourly high/low (`docs/metering.md` "All calls");
 //! - [`normals`]: each route and model's usual time to first token (`docs/metering.md` "Why a call waits");
+//! - [`liveness`]: stalled and silent, live (`docs/metering.md` "Stalled, and alive");
 //! - [`reasoning`]: a call's reasoning time and tokens, split from its answer;
 //! - [`waited`]: the time a call spent in its server's queue, for its record.
 
@@ -13,6 +14,7 @@ pub mod calibration;
 pub mod call;
 pub mod global;
 pub mod limits;
+pub mod liveness;
 pub mod normals;
 pub mod pipeline;
 pub mod rate;
