@@ -101,6 +101,7 @@ fn identity() -> CallIdentity {
 
 fn live_snapshot(tokens: u64) -> Snapshot {
     Snapshot {
+        stalled_ms: None,
         phase: Phase::Responding,
         is_final: false,
         elapsed_ms: 1234,

@@ -38,6 +38,7 @@ fn call(i: u64) -> Call {
         status: CallStatus::Ok,
         http_status: Some(200),
         speed: Some(Snapshot {
+            stalled_ms: None,
             phase: Phase::Complete,
             is_final: true,
             elapsed_ms: 4000 + i % 3000,

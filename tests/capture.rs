@@ -26,7 +26,7 @@ const MS: Duration = Duration::from_millis(1);
 /// An engine capturing `upstream`'s port: with a proxy route `t` to it when
 /// `proxy`, else as the capture-only route `t`. `None` (and a printed
 /// reason) when the capture can't run here.
-async fn capture_engine(upstream: &str, proxy: bool) -> Option<RunningEngine> {
+pub(crate) async fn capture_engine(upstream: &str, proxy: bool) -> Option<RunningEngine> {
     capture_engine_with(upstream, proxy, |_| {}).await
 }
 

@@ -161,6 +161,7 @@ fn settled_call() -> Call {
         status: CallStatus::Ok,
         http_status: Some(200),
         speed: Some(Snapshot {
+            stalled_ms: None,
             phase: Phase::Complete,
             is_final: true,
             elapsed_ms: 5120,
@@ -177,6 +178,7 @@ fn settled_call() -> Call {
 
 fn live_snapshot() -> Snapshot {
     Snapshot {
+        stalled_ms: None,
         phase: Phase::Reasoning,
         is_final: false,
         elapsed_ms: 800,

@@ -62,6 +62,7 @@ fn call(id: &str, started_ms: u64, route: &str, model: Option<&str>, client: &st
         status: CallStatus::Ok,
         http_status: Some(200),
         speed: Some(Snapshot {
+            stalled_ms: None,
             phase: Phase::Complete,
             is_final: true,
             elapsed_ms: 3000,

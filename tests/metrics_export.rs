@@ -59,6 +59,7 @@ fn call(
         status,
         http_status: Some(200),
         speed: Some(Snapshot {
+            stalled_ms: None,
             phase: Phase::Complete,
             is_final: true,
             elapsed_ms,

@@ -57,6 +57,7 @@ const DAY_MS: u64 = 86_400_000;
 /// otherwise (unmetered calls have no snapshot).
 fn call(id: &str, started_ms: u64, route: &str, model: Option<&str>, status: CallStatus) -> Call {
     let speed = (status != CallStatus::Unmetered).then(|| Snapshot {
+        stalled_ms: None,
         phase: Phase::Complete,
         is_final: true,
         elapsed_ms: 2000,

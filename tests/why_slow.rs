@@ -3,13 +3,18 @@
 //! when the server is found and again when it comes back from a restart),
 //! and a call that reasoned carries what the reasoning cost.
 //!
+//! Live, a call that stalls mid-stream carries `stalled_ms` while the
+//! silence lasts, and a call awaiting its first token says how long the
+//! server has been silent for it (`wait.silent_ms`): through the proxy and
+//! through the capture.
+//!
 //! Real time, since the engine runs its own actor system: every wait is on
 //! a settled call with a deadline, never a sleep.
 
 use std::time::Duration;
 
 use crate::util::proxy::*;
-use speedtap::model::Call;
+use speedtap::model::{Call, EngineEvent, EngineQueries, Phase, Snapshot};
 use speedtap::simulate::{SimConfig, SimServer};
 
 fn chat(text: &str) -> String {
@@ -122,4 +127,184 @@ async fn a_reasoning_call_splits_its_thinking_from_its_answer_within_a_frame_of_
     assert!(text.starts_with("thought 2"), "{text}");
     engine.shutdown(Duration::from_secs(1)).await;
     sim.shutdown().await;
+}
+
+/// The live snapshots of the one call `engine` meters, in order, until it
+/// settles (deadline 20 s), while `client` runs against `addr`.
+async fn live_snapshots_of_one_call(
+    engine: &speedtap::host::RunningEngine,
+    addr: std::net::SocketAddr,
+) -> (Vec<Snapshot>, Call) {
+    let mut rx = engine.handle.subscribe().await;
+    let client =
+        tokio::spawn(async move { send(addr, "POST", "/v1/chat/completions", &chat("hi")).await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    let call = loop {
+        let event = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no settled call; saw {seen:#?}"))
+            .expect("engine events");
+        match event {
+            EngineEvent::Speed { speed, .. } => seen.push(speed),
+            EngineEvent::Settled(call) => break call,
+            _ => {}
+        }
+    };
+    assert_eq!(client.await.unwrap().status, 200);
+    (seen, call)
+}
+
+/// An engine in front of `sim`: its proxy route (`via_capture` false), or
+/// capturing the simulator's port, the client going straight to it. The
+/// address the client sends to; `None` when the capture can't run here.
+async fn measuring(
+    sim: &SimServer,
+    via_capture: bool,
+) -> Option<(speedtap::host::RunningEngine, std::net::SocketAddr)> {
+    if via_capture {
+        let engine = crate::capture::capture_engine(&sim.base_url(), false).await?;
+        Some((engine, sim.local_addr()))
+    } else {
+        let engine = engine_for(&sim.base_url()).await;
+        let addr = engine.routes[0].listen;
+        Some((engine, addr))
+    }
+}
+
+/// 20 tok/s, 20 tokens, silent for 5 s after the 5th.
+async fn a_stall_mid_stream_is_stalled_while_it_lasts_and_not_after(via_capture: bool) {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            ttft: Duration::from_millis(200),
+            tokens_per_second: 20.0,
+            tokens: 20,
+            stall_after_tokens: Some(5),
+            stall: Duration::from_secs(5),
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let Some((engine, addr)) = measuring(&sim, via_capture).await else {
+        return;
+    };
+    let (seen, call) = live_snapshots_of_one_call(&engine, addr).await;
+    let stalled: Vec<&Snapshot> = seen.iter().filter(|s| s.stalled_ms.is_some()).collect();
+    assert!(!stalled.is_empty(), "never stalled: {seen:#?}");
+    for s in &stalled {
+        let ms = s.stalled_ms.unwrap();
+        // Over the 3 s floor, within the 5 s silence (and a tick).
+        assert!((3_000..=5_300).contains(&ms), "stalled_ms {ms}");
+        assert_eq!(s.output_tokens, 5, "stalled at the 5th token");
+    }
+    let longest = stalled.iter().filter_map(|s| s.stalled_ms).max().unwrap();
+    assert!(
+        longest >= 4_000,
+        "the stall was seen while it lasted: {longest}"
+    );
+    // Once output resumed, no snapshot says stalled.
+    let last_stalled = seen.iter().rposition(|s| s.stalled_ms.is_some()).unwrap();
+    assert!(
+        seen[..last_stalled].iter().all(|s| s.output_tokens <= 5),
+        "stalled after output resumed: {seen:#?}"
+    );
+    assert!(
+        seen[last_stalled + 1..].iter().any(|s| s.output_tokens > 5),
+        "output resumed without a snapshot: {seen:#?}"
+    );
+    assert_eq!(call.speed.as_ref().unwrap().stalled_ms, None);
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5_s_stall_mid_stream_through_the_proxy_is_stalled_while_it_lasts_and_not_after() {
+    a_stall_mid_stream_is_stalled_while_it_lasts_and_not_after(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5_s_stall_mid_stream_seen_by_the_capture_is_stalled_while_it_lasts_and_not_after() {
+    a_stall_mid_stream_is_stalled_while_it_lasts_and_not_after(true).await;
+}
+
+/// A 4 s wait for the first token, with SSE pings every `ping` or none:
+/// the waiting snapshots (elapsed, silent) and the call's TTFT.
+async fn a_4_s_wait(ping: Option<Duration>, via_capture: bool) -> Option<(Vec<(u64, u64)>, u64)> {
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            ttft: Duration::from_secs(4),
+            tokens: 5,
+            ping_interval: ping,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (engine, addr) = measuring(&sim, via_capture).await?;
+    let (seen, call) = live_snapshots_of_one_call(&engine, addr).await;
+    let waits: Vec<(u64, u64)> = seen
+        .iter()
+        .filter(|s| s.phase == Phase::AwaitingFirstToken && !s.is_final)
+        .map(|s| {
+            let silent = s.wait.as_ref().and_then(|w| w.silent_ms);
+            (
+                s.elapsed_ms,
+                silent.expect("a waiting call carries silent_ms"),
+            )
+        })
+        .collect();
+    let ttft = call.speed.as_ref().unwrap().time_to_first_token_ms.unwrap();
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+    Some((waits, ttft))
+}
+
+async fn pings_keep_the_silence_short_and_are_not_the_first_token(via_capture: bool) {
+    let Some((waits, ttft)) = a_4_s_wait(Some(Duration::from_millis(500)), via_capture).await
+    else {
+        return;
+    };
+    // Pings are no output: the first token is the scheduled one.
+    assert!((3_900..=4_400).contains(&ttft), "ttft {ttft}");
+    let after_a_ping: Vec<_> = waits.iter().filter(|(e, _)| *e >= 600).collect();
+    assert!(after_a_ping.len() >= 3, "{waits:?}");
+    for (elapsed, silent) in after_a_ping {
+        assert!(
+            *silent < 1_000,
+            "silent {silent} ms at {elapsed} ms: {waits:?}"
+        );
+    }
+}
+
+async fn without_pings_the_silence_grows(via_capture: bool) {
+    let Some((waits, ttft)) = a_4_s_wait(None, via_capture).await else {
+        return;
+    };
+    assert!((3_900..=4_400).contains(&ttft), "ttft {ttft}");
+    let silences: Vec<u64> = waits.iter().map(|(_, s)| *s).collect();
+    assert!(silences.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+    assert!(*silences.last().unwrap() >= 3_000, "{waits:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pings_every_half_second_through_the_proxy_keep_silent_under_a_second_and_ttft_at_4_s() {
+    pings_keep_the_silence_short_and_are_not_the_first_token(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pings_every_half_second_seen_by_the_capture_keep_silent_under_a_second_and_ttft_at_4_s() {
+    pings_keep_the_silence_short_and_are_not_the_first_token(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_pings_the_silence_of_a_waiting_call_through_the_proxy_grows() {
+    without_pings_the_silence_grows(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_pings_the_silence_of_a_waiting_call_seen_by_the_capture_grows() {
+    without_pings_the_silence_grows(true).await;
 }

@@ -85,6 +85,7 @@ mod tests {
         let ev = EngineEvent::Speed {
             call: ident(),
             speed: Snapshot {
+                stalled_ms: None,
                 phase: Phase::Responding,
                 is_final: false,
                 elapsed_ms: 800,

@@ -338,6 +338,7 @@ mod tests {
             status,
             http_status: Some(200),
             speed: Some(Snapshot {
+                stalled_ms: None,
                 phase: Phase::Complete,
                 is_final: true,
                 elapsed_ms: 9000,

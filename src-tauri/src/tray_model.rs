@@ -13,6 +13,12 @@
 //!   current wait (`waiting 3.2 s`); the phase of a call that streams but
 //!   has no honest rate yet (`responding`); or `idle`. Never `0 tok/s`: no
 //!   number rather than a wrong one.
+//! - A call that streamed and went silent past its stall threshold
+//!   (`stalled_ms`) labels the tray `stalled 12 s`, before the global rate:
+//!   a stuck stream is what the user needs to see. A waiting call the
+//!   server has shown no sign of life for [`NO_LIFE_MS`] or more says
+//!   `no sign of life 30 s`; one it showed life for within
+//!   [`ALIVE_WITHIN_MS`] adds `· alive` to its wait (`prefill 41% · alive`).
 //! - The icon state is the most urgent thing happening: `Slow` (a call is
 //!   waiting longer than the slow-first-token threshold, or the engine
 //!   raised the alarm for it) beats `Streaming` beats `Waiting` beats
@@ -164,7 +170,18 @@ pub struct WaitView {
     /// Prefilling: prompt tokens processed / the call's prompt tokens.
     #[serde(default)]
     pub progress: Option<f64>,
+    /// Time since the server last showed life for the call, when the
+    /// snapshot was published.
+    #[serde(default)]
+    pub silent_ms: Option<u64>,
 }
+
+/// A waiting call the server showed life for this recently is `alive`.
+pub const ALIVE_WITHIN_MS: u64 = 3_000;
+
+/// A waiting call the server has shown no sign of life for this long says
+/// so instead of why it waits.
+pub const NO_LIFE_MS: u64 = 30_000;
 
 impl WaitView {
     /// The wait a snapshot carries, if it waits and the engine explained why.
@@ -344,8 +361,14 @@ impl TrayModel {
 
     /// The label next to the icon.
     pub fn title(&self, now: Instant) -> String {
+        if let Some(ms) = self.longest_stall(now) {
+            return format!("stalled {}", whole_seconds(ms));
+        }
         if let Some(tps) = self.stats.tps.filter(|_| self.stats.tps_available) {
             return format!("{tps:.1} tok/s");
+        }
+        if let Some(ms) = self.longest_lifeless(now) {
+            return format!("no sign of life {}", whole_seconds(ms));
         }
         let waiting: Vec<(&Active, u64)> = self
             .active
@@ -357,7 +380,7 @@ impl TrayModel {
         let newest = waiting
             .iter()
             .min_by_key(|(a, ms)| (*ms, std::cmp::Reverse(a.call.id.as_str())));
-        if let Some(words) = newest.and_then(|(a, ms)| wait_words(a, *ms)) {
+        if let Some(words) = newest.and_then(|(a, ms)| wait_words(a, *ms, now)) {
             return words;
         }
         if let Some(longest) = waiting.iter().map(|(_, ms)| *ms).max() {
@@ -409,7 +432,7 @@ impl TrayModel {
             menu.push(MenuEntry::new(
                 format!("{ID_CALL_PREFIX}{}", a.call.id),
                 EntryKind::Info,
-                call_line(a, Self::waiting_ms(a, now)),
+                call_line(a, Self::waiting_ms(a, now), now),
             ));
         }
         if calls.len() > MAX_CALL_ENTRIES {
@@ -458,8 +481,57 @@ impl TrayModel {
     }
 
     fn elapsed_ms(a: &Active, now: Instant) -> u64 {
-        a.speed.elapsed_ms + now.saturating_duration_since(a.seen_at).as_millis() as u64
+        a.speed.elapsed_ms + since(a, now)
     }
+
+    /// The longest stall now, with its call.
+    fn longest_stall(&self, now: Instant) -> Option<u64> {
+        self.active
+            .values()
+            .filter_map(|a| stalled_ms(a, now))
+            .max()
+    }
+
+    /// The longest silence now of a waiting call the server has shown no
+    /// sign of life for [`NO_LIFE_MS`] or more.
+    fn longest_lifeless(&self, now: Instant) -> Option<u64> {
+        self.active
+            .values()
+            .filter(|a| a.speed.phase == Phase::AwaitingFirstToken)
+            .filter_map(|a| silent_ms(a, now))
+            .filter(|ms| *ms >= NO_LIFE_MS)
+            .max()
+    }
+}
+
+/// Milliseconds since `a`'s snapshot arrived.
+fn since(a: &Active, now: Instant) -> u64 {
+    now.saturating_duration_since(a.seen_at).as_millis() as u64
+}
+
+/// How long `a` has been stalled at `now`, if its snapshot said stalled.
+fn stalled_ms(a: &Active, now: Instant) -> Option<u64> {
+    a.speed.stalled_ms.map(|ms| ms + since(a, now))
+}
+
+/// How long the server has been silent for waiting call `a` at `now`.
+fn silent_ms(a: &Active, now: Instant) -> Option<u64> {
+    a.wait.as_ref()?.silent_ms.map(|ms| ms + since(a, now))
+}
+
+/// The server showed life for waiting call `a` lately: a sign came after
+/// dispatch (its silence is shorter than its wait) and within
+/// [`ALIVE_WITHIN_MS`].
+fn alive(a: &Active, now: Instant) -> bool {
+    let Some(silent) = a.wait.as_ref().and_then(|w| w.silent_ms) else {
+        return false;
+    };
+    silent < a.speed.elapsed_ms && silent + since(a, now) < ALIVE_WITHIN_MS
+}
+
+/// `12 s`: whole seconds, rounded down.
+fn whole_seconds(ms: u64) -> String {
+    format!("{} s", ms / 1000)
 }
 
 /// One followed server in the menu: its name and how it is measured, e.g.
@@ -502,12 +574,18 @@ pub fn phase_label(phase: Phase) -> &'static str {
 
 /// Why `a` waits, in the label's words: `loading 3.2 s` (with how long it
 /// has waited: a load has no progress to show), `queued #2`,
-/// `prefill 60%`; None without an explanation the tray can show.
-fn wait_words(a: &Active, waiting_ms: u64) -> Option<String> {
+/// `prefill 60%`, with `· alive` when the server showed life for it
+/// lately; None without an explanation the tray can show.
+fn wait_words(a: &Active, waiting_ms: u64, now: Instant) -> Option<String> {
     let wait = a.wait.as_ref()?;
     let words = wait.words()?;
-    Some(if wait.reason == "loading_model" {
+    let words = if wait.reason == "loading_model" {
         format!("{words} {}", seconds(waiting_ms))
+    } else {
+        words
+    };
+    Some(if alive(a, now) {
+        format!("{words} · alive")
     } else {
         words
     })
@@ -516,11 +594,17 @@ fn wait_words(a: &Active, waiting_ms: u64) -> Option<String> {
 /// `qwen3:8b on ollama · responding · 41.7 tok/s`; a waiting call shows
 /// its wait (and why, when known) instead of a rate, and a call without a
 /// rate shows none.
-fn call_line(a: &Active, waiting_ms: Option<u64>) -> String {
+fn call_line(a: &Active, waiting_ms: Option<u64>, now: Instant) -> String {
     let model = a.call.model.as_deref().unwrap_or("unknown model");
     let head = format!("{model} on {}", a.call.route);
+    if let Some(ms) = stalled_ms(a, now) {
+        return format!("{head} · stalled {}", whole_seconds(ms));
+    }
+    if let Some(silent) = silent_ms(a, now).filter(|ms| *ms >= NO_LIFE_MS && waiting_ms.is_some()) {
+        return format!("{head} · no sign of life {}", whole_seconds(silent));
+    }
     if let Some(wait) = waiting_ms {
-        return match wait_words(a, wait) {
+        return match wait_words(a, wait, now) {
             Some(words) => format!("{head} · {words}"),
             None => format!("{head} · waiting {}", seconds(wait)),
         };
@@ -564,6 +648,7 @@ mod tests {
 
     fn snap(phase: Phase, elapsed_ms: u64, tps: Option<f64>) -> Snapshot {
         Snapshot {
+            stalled_ms: None,
             phase,
             is_final: phase == Phase::Complete,
             elapsed_ms,
@@ -842,6 +927,79 @@ mod tests {
     }
 
     #[test]
+    fn a_stalled_stream_labels_the_tray_before_the_global_rate_and_not_after_it_resumes() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        m.apply(&stats(Some(41.7), None, None), t0);
+        let mut stalled = snap(Phase::Responding, 15_000, Some(20.0));
+        stalled.stalled_ms = Some(12_400);
+        m.apply(
+            &EngineEvent::Speed {
+                call: ident("c-1", "qwen3:32b"),
+                speed: stalled,
+            },
+            t0,
+        );
+        assert_eq!(m.title(t0), "stalled 12 s");
+        assert_eq!(m.title(t0 + Duration::from_millis(700)), "stalled 13 s");
+        assert_eq!(
+            m.view(t0, &INPUTS).menu[0].text,
+            "qwen3:32b on ollama · stalled 12 s"
+        );
+        m.apply(&speed("c-1", Phase::Responding, 16_000, Some(20.0)), t0);
+        assert_eq!(m.title(t0), "41.7 tok/s");
+    }
+
+    #[test]
+    fn a_prefill_the_server_pings_through_is_alive_and_a_silent_wait_says_no_sign_of_life() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        explained(
+            &mut m,
+            "c-1",
+            6_000,
+            serde_json::json!({"reason": "prefilling", "progress": 0.41, "silent_ms": 400}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "prefill 41% · alive");
+        assert_eq!(
+            m.view(t0, &INPUTS).menu[0].text,
+            "qwen3:32b on ollama · prefill 41% · alive"
+        );
+        // No snapshot for 3 s: the last sign is too old to say alive.
+        assert_eq!(m.title(t0 + Duration::from_secs(3)), "prefill 41%");
+        // A call with no sign since dispatch is never alive.
+        explained(
+            &mut m,
+            "c-1",
+            1_000,
+            serde_json::json!({"reason": "prefilling", "progress": 0.1, "silent_ms": 1_000}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "prefill 10%");
+        explained(
+            &mut m,
+            "c-1",
+            30_000,
+            serde_json::json!({"reason": "unknown", "silent_ms": 30_000}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "no sign of life 30 s");
+        assert_eq!(
+            m.view(t0, &INPUTS).menu[0].text,
+            "qwen3:32b on ollama · no sign of life 30 s"
+        );
+        explained(
+            &mut m,
+            "c-1",
+            29_000,
+            serde_json::json!({"reason": "unknown", "silent_ms": 29_000}),
+            t0,
+        );
+        assert_eq!(m.title(t0), "waiting 29.0 s");
+    }
+
+    #[test]
     fn a_wait_of_unknown_reason_keeps_the_plain_waiting_label() {
         let t0 = Instant::now();
         let mut m = TrayModel::new();
@@ -905,14 +1063,15 @@ mod tests {
     fn a_wait_is_read_from_the_snapshot_json_and_a_missing_or_malformed_one_is_none() {
         let parsed = WaitView::from_snapshot_json(&serde_json::json!({
             "phase": "awaiting_first_token",
-            "wait": {"reason": "prefilling", "progress": 0.6, "eta_ms": 3000, "usual_ms": 4000, "prompt_tokens": 12000}
+            "wait": {"reason": "prefilling", "progress": 0.6, "eta_ms": 3000, "usual_ms": 4000, "prompt_tokens": 12000, "silent_ms": 800}
         }));
         assert_eq!(
             parsed,
             Some(WaitView {
                 reason: "prefilling".into(),
                 position: None,
-                progress: Some(0.6)
+                progress: Some(0.6),
+                silent_ms: Some(800),
             })
         );
         assert_eq!(

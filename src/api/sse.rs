@@ -120,6 +120,7 @@ mod tests {
 
     fn snapshot() -> Snapshot {
         Snapshot {
+            stalled_ms: None,
             phase: Phase::Responding,
             is_final: false,
             elapsed_ms: 900,

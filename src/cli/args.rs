@@ -85,6 +85,16 @@ pub struct SimulateArgs {
     /// (answered once the load ends).
     #[arg(long, value_name = "MODE", default_value = "hidden")]
     pub ps_while_loading: crate::simulate::PsWhileLoading,
+    /// SSE `: ping` comments every N ms until the first token, as
+    /// llama-server's --sse-ping-interval [default: none].
+    #[arg(long, value_name = "N")]
+    pub ping_ms: Option<u64>,
+    /// Stall mid-stream after N output tokens (with --stall-ms).
+    #[arg(long, value_name = "N")]
+    pub stall_after: Option<u64>,
+    /// How long the stall after --stall-after lasts, ms.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub stall_ms: u64,
 }
 
 /// `speedtap export`. Every filter is optional; the given ones must all

@@ -101,6 +101,9 @@ async fn simulate_command(args: SimulateArgs) -> Result<(), RunError> {
             .map(std::time::Duration::from_millis),
         prefill_tokens_per_second: args.prefill_tps,
         ps_while_loading: args.ps_while_loading,
+        ping_interval: args.ping_ms.map(std::time::Duration::from_millis),
+        stall_after_tokens: args.stall_after,
+        stall: std::time::Duration::from_millis(args.stall_ms),
         ..SimConfig::default()
     };
     // Handlers first, so a stop signal right after the banner still drains.

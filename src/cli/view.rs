@@ -340,6 +340,7 @@ mod tests {
 
     fn waiting(elapsed_ms: u64) -> Snapshot {
         Snapshot {
+            stalled_ms: None,
             phase: Phase::AwaitingFirstToken,
             is_final: false,
             elapsed_ms,
@@ -353,6 +354,7 @@ mod tests {
 
     fn responding(tokens: u64, tps: f64) -> Snapshot {
         Snapshot {
+            stalled_ms: None,
             phase: Phase::Responding,
             is_final: false,
             elapsed_ms: 2000,
@@ -377,6 +379,7 @@ mod tests {
             status: CallStatus::Ok,
             http_status: Some(200),
             speed: Some(Snapshot {
+                stalled_ms: None,
                 phase: Phase::Complete,
                 is_final: true,
                 elapsed_ms: 5120,

@@ -28,6 +28,7 @@ use crate::decode::request_fields::RequestFields;
 use crate::decode::ServerTimings;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::limits::SNAPSHOT_INTERVAL;
+use crate::meter::liveness::{shows_life, Liveness};
 use crate::meter::normals::{Normals, Observation, Waited};
 use crate::meter::pipeline::{CallMetering, CallReport, Outcome, ResponseHead, StreamEnd};
 use crate::meter::waited::QueueTally;
@@ -35,6 +36,7 @@ use crate::model::ApiKind;
 use crate::model::SlowFirstToken;
 use crate::model::{Call, CallDetails, CallIdentity, CallStatus, PromptTruncation, SeenBy};
 use crate::model::{ContextUse, DraftCounts, EngineEvent, Phase, PromptTruncated, StartKind, Wait};
+use crate::model::{Snapshot, WaitReason};
 use crate::tokens::TokenEstimator;
 
 /// Everything a call actor needs at birth.
@@ -108,6 +110,9 @@ pub struct CallActor {
     /// when: the same snapshot is never sent twice, and a waiting call's
     /// is refreshed every [`WAITING_REFRESH`].
     last_sent: Option<(Option<String>, crate::model::Snapshot, Instant)>,
+    /// The call's silences: since its last output (stalled) and since the
+    /// server last showed life for it (silent, while it waits).
+    liveness: Liveness,
 }
 
 /// How often a call still waiting for its first token republishes its
@@ -118,6 +123,7 @@ pub const WAITING_REFRESH: Duration = Duration::from_secs(1);
 impl CallActor {
     pub fn new(setup: CallSetup) -> Self {
         let metering = CallMetering::new(setup.dispatched_at, setup.estimator.clone());
+        let liveness = Liveness::new(setup.dispatched_at);
         CallActor {
             setup,
             metering,
@@ -141,6 +147,7 @@ impl CallActor {
             frames: None,
             batch: Vec::new(),
             last_sent: None,
+            liveness,
         }
     }
 
@@ -171,7 +178,17 @@ impl CallActor {
             self.error_body
                 .extend_from_slice(&bytes[..bytes.len().min(room)]);
         }
-        if let Some(s) = self.metering.on_frame(bytes, at) {
+        // Any frame is the server at work for this call (a ping, a
+        // `prompt_progress` chunk); only an output moves the stall clock.
+        self.liveness.on_sign(at);
+        let output_before = self.metering.last_output_at();
+        let published = self.metering.on_frame(bytes, at);
+        if let Some(output_at) = self.metering.last_output_at() {
+            if output_before != Some(output_at) {
+                self.liveness.on_output(output_at);
+            }
+        }
+        if let Some(s) = published {
             self.publish(s);
         }
         if !self.first_token_told && self.metering.first_output_at().is_some() {
@@ -330,10 +347,46 @@ impl CallActor {
         speed
     }
 
-    fn publish(&mut self, mut speed: crate::model::Snapshot) {
-        if speed.phase == Phase::AwaitingFirstToken && !speed.is_final {
-            speed.wait = self.wait.clone();
+    /// A streaming call silent past its stall threshold republishes its
+    /// latest snapshot with `stalled_ms`, once per [`WAITING_REFRESH`];
+    /// its next output's snapshot carries none.
+    fn refresh_stalled(&mut self, now: Instant) {
+        let latest = self.metering.latest();
+        if latest.is_final || latest.phase == Phase::AwaitingFirstToken {
+            return;
         }
+        let Some(stalled_ms) = self.liveness.stalled_ms(now) else {
+            return;
+        };
+        let due = self.last_sent.as_ref().is_none_or(|(_, sent, at)| {
+            sent.stalled_ms.is_none() || now.saturating_duration_since(*at) >= WAITING_REFRESH
+        });
+        if due {
+            let mut speed = latest.clone();
+            let elapsed = now.saturating_duration_since(self.setup.dispatched_at);
+            speed.elapsed_ms = speed.elapsed_ms.max(elapsed.as_millis() as u64);
+            speed.stalled_ms = Some(stalled_ms);
+            self.publish(speed);
+        }
+    }
+
+    /// A waiting call's snapshot carries its wait, and every waiting call
+    /// says how long the server has been silent for it, with or without
+    /// an explanation of the wait.
+    fn with_wait(&self, mut speed: Snapshot) -> Snapshot {
+        if speed.phase == Phase::AwaitingFirstToken && !speed.is_final {
+            let mut wait = self
+                .wait
+                .clone()
+                .unwrap_or_else(|| Wait::new(WaitReason::Unknown));
+            wait.silent_ms = Some(self.liveness.silent_ms(Instant::now()));
+            speed.wait = Some(wait);
+        }
+        speed
+    }
+
+    fn publish(&mut self, speed: Snapshot) {
+        let mut speed = self.with_wait(speed);
         // Bytes lost in capture: neither the count nor the span is known,
         // so no live rate either (see `record` for the settled one).
         if self.capture_gap {
@@ -628,6 +681,7 @@ impl Actor for CallActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let first = self.metering.start();
+        let first = self.with_wait(first);
         self.last_sent = Some((
             self.setup.identity.model.clone(),
             first.clone(),
@@ -676,6 +730,7 @@ impl Actor for CallActor {
                 act.publish(s);
             }
             act.refresh_waiting(now);
+            act.refresh_stalled(now);
         });
         // The slow-first-token alarm fires while the call is still waiting,
         // measured from dispatch (not from the actor's start).
@@ -798,6 +853,9 @@ impl Handler<WaitExplained> for CallActor {
             return;
         }
         if let Some(wait) = &msg.wait {
+            if shows_life(self.wait.as_ref(), wait) {
+                self.liveness.on_sign(Instant::now());
+            }
             let place = self.queue.position();
             self.queue
                 .explained(wait, self.setup.dispatched_at, Instant::now());
@@ -1160,6 +1218,7 @@ mod tests {
             let expected = record(
                 CallStatus::Ok,
                 Snapshot {
+                    stalled_ms: None,
                     phase: Phase::Complete,
                     is_final: true,
                     elapsed_ms: 3_450,
@@ -1230,6 +1289,7 @@ mod tests {
             let expected = record(
                 CallStatus::Ok,
                 Snapshot {
+                    stalled_ms: None,
                     phase: Phase::Complete,
                     is_final: true,
                     elapsed_ms: 3_450,
@@ -1271,6 +1331,7 @@ mod tests {
             let expected = record(
                 CallStatus::Abandoned,
                 Snapshot {
+                    stalled_ms: None,
                     phase: Phase::Complete,
                     is_final: true,
                     elapsed_ms: 1_250,

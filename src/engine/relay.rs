@@ -150,6 +150,7 @@ mod tests {
 
     fn snapshot(output_tokens: u64, token_source: TokenSource) -> Snapshot {
         Snapshot {
+            stalled_ms: None,
             phase: Phase::Complete,
             is_final: true,
             elapsed_ms: 1_000,

@@ -546,6 +546,7 @@ pub(crate) mod tests {
 
     fn speed(output_tokens: u64) -> Snapshot {
         Snapshot {
+            stalled_ms: None,
             phase: Phase::Responding,
             is_final: false,
             elapsed_ms: 0,
@@ -619,6 +620,7 @@ pub(crate) mod tests {
             seq,
             identity: identity(seq, "a"),
             speed: Snapshot {
+                stalled_ms: None,
                 output_tokens_per_second: Some(10.0),
                 ..speed(tokens)
             },

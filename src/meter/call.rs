@@ -145,6 +145,7 @@ impl CallMeter {
             timings: ServerTimings::default(),
             live_from_server: false,
             latest: Snapshot {
+                stalled_ms: None,
                 phase: Phase::AwaitingFirstToken,
                 is_final: false,
                 elapsed_ms: 0,
@@ -332,6 +333,7 @@ impl CallMeter {
 
         self.phase = Phase::Complete;
         self.latest = Snapshot {
+            stalled_ms: None,
             phase: Phase::Complete,
             is_final: true,
             elapsed_ms: self.elapsed_ms(now),
@@ -368,6 +370,7 @@ impl CallMeter {
         };
         self.phase = Phase::Complete;
         self.latest = Snapshot {
+            stalled_ms: None,
             phase: Phase::Complete,
             is_final: true,
             elapsed_ms: self.elapsed_ms(now),
@@ -454,6 +457,7 @@ impl CallMeter {
 
     fn live_snapshot(&self, now: Instant) -> Snapshot {
         Snapshot {
+            stalled_ms: None,
             phase: self.phase,
             is_final: false,
             elapsed_ms: self.elapsed_ms(now),

@@ -451,6 +451,7 @@ fn elapsed_ms(from: Instant, now: Instant) -> u64 {
 
 fn waiting_snapshot(elapsed_ms: u64) -> Snapshot {
     Snapshot {
+        stalled_ms: None,
         phase: Phase::AwaitingFirstToken,
         is_final: false,
         elapsed_ms,
@@ -466,6 +467,7 @@ fn waiting_snapshot(elapsed_ms: u64) -> Snapshot {
 /// client gone during the wait, non-2xx head).
 fn abandoned_before_head(elapsed_ms: u64) -> Snapshot {
     Snapshot {
+        stalled_ms: None,
         phase: Phase::Complete,
         is_final: true,
         ..waiting_snapshot(elapsed_ms)

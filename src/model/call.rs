@@ -257,6 +257,7 @@ mod tests {
             status: CallStatus::Ok,
             http_status: Some(200),
             speed: Some(Snapshot {
+                stalled_ms: None,
                 phase: Phase::Complete,
                 is_final: true,
                 elapsed_ms: 5120,

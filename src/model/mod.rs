@@ -17,6 +17,7 @@ pub mod otlp_endpoint;
 pub mod queries;
 pub mod route;
 pub mod servers;
+pub mod slowdown;
 pub mod snapshot;
 pub mod stats;
 pub mod time;
@@ -38,6 +39,7 @@ pub use history::{
 pub use queries::{CallsQuery, EngineQueries, QueryError};
 pub use route::{RouteSpec, Upstream};
 pub use servers::{FollowedServer, FollowedState, ServersDoc};
+pub use slowdown::{Slowdown, SlowdownCause};
 pub use snapshot::{Phase, Snapshot, TokenSource};
 pub use stats::Stats;
 pub use wait::{ContextUse, DraftCounts, Placement, PromptTruncation, StartKind, Wait, WaitReason};

@@ -87,6 +87,11 @@ pub struct Snapshot {
     /// While awaiting the first token: why the call waits, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<Wait>,
+    /// Live only: the call has streamed and has been silent longer than
+    /// its stall threshold (max(3 s, 10x its median gap between outputs));
+    /// milliseconds since its last output. Absent once output resumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled_ms: Option<u64>,
 }
 
 /// Rounds a rate to the one decimal the contract publishes.
@@ -101,6 +106,7 @@ mod tests {
     #[test]
     fn serialises_with_contract_names_and_skips_absent_fields() {
         let s = Snapshot {
+            stalled_ms: None,
             phase: Phase::AwaitingFirstToken,
             is_final: false,
             elapsed_ms: 0,

@@ -63,6 +63,12 @@ pub struct Wait {
     /// publishes one, else estimated from the request body and calibrated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<u64>,
+    /// Live only: milliseconds since the server last showed life for this
+    /// call (a ping frame or any other body frame, a change of its
+    /// telemetry: `/slots` progress, a load in `/api/ps`), or since
+    /// dispatch when it showed none. Never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silent_ms: Option<u64>,
 }
 
 impl Wait {
@@ -75,6 +81,7 @@ impl Wait {
             eta_ms: None,
             usual_ms: None,
             prompt_tokens: None,
+            silent_ms: None,
         }
     }
 
@@ -233,12 +240,13 @@ mod tests {
             eta_ms: Some(3000),
             usual_ms: Some(4000),
             prompt_tokens: Some(12000),
+            silent_ms: Some(400),
         };
         let json = serde_json::to_value(&w).unwrap();
         assert_eq!(
             json,
             serde_json::json!({"reason": "prefilling", "progress": 0.6, "eta_ms": 3000,
-                               "usual_ms": 4000, "prompt_tokens": 12000})
+                               "usual_ms": 4000, "prompt_tokens": 12000, "silent_ms": 400})
         );
         assert_eq!(serde_json::from_value::<Wait>(json).unwrap(), w);
         let queued = Wait {

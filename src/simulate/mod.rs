@@ -129,6 +129,17 @@ pub struct SimConfig {
     /// What `/api/version` answers at start (default
     /// `0.0.0-speedtap-sim`); `SimServer::set_version` plays an upgrade.
     pub version: String,
+    /// SSE `: ping` comments this often from the prompt's start until the
+    /// first token (llama-server's `--sse-ping-interval`), on the SSE APIs;
+    /// `None` (default) sends none. `x-sim-keepalive-ms` overrides it.
+    pub ping_interval: Option<Duration>,
+    /// A stall mid-stream: after this many output tokens the stream goes
+    /// silent for [`SimConfig::stall`] before the next one (default `None`:
+    /// no stall). Every later token comes that much later.
+    pub stall_after_tokens: Option<u64>,
+    /// How long the stall of [`SimConfig::stall_after_tokens`] lasts
+    /// (default 0).
+    pub stall: Duration,
 }
 
 /// What Ollama's `/api/ps` shows while a model loads. Ollama has done
@@ -217,6 +228,9 @@ impl Default for SimConfig {
             ps_while_loading: PsWhileLoading::Hidden,
             publishes_slots: true,
             version: "0.0.0-speedtap-sim".to_owned(),
+            ping_interval: None,
+            stall_after_tokens: None,
+            stall: Duration::ZERO,
         }
     }
 }

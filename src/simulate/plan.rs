@@ -31,6 +31,10 @@ pub(crate) const H_CUT_AFTER: &str = "x-sim-cut-after";
 pub(crate) const H_ERROR_AFTER: &str = "x-sim-error-after";
 /// `x-sim-keepalive-ms`: SSE `: ping` comments every N ms before the first token.
 pub(crate) const H_KEEPALIVE_MS: &str = "x-sim-keepalive-ms";
+/// `x-sim-stall-after`: the stream stalls after N output tokens.
+pub(crate) const H_STALL_AFTER: &str = "x-sim-stall-after";
+/// `x-sim-stall-ms`: how long that stall lasts, ms.
+pub(crate) const H_STALL_MS: &str = "x-sim-stall-ms";
 
 /// `x-sim-prompt-tokens`: the prompt's token count, instead of the
 /// `ceil(body bytes / 4)` estimate.
@@ -111,6 +115,9 @@ pub(crate) struct Plan {
     pub cut_after: Option<u64>,
     pub error_after: Option<u64>,
     pub keepalive: Option<Duration>,
+    /// Tokens from this index on come `stall` later (a stall mid-stream).
+    pub stall_after: Option<u64>,
+    pub stall: Duration,
     /// `x-sim-prompt-tokens`, when given.
     pub prompt_tokens: Option<u64>,
     /// Prefill rate; `None` is an instant prefill.
@@ -158,6 +165,9 @@ pub(crate) fn validate(config: &SimConfig) -> Result<(), String> {
     }
     if config.slots == Some(0) {
         return Err("slots must be at least 1".into());
+    }
+    if config.ping_interval == Some(Duration::ZERO) {
+        return Err("ping interval must be > 0".into());
     }
     if config.n_ctx == 0 {
         return Err("n_ctx must be at least 1".into());
@@ -211,6 +221,12 @@ impl Plan {
         if let Some(v) = parse::<f64>(headers, H_VRAM_FRACTION)? {
             c.vram_fraction = v;
         }
+        if let Some(v) = parse::<u64>(headers, H_STALL_AFTER)? {
+            c.stall_after_tokens = Some(v);
+        }
+        if let Some(ms) = parse::<u64>(headers, H_STALL_MS)? {
+            c.stall = Duration::from_millis(ms);
+        }
         validate(&c).map_err(|e| format!("bad x-sim-* override: {e}"))?;
         let status = parse::<u16>(headers, H_STATUS)?;
         if let Some(s) = status {
@@ -221,7 +237,7 @@ impl Plan {
         let keepalive = match parse::<u64>(headers, H_KEEPALIVE_MS)? {
             Some(0) => return Err(format!("{H_KEEPALIVE_MS} must be > 0")),
             Some(ms) => Some(Duration::from_millis(ms)),
-            None => None,
+            None => c.ping_interval,
         };
         Ok(Plan {
             ttft: c.ttft,
@@ -235,6 +251,8 @@ impl Plan {
             cut_after: parse::<u64>(headers, H_CUT_AFTER)?,
             error_after: parse::<u64>(headers, H_ERROR_AFTER)?,
             keepalive,
+            stall_after: c.stall_after_tokens,
+            stall: c.stall,
             prompt_tokens: parse::<u64>(headers, H_PROMPT_TOKENS)?,
             prefill_tps: c.prefill_tokens_per_second,
             load_time: c.load_time,
@@ -274,13 +292,18 @@ impl Plan {
         self.reasoning.saturating_add(self.answer)
     }
 
-    /// When token `index` is due: `arrival + ttft + index / tps`, computed
-    /// from the absolute start each time so rounding never accumulates.
+    /// When token `index` is due: `arrival + ttft + index / tps` (plus the
+    /// stall, from the token after it on), computed from the absolute start
+    /// each time so rounding never accumulates.
     pub(crate) fn deadline(&self, arrival: Instant, index: u64) -> Instant {
         let offset = Duration::try_from_secs_f64(index as f64 / self.tokens_per_second)
             .unwrap_or(FAR)
             .min(FAR);
-        arrival + self.ttft.min(FAR) + offset
+        let stalled = match self.stall_after {
+            Some(n) if index >= n && n > 0 => self.stall.min(FAR),
+            _ => Duration::ZERO,
+        };
+        arrival + self.ttft.min(FAR) + offset + stalled
     }
 
     /// When the response is complete: the last token's deadline (the
@@ -489,6 +512,28 @@ mod tests {
         assert_eq!(p.keepalive, Some(Duration::from_millis(10)));
         assert_eq!(p.stop(), (3, Ending::Cut));
         assert_eq!(p.exact(25), 38); // 37.5 rounds half away from zero
+    }
+
+    #[test]
+    fn a_stall_delays_every_token_after_it_and_pings_default_to_the_config() {
+        let config = SimConfig {
+            tokens_per_second: 10.0,
+            ttft: Duration::from_millis(100),
+            ping_interval: Some(Duration::from_millis(500)),
+            ..SimConfig::default()
+        };
+        let h = headers(&[(H_STALL_AFTER, "3"), (H_STALL_MS, "5000")]);
+        let p = Plan::new(&config, &h).unwrap();
+        assert_eq!(p.keepalive, Some(Duration::from_millis(500)));
+        let t0 = Instant::now();
+        let ms = |i| (p.deadline(t0, i) - t0).as_millis();
+        assert_eq!((ms(0), ms(1), ms(2)), (100, 200, 300));
+        assert_eq!(
+            (ms(3), ms(4)),
+            (5_400, 5_500),
+            "5 s of silence after 3 tokens"
+        );
+        assert_eq!(p.end(t0), p.deadline(t0, 63));
     }
 
     #[test]

@@ -163,7 +163,9 @@ struct Shared {
 ///   `event: error`, Ollama `{"error":"…"}`, TGI `data:{"error":…}`); for a
 ///   non-streamed request a 500 with the API's error body at that moment;
 /// - `x-sim-keepalive-ms: N`: SSE `: ping` comments every N ms until the
-///   first token (SSE APIs only).
+///   first token (SSE APIs only; [`SimConfig::ping_interval`] by default);
+/// - `x-sim-stall-after: N` with `x-sim-stall-ms: M`: after N tokens the
+///   stream is silent for M ms, then goes on (every later token M ms late).
 ///
 /// Server behaviour (defaults off; see [`SimConfig`]): `x-sim-prompt-tokens`
 /// (the prompt's size instead of `ceil(body bytes / 4)`),

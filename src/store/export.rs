@@ -380,6 +380,7 @@ fn csv_snapshot(r: CsvRow<'_>) -> Result<Option<Snapshot>, String> {
     Ok(match r.text(13) {
         None => None,
         Some(_) => Some(Snapshot {
+            stalled_ms: None,
             phase: Phase::Complete,
             is_final: true,
             elapsed_ms: r.num(9)?.ok_or("elapsed_ms: missing")?,
@@ -459,6 +460,7 @@ fn csv_wait(r: CsvRow<'_>) -> Result<Option<Wait>, String> {
             eta_ms: r.num(28)?,
             usual_ms: r.num(29)?,
             prompt_tokens: r.num(30)?,
+            silent_ms: None,
         }),
     })
 }

@@ -152,6 +152,7 @@ fn snapshot_from_row(row: &Row<'_>) -> rusqlite::Result<Option<Snapshot>> {
     Ok(match phase {
         None => None,
         Some(phase) => Some(Snapshot {
+            stalled_ms: None,
             phase: enum_from(phase, 11)?,
             is_final: row.get(12)?,
             elapsed_ms: row.get(13)?,
@@ -238,6 +239,7 @@ fn wait_from_row(row: &Row<'_>) -> rusqlite::Result<Option<Wait>> {
             eta_ms: row.get(32)?,
             usual_ms: row.get(33)?,
             prompt_tokens: row.get(34)?,
+            silent_ms: None,
         }),
     })
 }

@@ -18,7 +18,7 @@ import {
   sourceBadge,
   statusLabel,
 } from "./format.js";
-import { waitView } from "./present.js";
+import { stalledText, waitView } from "./present.js";
 
 /** Settled rates need this many tokens (docs/metering.md). */
 export const MIN_FINAL_RATE_TOKENS = 20;
@@ -198,6 +198,8 @@ export function callDetails(call, { timeZone } = {}) {
     rateNote: rateExplanation(call),
     flags: callFlags(call),
     wait: waitPanel(call),
+    // A live call that streamed and went silent past its stall threshold.
+    stalled: status === "in_flight" ? stalledText(speed) : null,
     truncation: truncationWarning(call.prompt_truncated),
     facts: callFacts(call),
   };

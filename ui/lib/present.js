@@ -45,6 +45,8 @@ export function callRow(call, { slow, now, timeZone } = {}) {
     slow: waiting && slow && isShowable(slow.waited_ms) ? slowText(slow) : null,
     // Why it waits, while it waits (the engine sends it in the snapshot).
     wait: waiting ? waitView(speed.wait) : null,
+    // Streamed, then silent past its stall threshold (live only).
+    stalled: status === "in_flight" ? stalledText(speed) : null,
     // The server read less of the prompt than was sent (settled calls).
     truncated: truncationBadge(call.prompt_truncated),
     ttft: formatMs(speed?.time_to_first_token_ms),
@@ -89,6 +91,15 @@ function slowText(slow) {
   const after = `No first token after ${formatMs(slow.waited_ms)}`;
   if (isShowable(slow.usual_ms)) return `${after} (usually ${formatMs(slow.usual_ms)})`;
   return `${after} (threshold ${formatMs(slow.threshold_ms)})`;
+}
+
+/**
+ * "stalled 12 s" for a live snapshot with `stalled_ms` (whole seconds,
+ * rounded down), else null: a final snapshot is never stalled.
+ */
+export function stalledText(speed) {
+  if (!speed || speed.is_final === true || !isShowable(speed.stalled_ms)) return null;
+  return `stalled ${Math.floor(speed.stalled_ms / 1000)} s`;
 }
 
 /** Calls ahead, in words: "1 call", "3 calls". */
@@ -157,6 +168,9 @@ export function waitView(wait, { past = false } = {}) {
       sentence = `${past ? "Waited" : "Waiting"} (${badge})`;
   }
   if (eta) facts.push({ label: "First token", value: eta, title: "speedtap's estimate of the time until the first token" });
+  if (!past && isShowable(wait.silent_ms)) {
+    facts.push({ label: "Server silent", value: formatMs(wait.silent_ms), title: "Time since the server last showed life for this call (a ping, prompt progress, a load)" });
+  }
   return {
     reason: WAIT_REASONS.has(reason) ? reason : "other",
     badge,

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { DASH } from "../lib/format.js";
-import { callRow, globalPanel } from "../lib/present.js";
+import { callRow, globalPanel, stalledText, waitView } from "../lib/present.js";
 
 const settled = {
   id: "c-000042",
@@ -104,4 +104,22 @@ test("a row names the client (app) that made the call, and when it started", () 
   assert.equal(r.started, "10:42:07");
   // Unknown (a live call before its record arrives, no User-Agent): a dash.
   assert.equal(callRow(settled).client, DASH);
+});
+
+test("a live call silent past its stall threshold shows stalled with whole seconds, and a settled one never does", () => {
+  const live = { id: "c-9", route: "sim", api: "openai_chat", started_at: "t", status: "in_flight",
+    speed: { phase: "responding", is_final: false, elapsed_ms: 15000, output_tokens: 5, token_source: "estimated", stalled_ms: 12400 } };
+  assert.equal(callRow(live).stalled, "stalled 12 s");
+  assert.equal(stalledText(live.speed), "stalled 12 s");
+  const resumed = { ...live, speed: { ...live.speed, stalled_ms: undefined, output_tokens: 6 } };
+  assert.equal(callRow(resumed).stalled, null);
+  const settled = { ...live, status: "ok", speed: { ...live.speed, is_final: true } };
+  assert.equal(callRow(settled).stalled, null);
+});
+
+test("a live wait says how long the server has been silent; a past one does not", () => {
+  const wait = { reason: "prefilling", progress: 0.41, silent_ms: 400 };
+  const live = waitView(wait);
+  assert.deepEqual(live.facts.find((f) => f.label === "Server silent")?.value, "400 ms");
+  assert.equal(waitView(wait, { past: true }).facts.find((f) => f.label === "Server silent"), undefined);
 });

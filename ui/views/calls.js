@@ -84,12 +84,13 @@ export function mountCalls({ tbody, thead, empty, noneMatch, count, modelPick, r
     const badge = h("span", { class: "badge phase" });
     const slow = h("span", { class: "badge slow", hidden: true }, "slow");
     const cut = h("span", { class: "badge cut", hidden: true }, "prompt cut");
+    const stalled = h("span", { class: "badge stalled", hidden: true, title: "No output for longer than this call's stall threshold" });
     // Why a waiting call waits: a prefill's progress and the ETA under the badge.
     const waitFill = h("span", { class: "wait-fill" });
     const waitBar = h("span", { class: "wait-bar", hidden: true, role: "progressbar", "aria-valuemin": "0", "aria-valuemax": "100" }, waitFill);
     const waitEta = h("span", { class: "wait-eta", hidden: true });
     const waitLine = h("span", { class: "wait-line", hidden: true }, waitBar, waitEta);
-    cells.phase.append(badge, slow, cut, waitLine);
+    cells.phase.append(badge, slow, stalled, cut, waitLine);
     const svg = document.createElementNS(SVG, "svg");
     svg.setAttribute("viewBox", `0 0 ${SPARK_W} ${SPARK_H}`);
     svg.setAttribute("width", SPARK_W);
@@ -108,7 +109,7 @@ export function mountCalls({ tbody, thead, empty, noneMatch, count, modelPick, r
     const status = h("span", { class: "status" });
     cells.status.append(status);
     const tr = h("tr", { dataset: { id }, tabindex: "0", title: "Show this call's details" }, Object.values(cells));
-    return { tr, cells, badge, slow, cut, waitLine, waitBar, waitFill, waitEta, area, line, src, seen, gap, status };
+    return { tr, cells, badge, slow, stalled, cut, waitLine, waitBar, waitFill, waitEta, area, line, src, seen, gap, status };
   }
 
   function update(row, call, state) {
@@ -134,6 +135,8 @@ export function mountCalls({ tbody, thead, empty, noneMatch, count, modelPick, r
     row.cut.hidden = !v.truncated;
     row.cut.title = v.truncated?.title ?? "";
     row.slow.hidden = !v.slow;
+    row.stalled.hidden = !v.stalled;
+    setText(row.stalled, v.stalled ?? "");
     row.slow.title = v.slow ?? "";
     setText(cells.ttft, v.ttft);
     setText(cells.rate, v.rate);

@@ -132,6 +132,11 @@ export function mountDetails({ onClose } = {}, doc = document) {
     );
     const parts = [];
     if (d.truncation) parts.push(truncationWarning(d.truncation));
+    if (d.stalled) {
+      parts.push(
+        h("p", { class: "stalled-line", id: "details-stalled", title: "No output for longer than max(3 s, 10× this call's median gap between outputs)" }, `Stalled: ${d.stalled.replace(/^stalled /, "")} without output`),
+      );
+    }
     if (d.wait?.live) parts.push(waitSection(d.wait));
     parts.push(section("Call", "identity", list(d.identity)));
     if (d.outcome.length) parts.push(section("Outcome", "outcome", list(d.outcome)));

@@ -520,6 +520,7 @@ mod tests {
 
     fn final_snapshot(ttft_ms: Option<u64>, tokens: u64, rate: Option<f64>) -> Snapshot {
         Snapshot {
+            stalled_ms: None,
             phase: Phase::Complete,
             is_final: true,
             elapsed_ms: 5120,
