@@ -6,6 +6,7 @@
 //! - [`calibration`]: the per-(route, model) tokenizer-drift factors;
 //! - [`global`]: the all-streams meter with its hourly high/low (`docs/metering.md` "All calls");
 //! - [`normals`]: each route and model's usual time to first token (`docs/metering.md` "Why a call waits");
+//! - [`prompt_fit`]: the prompt-size calibration, a fixed overhead plus a per-token factor;
 //! - [`reasoning`]: a call's reasoning time and tokens, split from its answer;
 //! - [`waited`]: the time a call spent in its server's queue, for its record.
 
@@ -15,6 +16,7 @@ pub mod global;
 pub mod limits;
 pub mod normals;
 pub mod pipeline;
+pub mod prompt_fit;
 pub mod rate;
 pub mod reasoning;
 pub mod waited;
