@@ -40,4 +40,7 @@ pub use route::{RouteSpec, Upstream};
 pub use servers::{FollowedServer, FollowedState, ServersDoc};
 pub use snapshot::{Phase, Snapshot, TokenSource};
 pub use stats::Stats;
-pub use wait::{ContextUse, DraftCounts, Placement, PromptTruncation, StartKind, Wait, WaitReason};
+pub use wait::{
+    ContextUse, DraftCounts, Placement, ProgressSource, PromptTruncation, StartKind, Wait,
+    WaitReason,
+};

@@ -459,6 +459,8 @@ fn csv_wait(r: CsvRow<'_>) -> Result<Option<Wait>, String> {
             eta_ms: r.num(28)?,
             usual_ms: r.num(29)?,
             prompt_tokens: r.num(30)?,
+            // Live only: not stored.
+            progress_source: None,
         }),
     })
 }

@@ -238,6 +238,8 @@ fn wait_from_row(row: &Row<'_>) -> rusqlite::Result<Option<Wait>> {
             eta_ms: row.get(32)?,
             usual_ms: row.get(33)?,
             prompt_tokens: row.get(34)?,
+            // Live only: not stored.
+            progress_source: None,
         }),
     })
 }
