@@ -47,6 +47,9 @@ pub enum ProgressSource {
     /// The server's own counts: its slot's processed tokens over its own
     /// prompt total.
     Server,
+    /// The server's own counts streamed in-band to the client (llama.cpp
+    /// `prompt_progress`): they win over any poll or estimate.
+    Stream,
     /// speedtap's estimate: the request body's calibrated prompt size,
     /// and for a server that publishes no progress, the learned prefill
     /// rate.
