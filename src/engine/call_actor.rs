@@ -500,7 +500,16 @@ impl CallActor {
             settled_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
             seen_by: self.setup.seen_by,
             capture_gap: self.capture_gap,
-            wait: self.known_wait.clone().or_else(|| self.wait.clone()),
+            // The settled wait is what the store keeps: its progress
+            // label is live only (`docs/api.md`, Wait).
+            wait: self
+                .known_wait
+                .clone()
+                .or_else(|| self.wait.clone())
+                .map(|w| Wait {
+                    progress_source: None,
+                    ..w
+                }),
             queued_ms,
             queue_position: ending
                 .queued

@@ -82,8 +82,9 @@ pub struct Wait {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<u64>,
     /// Prefilling with `progress` only: whose numbers the progress and
-    /// the prompt size are. Live only: a settled record's wait keeps no
-    /// progress worth labelling, so it is not stored.
+    /// the prompt size are. Live only: a settled call's `details.wait`
+    /// leaves it out, as its stored record does (no settled view shows a
+    /// wait's progress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress_source: Option<ProgressSource>,
 }
