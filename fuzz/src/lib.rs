@@ -165,7 +165,7 @@ pub fn check_events(events: &[StreamEvent]) {
                     "error message longer than MAX_ERROR_CHARS"
                 );
             }
-            StreamEvent::Usage(_) | StreamEvent::ServerTimings(_) => {}
+            StreamEvent::Usage(_) | StreamEvent::ServerTimings(_) | StreamEvent::PromptProgress(_) => {}
         }
     }
     assert!(done <= 1, "Done emitted {done} times");

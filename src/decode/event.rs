@@ -66,6 +66,22 @@ pub struct ServerTimings {
     pub draft_accepted: Option<u64>,
 }
 
+/// llama.cpp's in-band prefill progress: `prompt_progress` on the chunks
+/// before the first token, sent when the request asked for it
+/// (`"return_progress": true`). The server's own counts, so they win over
+/// any poll or estimate while the call waits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PromptProgress {
+    /// The whole prompt, in tokens (cached ones included).
+    pub total: u64,
+    /// Of those, tokens reused from the prompt cache.
+    pub cache: u64,
+    /// Tokens processed so far (cached ones included).
+    pub processed: u64,
+    /// Server time spent on the prefill so far, in ms.
+    pub time_ms: f64,
+}
+
 impl ServerTimings {
     /// Takes a later timings report over this one, field by field: a
     /// per-chunk running `timings` object is superseded by the final one,
@@ -97,6 +113,8 @@ pub enum StreamEvent {
     /// Server timings (may come per chunk with llama.cpp `timings_per_token`;
     /// later ones win field by field).
     ServerTimings(ServerTimings),
+    /// The server's own prefill progress (llama.cpp `prompt_progress`).
+    PromptProgress(PromptProgress),
     /// The protocol's terminal marker was seen (`[DONE]`, `message_stop`,
     /// `response.completed`, `done: true`, `stop: true`, TGI `details`...).
     Done,

@@ -20,5 +20,5 @@ pub mod sse;
 pub mod stream;
 pub mod think;
 
-pub use event::{OutputChannel, ServerTimings, StreamEvent, Usage};
+pub use event::{OutputChannel, PromptProgress, ServerTimings, StreamEvent, Usage};
 pub use stream::StreamDecoder;

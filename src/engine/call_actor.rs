@@ -31,6 +31,7 @@ use crate::meter::limits::SNAPSHOT_INTERVAL;
 use crate::meter::liveness::{shows_life, Liveness};
 use crate::meter::normals::{Normals, Observation, Waited};
 use crate::meter::pipeline::{CallMetering, CallReport, Outcome, ResponseHead, StreamEnd};
+use crate::meter::prompt_progress;
 use crate::meter::waited::QueueTally;
 use crate::model::ApiKind;
 use crate::model::SlowFirstToken;
@@ -85,6 +86,9 @@ pub struct CallActor {
     /// (an `unknown` after "loading" only means the rest was the server's
     /// own business); `unknown` when no reason was ever known.
     known_wait: Option<Wait>,
+    /// The server streamed its own prefill progress: it explains the wait
+    /// from then on, over the poller's readings and estimates.
+    in_band_progress: bool,
     /// The time the call was explained queued, for its record.
     queue: QueueTally,
     /// What the server said about the call's model.
@@ -136,6 +140,7 @@ impl CallActor {
             orphaned_at: None,
             wait: None,
             known_wait: None,
+            in_band_progress: false,
             queue: QueueTally::default(),
             facts: ServerFacts::default(),
             prompt: None,
@@ -191,6 +196,7 @@ impl CallActor {
         if let Some(s) = published {
             self.publish(s);
         }
+        self.take_in_band_progress();
         if !self.first_token_told && self.metering.first_output_at().is_some() {
             self.first_token_told = true;
             if let Some(poller) = &self.setup.telemetry {
@@ -198,6 +204,24 @@ impl CallActor {
                     seq: self.setup.seq,
                 });
             }
+        }
+    }
+
+    /// The server's in-band prefill progress wins: a new reading replaces
+    /// the wait (`docs/metering.md`, "Why a call waits").
+    fn take_in_band_progress(&mut self) {
+        let Some(progress) = self.metering.prompt_progress() else {
+            return;
+        };
+        if !self.waiting() {
+            return;
+        }
+        let wait = Some(prompt_progress::in_band_wait(&progress));
+        self.in_band_progress = true;
+        if self.wait != wait {
+            self.wait = wait;
+            self.known_wait = self.wait.clone();
+            self.publish(self.latest_now());
         }
     }
 
@@ -529,7 +553,16 @@ impl CallActor {
             settled_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
             seen_by: self.setup.seen_by,
             capture_gap: self.capture_gap,
-            wait: self.known_wait.clone().or_else(|| self.wait.clone()),
+            // The settled wait is what the store keeps: its progress
+            // label is live only (`docs/api.md`, Wait).
+            wait: self
+                .known_wait
+                .clone()
+                .or_else(|| self.wait.clone())
+                .map(|w| Wait {
+                    progress_source: None,
+                    ..w
+                }),
             queued_ms,
             queue_position: ending
                 .queued
@@ -861,7 +894,7 @@ impl Handler<WaitExplained> for CallActor {
                 .explained(wait, self.setup.dispatched_at, Instant::now());
             limit_moved |= place != self.queue.position();
         }
-        if msg.wait.is_some() && self.wait != msg.wait {
+        if msg.wait.is_some() && self.wait != msg.wait && !self.in_band_progress {
             self.wait = msg.wait;
             if self
                 .wait
@@ -1512,6 +1545,79 @@ mod tests {
             }
             assert!(
                 waits.contains(&(1_000, Some(crate::model::WaitReason::LoadingModel))),
+                "{waits:?}"
+            );
+            drop(actor);
+        });
+    }
+
+    /// A role-only chunk carrying llama.cpp's `prompt_progress`.
+    fn progress_chunk(processed: u64, time_ms: f64) -> String {
+        sse(serde_json::json!({
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": null}}],
+            "prompt_progress": {"total": 4_000, "cache": 0, "processed": processed, "time_ms": time_ms}
+        }))
+    }
+
+    #[test]
+    fn the_servers_in_band_prompt_progress_wins_over_the_pollers_estimate() {
+        use crate::model::{ProgressSource, WaitReason};
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            head(&actor);
+            h.at(500).await;
+            actor.do_send(WaitExplained {
+                wait: Some(Wait {
+                    progress: Some(0.6),
+                    progress_source: Some(ProgressSource::Estimate),
+                    ..Wait::new(WaitReason::Prefilling)
+                }),
+                facts: ServerFacts::default(),
+            });
+            h.at(2_000).await;
+            frame(&actor, progress_chunk(1_000, 2_000.0));
+            h.at(2_500).await;
+            // The poller's estimate comes again: the server's numbers stay.
+            actor.do_send(WaitExplained {
+                wait: Some(Wait {
+                    progress: Some(0.7),
+                    progress_source: Some(ProgressSource::Estimate),
+                    ..Wait::new(WaitReason::Prefilling)
+                }),
+                facts: ServerFacts::default(),
+            });
+            h.at(8_000).await;
+            frame(&actor, progress_chunk(4_000, 8_000.0));
+            frame(&actor, content("Hello"));
+            flush().await;
+            let mut waits = Vec::new();
+            while let Ok(e) = h.events.try_recv() {
+                if let EngineEvent::Speed { speed, .. } = e {
+                    if let Some(w) = speed.wait {
+                        waits.push((speed.elapsed_ms, w.progress, w.progress_source, w.eta_ms));
+                    }
+                }
+            }
+            let stream = Some(ProgressSource::Stream);
+            let estimate = Some(ProgressSource::Estimate);
+            assert_eq!(
+                waits.first(),
+                Some(&(500, Some(0.6), estimate, None)),
+                "{waits:?}"
+            );
+            assert!(
+                waits.contains(&(2_000, Some(0.25), stream, Some(6_000))),
+                "{waits:?}"
+            );
+            assert!(
+                waits.iter().all(|w| w.0 < 2_000 || w.2 == stream),
+                "no estimate after the server's own progress: {waits:?}"
+            );
+            assert!(
+                waits.contains(&(8_000, Some(1.0), stream, Some(0))),
                 "{waits:?}"
             );
             drop(actor);

@@ -7,6 +7,8 @@
 //! - [`global`]: the all-streams meter with its hourly high/low (`docs/metering.md` "All calls");
 //! - [`normals`]: each route and model's usual time to first token (`docs/metering.md` "Why a call waits");
 //! - [`liveness`]: stalled and silent, live (`docs/metering.md` "Stalled, and alive");
+//! - [`prompt_fit`]: the prompt-size calibration, a fixed overhead plus a per-token factor;
+//! - [`prompt_progress`]: the wait the server's in-band prefill progress explains;
 //! - [`reasoning`]: a call's reasoning time and tokens, split from its answer;
 //! - [`slowdown`]: a settled call's decode rate against its usual, and why it was slow (`docs/metering.md` "The slowdown explained");
 //! - [`waited`]: the time a call spent in its server's queue, for its record.
@@ -18,6 +20,8 @@ pub mod limits;
 pub mod liveness;
 pub mod normals;
 pub mod pipeline;
+pub mod prompt_fit;
+pub mod prompt_progress;
 pub mod rate;
 pub mod reasoning;
 pub mod slowdown;

@@ -13,12 +13,15 @@
 //! - the queue wait per call ahead, from queued calls;
 //! - the prefill rate the server reported (a decayed mean), which gives
 //!   the slope when every call so far had the same prompt size;
-//! - the prompt calibration factor: the server's prompt count over the
-//!   request-body estimate, as the output calibration does for output.
+//! - the prompt calibration: the server's prompt count against the
+//!   request-body estimate, a fixed overhead plus a per-token factor
+//!   ([`super::prompt_fit`]).
 //!
 //! Pure and clock-free: the caller passes observations in.
 
 use std::collections::{HashMap, HashSet};
+
+use super::prompt_fit::PromptFit;
 
 /// Weight kept by the older observations at each new one.
 const DECAY: f64 = 0.8;
@@ -26,10 +29,6 @@ const DECAY: f64 = 0.8;
 /// Observations needed before the route's normal replaces the fixed
 /// threshold.
 pub const MIN_OBSERVATIONS: u64 = 3;
-
-/// A prompt factor outside this band is a cut prompt or an odd body
-/// (images), not a tokenizer difference: not learned.
-const PROMPT_FACTOR_BAND: std::ops::RangeInclusive<f64> = 0.25..=4.0;
 
 /// How the slow rule scales the normal: late is twice the usual, and at
 /// least this much over it.
@@ -129,7 +128,7 @@ pub struct Normal {
     pub warm_observations: u64,
     /// Server-reported prefill tokens per ms.
     prefill_per_ms: Mean,
-    prompt_factor: Mean,
+    prompt: PromptFit,
     /// Calls learned from.
     pub observations: u64,
 }
@@ -152,7 +151,7 @@ pub struct Observation {
     /// most calls ahead of it.
     pub queued: Option<(u64, u32)>,
     /// The uncalibrated request estimate and the server's prompt count,
-    /// for the prompt factor.
+    /// for the prompt calibration.
     pub prompt_estimate: Option<(u64, u64)>,
 }
 
@@ -178,11 +177,8 @@ impl Normal {
         if let Some((n, ms)) = o.prefill.filter(|(n, ms)| *n >= 16 && *ms > 0.0) {
             self.prefill_per_ms.add(n as f64 / ms);
         }
-        if let Some((raw, server)) = o.prompt_estimate.filter(|(raw, _)| *raw > 0) {
-            let factor = server as f64 / raw as f64;
-            if PROMPT_FACTOR_BAND.contains(&factor) {
-                self.prompt_factor.add(factor);
-            }
+        if let Some((raw, server)) = o.prompt_estimate {
+            self.prompt.observe(raw, server);
         }
         self.observations += 1;
     }
@@ -255,13 +251,11 @@ impl Normals {
     }
 
     /// A request-body estimate (raw tokens) calibrated against the server's
-    /// own prompt counts on this route and model.
+    /// own prompt counts on this route and model: its overhead plus its
+    /// per-token factor times `raw` (uncalibrated: `raw`).
     pub fn calibrated_prompt(&self, route: &str, model: &str, raw: u64) -> u64 {
-        let factor = self
-            .get(route, model)
-            .and_then(|n| n.prompt_factor.get())
-            .unwrap_or(1.0);
-        (raw as f64 * factor).round() as u64
+        self.get(route, model)
+            .map_or(raw, |n| n.prompt.estimate(raw))
     }
 
     /// The usual time to first token for a call, with its load when it is
@@ -523,7 +517,7 @@ mod tests {
     }
 
     #[test]
-    fn the_prompt_factor_learns_plausible_ratios_only() {
+    fn the_prompt_calibration_learns_plausible_counts_only() {
         let mut n = Normals::new();
         let with = |raw: u64, server: u64| Observation {
             ttft_ms: 100,

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::decode::detect::BodyFraming;
 use crate::decode::sniff::{sniff_framing, Sniffed};
 use crate::decode::stream::StreamDecoder;
-use crate::decode::{ServerTimings, StreamEvent};
+use crate::decode::{PromptProgress, ServerTimings, StreamEvent};
 use crate::meter::call::CallMeter;
 use crate::meter::reasoning::{ReasoningCost, ReasoningSplit};
 use crate::model::ApiKind;
@@ -134,6 +134,8 @@ pub struct CallMetering {
     stream_error: Option<String>,
     input_tokens: Option<u64>,
     server_timings: Option<ServerTimings>,
+    /// The latest in-band prefill progress the server sent.
+    prompt_progress: Option<PromptProgress>,
     events: Vec<StreamEvent>,
     latest: Snapshot,
     reasoning: ReasoningSplit,
@@ -155,6 +157,7 @@ impl CallMetering {
             stream_error: None,
             input_tokens: None,
             server_timings: None,
+            prompt_progress: None,
             events: Vec::new(),
             latest: waiting_snapshot(0),
             reasoning: ReasoningSplit::default(),
@@ -297,6 +300,12 @@ impl CallMetering {
         self.apply_events(now)
     }
 
+    /// The latest in-band prefill progress (llama.cpp `prompt_progress`),
+    /// when the server sent any.
+    pub fn prompt_progress(&self) -> Option<PromptProgress> {
+        self.prompt_progress
+    }
+
     /// Time passed without a frame: publish pending counts if due.
     pub fn tick(&mut self, now: Instant) -> Option<Snapshot> {
         let snapshot = self.active.as_mut()?.meter.tick(now)?;
@@ -421,6 +430,9 @@ impl CallMetering {
                     if let Some(s) = active.meter.on_server_timings(&timings, now) {
                         due = Some(s);
                     }
+                }
+                StreamEvent::PromptProgress(progress) => {
+                    self.prompt_progress = Some(progress);
                 }
                 StreamEvent::Done => {
                     self.done_at.get_or_insert(now);

@@ -42,4 +42,7 @@ pub use servers::{FollowedServer, FollowedState, ServersDoc};
 pub use slowdown::{Slowdown, SlowdownCause};
 pub use snapshot::{Phase, Snapshot, TokenSource};
 pub use stats::Stats;
-pub use wait::{ContextUse, DraftCounts, Placement, PromptTruncation, StartKind, Wait, WaitReason};
+pub use wait::{
+    ContextUse, DraftCounts, Placement, ProgressSource, PromptTruncation, StartKind, Wait,
+    WaitReason,
+};

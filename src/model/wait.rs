@@ -38,6 +38,24 @@ impl WaitReason {
     }
 }
 
+/// Where a prefill's `progress` and `prompt_tokens` come from, so a
+/// figure built on speedtap's guess is labelled as one wherever it is
+/// shown (`docs/metering.md`, "Why a call waits").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressSource {
+    /// The server's own counts: its slot's processed tokens over its own
+    /// prompt total.
+    Server,
+    /// The server's own counts streamed in-band to the client (llama.cpp
+    /// `prompt_progress`): they win over any poll or estimate.
+    Stream,
+    /// speedtap's estimate: the request body's calibrated prompt size,
+    /// and for a server that publishes no progress, the learned prefill
+    /// rate.
+    Estimate,
+}
+
 /// The explanation of one call's wait for its first token, live in its
 /// snapshot while it waits and kept in its details afterwards.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,6 +87,12 @@ pub struct Wait {
     /// dispatch when it showed none. Never stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub silent_ms: Option<u64>,
+    /// Prefilling with `progress` only: whose numbers the progress and
+    /// the prompt size are. Live only: a settled call's `details.wait`
+    /// leaves it out, as its stored record does (no settled view shows a
+    /// wait's progress).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_source: Option<ProgressSource>,
 }
 
 impl Wait {
@@ -82,7 +106,13 @@ impl Wait {
             usual_ms: None,
             prompt_tokens: None,
             silent_ms: None,
+            progress_source: None,
         }
+    }
+
+    /// Whether the prefill figures rest on speedtap's estimate.
+    pub fn is_estimate(&self) -> bool {
+        self.progress_source == Some(ProgressSource::Estimate)
     }
 
     /// The cause as the end of a notification sentence, e.g. `loading the
@@ -100,13 +130,17 @@ impl Wait {
                 None => "queued".to_owned(),
             }),
             WaitReason::Prefilling => {
+                let about = if self.is_estimate() { "about " } else { "" };
                 let mut s = match self.prompt_tokens {
-                    Some(n) => format!("prefill of {} tokens", thousands(n)),
+                    Some(n) => format!("prefill of {about}{} tokens", thousands(n)),
                     None => "prefill".to_owned(),
                 };
                 match self.progress {
                     Some(p) => s.push_str(&format!(" {}% done", (p * 100.0).floor() as u64)),
                     None => s.push_str(" in progress"),
+                }
+                if self.is_estimate() && self.progress.is_some() {
+                    s.push_str(" (estimated)");
                 }
                 if let Some(eta) = self.eta_ms {
                     s.push_str(&format!(", about {} s left", eta.div_ceil(1000)));
@@ -241,6 +275,7 @@ mod tests {
             usual_ms: Some(4000),
             prompt_tokens: Some(12000),
             silent_ms: Some(400),
+            progress_source: None,
         };
         let json = serde_json::to_value(&w).unwrap();
         assert_eq!(
@@ -265,6 +300,35 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
         }
+    }
+
+    #[test]
+    fn a_prefill_built_on_the_estimate_says_so_in_its_field_and_its_words() {
+        let server = Wait {
+            progress: Some(0.6),
+            eta_ms: Some(3000),
+            prompt_tokens: Some(12000),
+            progress_source: Some(ProgressSource::Server),
+            ..Wait::new(WaitReason::Prefilling)
+        };
+        assert_eq!(
+            server.cause().unwrap(),
+            "prefill of 12,000 tokens 60% done, about 3 s left"
+        );
+        let guess = Wait {
+            progress_source: Some(ProgressSource::Estimate),
+            ..server.clone()
+        };
+        assert_eq!(
+            guess.cause().unwrap(),
+            "prefill of about 12,000 tokens 60% done (estimated), about 3 s left"
+        );
+        let json = serde_json::to_value(&guess).unwrap();
+        assert_eq!(json["progress_source"], "estimate");
+        assert_eq!(
+            serde_json::to_value(&server).unwrap()["progress_source"],
+            "server"
+        );
     }
 
     #[test]

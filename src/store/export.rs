@@ -461,6 +461,8 @@ fn csv_wait(r: CsvRow<'_>) -> Result<Option<Wait>, String> {
             usual_ms: r.num(29)?,
             prompt_tokens: r.num(30)?,
             silent_ms: None,
+            // Live only: not stored.
+            progress_source: None,
         }),
     })
 }

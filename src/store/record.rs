@@ -240,6 +240,8 @@ fn wait_from_row(row: &Row<'_>) -> rusqlite::Result<Option<Wait>> {
             usual_ms: row.get(33)?,
             prompt_tokens: row.get(34)?,
             silent_ms: None,
+            // Live only: not stored.
+            progress_source: None,
         }),
     })
 }

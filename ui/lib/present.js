@@ -114,7 +114,8 @@ const WAIT_REASONS = new Set(["loading_model", "queued", "prefilling", "unknown"
  * A snapshot's `wait` (why a call has no first token yet) as what the
  * live row and the details panel show, or null without one:
  *
- * - `badge`: the short text ("loading model", "queued #2", "prefill 60%");
+ * - `badge`: the short text ("loading model", "queued #2", "prefill 60%",
+ *   "prefill ~60%" when the progress is speedtap's estimate);
  * - `sentence`: the same in words, with the prompt size and the usual time;
  * - `progress`: 0..1 for a prefill with known progress, else null;
  * - `eta`: "about 3 s left", or null when the engine gave no estimate;
@@ -135,7 +136,11 @@ export function waitView(wait, { past = false } = {}) {
   // An estimate of time left means nothing once the wait is over.
   const eta = !past && isShowable(wait.eta_ms) ? formatEta(wait.eta_ms) : null;
   const usual = isShowable(wait.usual_ms) ? formatMs(wait.usual_ms) : null;
-  const prompt = isShowable(wait.prompt_tokens) ? `${formatCount(wait.prompt_tokens)} ${wait.prompt_tokens === 1 ? "token" : "tokens"}` : null;
+  // Progress and prompt size from speedtap's estimate, not the server's
+  // counts: labelled as such wherever they show (docs/api.md, `wait`).
+  const estimated = wait.progress_source === "estimate";
+  const about = estimated ? "about " : "";
+  const prompt = isShowable(wait.prompt_tokens) ? `${about}${formatCount(wait.prompt_tokens)} ${wait.prompt_tokens === 1 ? "token" : "tokens"}` : null;
   const usually = usual ? ` (usually ${usual})` : "";
   let badge;
   let sentence;
@@ -153,10 +158,10 @@ export function waitView(wait, { past = false } = {}) {
       break;
     }
     case "prefilling":
-      badge = progress !== null ? `prefill ${formatPercent(progress)}` : "prefill";
+      badge = progress !== null ? `prefill ${estimated ? "~" : ""}${formatPercent(progress)}` : "prefill";
       sentence = past
         ? `Processed the prompt${prompt ? ` of ${prompt}` : ""}`
-        : `Processing the prompt${prompt ? ` of ${prompt}` : ""}${progress !== null ? `, ${formatPercent(progress)} done` : ""}`;
+        : `Processing the prompt${prompt ? ` of ${prompt}` : ""}${progress !== null ? `, ${formatPercent(progress)} done${estimated ? " (estimated)" : ""}` : ""}`;
       if (usual) facts.push({ label: "Usual TTFT", value: usual, title: "Usual time to first token for a prompt this size on this route" });
       break;
     case "unknown":

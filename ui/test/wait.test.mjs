@@ -75,6 +75,15 @@ test("a queued call names its place in the queue", () => {
   assert.deepEqual(unknown.facts, []);
 });
 
+test("a prefill built on speedtap's estimate is labelled an estimate in its badge and sentence", () => {
+  const w = waitView({ reason: "prefilling", progress: 0.6, eta_ms: 3000, prompt_tokens: 12000, progress_source: "estimate" });
+  assert.equal(w.badge, "prefill ~60%");
+  assert.match(w.sentence, /about 12,000 tokens, 60% done \(estimated\)/);
+  const server = waitView({ reason: "prefilling", progress: 0.6, prompt_tokens: 12000, progress_source: "server" });
+  assert.equal(server.badge, "prefill 60%");
+  assert.doesNotMatch(server.sentence, /estimated|about/);
+});
+
 test("a prefill shows its progress, the prompt size and the time left", () => {
   const w = waitView({ reason: "prefilling", progress: 0.6, eta_ms: 3000, prompt_tokens: 12000, usual_ms: 7500 });
   assert.equal(w.badge, "prefill 60%");

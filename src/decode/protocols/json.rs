@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use crate::decode::event::{ServerTimings, Usage};
+use crate::decode::event::{PromptProgress, ServerTimings, Usage};
 
 /// A duration at or below this (1 µs) is a placeholder, not a measurement:
 /// KoboldCpp's Ollama emulation sends 1 ns durations, llama.cpp reports
@@ -113,6 +113,21 @@ pub fn non_empty_usage(u: Usage) -> Option<Usage> {
     } else {
         Some(u)
     }
+}
+
+/// A llama.cpp `prompt_progress` object, when it holds a total and a
+/// processed count no larger than it (`cache` and `time_ms` default to 0).
+pub fn llamacpp_prompt_progress(v: Option<&Value>) -> Option<PromptProgress> {
+    let p = v.filter(|p| p.is_object())?;
+    let (total, processed) = (count(p.get("total"))?, count(p.get("processed"))?);
+    (total > 0 && processed <= total).then(|| PromptProgress {
+        total,
+        cache: count(p.get("cache")).unwrap_or(0).min(total),
+        processed,
+        time_ms: number(p.get("time_ms"))
+            .filter(|ms| ms.is_finite() && *ms >= 0.0)
+            .unwrap_or(0.0),
+    })
 }
 
 /// A llama.cpp `timings` object (OpenAI routes, Responses, native

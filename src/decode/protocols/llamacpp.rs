@@ -35,6 +35,7 @@ pub(crate) fn fast_message(data: &str, sink: &mut Sink<'_>) -> bool {
     };
     if event.stop == Some(true)
         || event.timings.is_some()
+        || event.prompt_progress.is_some()
         || event.error.is_some()
         || event.kind.is_some()
     {
@@ -54,6 +55,7 @@ struct FastEvent<'a> {
     content: Option<Text<'a>>,
     stop: Option<bool>,
     timings: Option<IgnoredAny>,
+    prompt_progress: Option<IgnoredAny>,
     error: Option<IgnoredAny>,
     #[serde(rename = "type")]
     kind: Option<IgnoredAny>,
@@ -78,6 +80,7 @@ impl Decoder {
             }));
         }
         sink.timings(json::llamacpp_timings(v.get("timings")));
+        sink.prompt_progress(json::llamacpp_prompt_progress(v.get("prompt_progress")));
         if stop {
             sink.done();
         }

@@ -14,7 +14,7 @@
 
 use serde_json::Value;
 
-use crate::decode::event::{OutputChannel, ServerTimings, StreamEvent, Usage};
+use crate::decode::event::{OutputChannel, PromptProgress, ServerTimings, StreamEvent, Usage};
 use crate::decode::ndjson::NdjsonFramer;
 use crate::decode::sse::SseFramer;
 use crate::decode::think::ThinkSplitter;
@@ -389,6 +389,12 @@ impl Sink<'_> {
     pub(crate) fn usage(&mut self, usage: Option<Usage>) {
         if let Some(u) = usage {
             self.out.push(StreamEvent::Usage(u));
+        }
+    }
+
+    pub(crate) fn prompt_progress(&mut self, progress: Option<PromptProgress>) {
+        if let Some(p) = progress {
+            self.out.push(StreamEvent::PromptProgress(p));
         }
     }
 

@@ -66,6 +66,7 @@ impl Decoder {
         let choices = chunk.choices.unwrap_or_default();
         let plain = chunk.usage.is_none()
             && chunk.timings.is_none()
+            && chunk.prompt_progress.is_none()
             && chunk.error.is_none()
             && chunk.kind.is_none()
             && choices.iter().all(|c| {
@@ -141,6 +142,7 @@ struct FastChunk<'a> {
     choices: Option<Vec<FastChoice<'a>>>,
     usage: Option<IgnoredAny>,
     timings: Option<IgnoredAny>,
+    prompt_progress: Option<IgnoredAny>,
     error: Option<IgnoredAny>,
     #[serde(rename = "type")]
     kind: Option<IgnoredAny>,
@@ -191,6 +193,7 @@ pub(super) fn scan_envelope(v: &Value, finished: &mut bool, sink: &mut Sink<'_>)
     }
     sink.usage(json::openai_usage(v.get("usage")));
     sink.timings(json::llamacpp_timings(v.get("timings")));
+    sink.prompt_progress(json::llamacpp_prompt_progress(v.get("prompt_progress")));
 }
 
 /// A real finish reason: a non-empty string other than KoboldCpp's `"null"`.
@@ -236,7 +239,7 @@ fn delta_output(d: &Value, sink: &mut Sink<'_>) {
 #[cfg(test)]
 mod tests {
     use crate::decode::detect::BodyFraming;
-    use crate::decode::event::{OutputChannel, ServerTimings, StreamEvent, Usage};
+    use crate::decode::event::{OutputChannel, PromptProgress, ServerTimings, StreamEvent, Usage};
     use crate::decode::protocols::testing::*;
     use crate::decode::stream::StreamDecoder;
     use crate::model::ApiKind;
@@ -276,6 +279,36 @@ mod tests {
                 StreamEvent::Done,
             ]
         );
+    }
+
+    #[test]
+    fn llamacpp_prompt_progress_on_role_only_chunks_is_the_servers_own_progress() {
+        let (ev, _) = lines(
+            API,
+            None,
+            &[
+                "{\"choices\":[{\"delta\":{\"role\":\"assistant\"}}],\"prompt_progress\":{\"total\":1553,\"cache\":0,\"processed\":512,\"time_ms\":3400.5}}",
+                "{\"choices\":[{\"delta\":{\"role\":\"assistant\"}}],\"prompt_progress\":{\"total\":1553,\"cache\":0,\"processed\":1553,\"time_ms\":10300}}",
+                // Mistyped or impossible: ignored.
+                "{\"choices\":[{\"delta\":{}}],\"prompt_progress\":{\"total\":10,\"processed\":11}}",
+                &chunk("{\"content\":\"Hi\"}"),
+            ],
+        );
+        let progress: Vec<PromptProgress> = ev
+            .iter()
+            .filter_map(|e| match e {
+                StreamEvent::PromptProgress(p) => Some(*p),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(progress.len(), 2);
+        assert_eq!((progress[0].total, progress[0].processed), (1553, 512));
+        assert_eq!(progress[0].time_ms, 3400.5);
+        assert_eq!(progress[1].processed, 1553);
+        assert!(ev.contains(&StreamEvent::Output {
+            channel: OutputChannel::Text,
+            text: "Hi".into()
+        }));
     }
 
     #[test]

@@ -63,7 +63,7 @@ use tokio::time::Instant;
 use super::serial::SerialLearner;
 use super::server::{same_model, LoadedModel, Props, Queue, SlotState};
 use crate::meter::normals::Normals;
-use crate::model::{Placement, Wait, WaitReason};
+use crate::model::{Placement, ProgressSource, Wait, WaitReason};
 
 /// An `/api/ps` answer this late was held by the server: a model loads.
 pub const PS_HELD: Duration = Duration::from_secs(1);
@@ -423,8 +423,16 @@ impl Tracked {
         });
         let rate = observed.or(learned_rate);
         let eta = rate.map(|r| ((total - done) as f64 / r - since_reading).max(0.0).round() as u64);
+        // The server's own total, or the call's calibrated estimate when
+        // that is larger (newer servers count only what was taken in).
+        let source = if total == taken_in {
+            ProgressSource::Server
+        } else {
+            ProgressSource::Estimate
+        };
         Some(Wait {
             progress: Some(round3(done as f64 / total as f64)),
+            progress_source: Some(source),
             eta_ms: eta,
             usual_ms: look
                 .normals
@@ -454,6 +462,7 @@ impl Tracked {
         let total_ms = prompt as f64 / rate;
         Some(Wait {
             progress: Some(round3(progress)),
+            progress_source: Some(ProgressSource::Estimate),
             eta_ms: Some((total_ms - in_prefill).max(0.0).round() as u64),
             usual_ms: warm_usual,
             prompt_tokens: Some(prompt),
@@ -1038,6 +1047,7 @@ mod tests {
         let w = t.explain("r", &view, &normals, ms(t0, 100));
         assert_eq!(w[0].1.reason, WaitReason::Prefilling);
         assert_eq!(w[0].1.progress, Some(0.1));
+        assert_eq!(w[0].1.progress_source, Some(ProgressSource::Server));
         assert_eq!(w[1].1.reason, WaitReason::Queued);
         assert_eq!(w[1].1.position, Some(1));
         // The first call streams, then ends; the second gets the slot.
@@ -1255,8 +1265,35 @@ mod tests {
         let w = t.explain("r", &view, &normals, ms(t0, 1_000));
         assert_eq!(w[0].1.reason, WaitReason::Prefilling);
         assert_eq!(w[0].1.progress, Some(0.25));
+        assert_eq!(w[0].1.progress_source, Some(ProgressSource::Estimate));
         assert_eq!(w[0].1.eta_ms, Some(3_000));
         assert_eq!(w[0].1.usual_ms, Some(4_000));
+    }
+
+    #[test]
+    fn a_slot_progress_over_the_calls_own_estimate_is_labelled_an_estimate() {
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        // The body's calibrated size is 3,000 tokens; the newer server
+        // counts only the 512 taken in so far.
+        t.update(1, None, Some(3_000));
+        let mut view = ServerView {
+            slots: Some(vec![slot(0, true, Some(5), 512, 256)]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 100));
+        let w = t.explain("r", &view, &normals, ms(t0, 100));
+        assert_eq!(w[0].1.prompt_tokens, Some(3_000));
+        assert_eq!(w[0].1.progress_source, Some(ProgressSource::Estimate));
+        // Once the server's own total is the larger, the figures are its.
+        view.slots = Some(vec![slot(0, true, Some(5), 4_000, 1_000)]);
+        t.observe(&view, ms(t0, 600));
+        let w = t.explain("r", &view, &normals, ms(t0, 600));
+        assert_eq!(w[0].1.prompt_tokens, Some(4_000));
+        assert_eq!(w[0].1.progress, Some(0.25));
+        assert_eq!(w[0].1.progress_source, Some(ProgressSource::Server));
     }
 
     /// Runs `pairs` rounds of two calls for `m` on a server without slots:
