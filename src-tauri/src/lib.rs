@@ -505,8 +505,12 @@ async fn follow_events<R: Runtime>(
                     cut.call.model.as_deref(),
                     cut.message(),
                 ),
-                EngineEvent::Speed { call, speed } if json => {
-                    println!("{}", speedtap::model::json_line(call, speed));
+                EngineEvent::Speed {
+                    call,
+                    speed,
+                    seen_by,
+                } if json => {
+                    println!("{}", speedtap::model::json_line(call, speed, *seen_by));
                 }
                 _ => {}
             }

@@ -268,7 +268,7 @@ impl TrayModel {
     /// for the next idle-cadence reading).
     pub fn apply(&mut self, event: &EngineEvent, now: Instant) -> bool {
         match event {
-            EngineEvent::Speed { call, speed } => {
+            EngineEvent::Speed { call, speed, .. } => {
                 if speed.is_final {
                     self.forget(&call.id);
                 } else {
@@ -579,6 +579,7 @@ mod tests {
         EngineEvent::Speed {
             call: ident(id, "qwen3:8b"),
             speed: snap(phase, elapsed_ms, tps),
+            seen_by: speedtap::model::SeenBy::Proxy,
         }
     }
 
