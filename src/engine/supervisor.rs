@@ -379,6 +379,29 @@ impl Handler<AttachStore> for Supervisor {
     }
 }
 
+impl Handler<SeedHour> for Supervisor {
+    type Result = ();
+    /// Stored rates go in as if settled at their own time (an `Instant`
+    /// as far back as their wall-clock age), so they roll out of the hour
+    /// when they would have; each is also a chart point, ahead of the
+    /// readings made since start.
+    fn handle(&mut self, msg: SeedHour, _: &mut Self::Context) {
+        let (now, now_ms) = (Instant::now(), unix_ms(SystemTime::now()));
+        let horizon = now_ms.saturating_sub(CHART_WINDOW.as_millis() as u64);
+        let mut seeded = VecDeque::new();
+        for (t, tps) in msg.0.into_iter().filter(|(t, _)| *t >= horizon) {
+            let age = Duration::from_millis(now_ms.saturating_sub(t));
+            if let Some(at) = now.checked_sub(age) {
+                self.global.record_settled(tps, at);
+            }
+            seeded.push_back(HistoryPoint { t, tps });
+        }
+        seeded.extend(self.chart.drain(..));
+        self.chart = seeded;
+        self.last_stats = self.global.peek(now);
+    }
+}
+
 impl Handler<DetachStore> for Supervisor {
     type Result = Option<Arc<StoreWriter>>;
     fn handle(&mut self, _: DetachStore, _: &mut Self::Context) -> Self::Result {
