@@ -84,8 +84,10 @@ export function launchChromium() {
  * it, the store in a scratch home and `RUN...` added, and waits until the
  * simulator listens, the control API answers and the proxy accepts.
  * Returns `{home, ports: {sim, proxy, api}, api, proxy, diagnostics(),
- * stop()}`; `api` and `proxy` are base URLs, `diagnostics()` the last
- * output of each process, `stop()` ends both and removes the home.
+ * restartRun(), stop()}`; `api` and `proxy` are base URLs, `diagnostics()`
+ * the last output of each process, `restartRun()` stops `speedtap run` and
+ * starts it again on the same store and ports, `stop()` ends both and
+ * removes the home.
  */
 export async function startStack({ name = "speedtap", sim = [], run = [] } = {}) {
   const home = mkdtempSync(join(tmpdir(), `${name}-`));
@@ -127,25 +129,39 @@ export async function startStack({ name = "speedtap", sim = [], run = [] } = {})
     rmSync(home, { recursive: true, force: true });
   };
   const api = `http://127.0.0.1:${apiPort}`;
+  let engine = null;
+  const startRun = async () => {
+    engine = start("run", [
+      "run", "--db", join(home, "speedtap.db"),
+      "--route", `sim=127.0.0.1:${proxyPort}=http://127.0.0.1:${simPort}`,
+      "--api", `127.0.0.1:${apiPort}`,
+      ...run,
+    ]);
+    const started = engine;
+    await waitFor("the control API to answer", async () => {
+      if (started.exited) throw new Error(`speedtap run exited\n${diagnostics()}`);
+      return (await fetch(`${api}/api/v1/stats`)).ok && tcpOpen(proxyPort);
+    });
+  };
+  const restartRun = async () => {
+    const old = engine;
+    await new Promise((ok) => {
+      if (old.exited) return ok();
+      old.child.once("exit", ok);
+      old.child.kill("SIGTERM");
+    });
+    await startRun();
+  };
   try {
     const simulator = start("simulate", ["simulate", "--listen", `127.0.0.1:${simPort}`, ...sim]);
     await waitFor("the simulator to listen", async () => {
       if (simulator.exited) throw new Error(`simulate exited\n${diagnostics()}`);
       return tcpOpen(simPort);
     });
-    const engine = start("run", [
-      "run", "--db", join(home, "speedtap.db"),
-      "--route", `sim=127.0.0.1:${proxyPort}=http://127.0.0.1:${simPort}`,
-      "--api", `127.0.0.1:${apiPort}`,
-      ...run,
-    ]);
-    await waitFor("the control API to answer", async () => {
-      if (engine.exited) throw new Error(`speedtap run exited\n${diagnostics()}`);
-      return (await fetch(`${api}/api/v1/stats`)).ok && tcpOpen(proxyPort);
-    });
+    await startRun();
   } catch (e) {
     await stop();
     throw e;
   }
-  return { home, ports: { sim: simPort, proxy: proxyPort, api: apiPort }, api, proxy: `http://127.0.0.1:${proxyPort}`, diagnostics, stop };
+  return { home, ports: { sim: simPort, proxy: proxyPort, api: apiPort }, api, proxy: `http://127.0.0.1:${proxyPort}`, diagnostics, restartRun, stop };
 }

@@ -3,7 +3,8 @@
 // and 1280×800 each call's model, phase, TTFT and tok/s are on the first
 // screen with no horizontal scrolling, rows are cards below 900 px, column
 // widths hold as rows arrive, headers sort and the pickers filter, each tab
-// keeps its own scroll position and the drawer closes on a tab switch.
+// keeps its own scroll position and the drawer closes on a tab switch, and
+// after a restart the hour's high, low and chart come back from the store.
 //
 // Run from ui/ with `npm run e2e` (after `cargo build --bin speedtap`).
 
@@ -156,5 +157,31 @@ test("each tab keeps its own scroll position and the details drawer closes on a 
   await page.click("#tab-live");
   await page.waitForSelector('body[data-view="live"]');
   assert.equal(await page.evaluate(() => window.scrollY), 300, "Live is back where it was");
+  await page.close();
+});
+
+test("after a restart the hour's high, low and chart come back from the store", async () => {
+  // A call long enough for a settled rate (the ones above are too short).
+  const res = await fetch(`${proxy}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", "x-sim-tokens": "60", "x-sim-tps": "80" },
+    body: JSON.stringify({ model: "m-rate", stream: true, messages: [{ role: "user", content: "layout" }] }),
+  });
+  await res.text();
+  const before = await waitFor("a settled rate", async () => {
+    const s = await (await fetch(`${api}/api/v1/stats`)).json();
+    return s.high ? s : null;
+  });
+  await stack.restartRun();
+  const restarted = await (await fetch(`${api}/api/v1/stats`)).json();
+  assert.deepEqual([restarted.high, restarted.low], [before.high, before.low], "the same hour after the restart");
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 }, deviceScaleFactor: 1 });
+  await page.goto(`${api}/#live`);
+  await waitFor("the hour's high and low", () =>
+    page.evaluate(() => !["", "–"].includes(document.getElementById("g-high").textContent) && !["", "–"].includes(document.getElementById("g-low").textContent)),
+  );
+  await waitFor("the hour chart", () => page.evaluate(() => document.getElementById("chart-empty").hidden));
+  const stats = await (await fetch(`${api}/api/v1/stats`)).json();
+  assert.ok(stats.high >= stats.low && stats.low > 0, JSON.stringify(stats));
   await page.close();
 });
