@@ -194,6 +194,7 @@ fn main() {
         let event = EngineEvent::Speed {
             call: identity(),
             speed: live_snapshot(201),
+            seen_by: speedtap::model::SeenBy::Proxy,
         };
         group.bench_function("sse_speed_frame", |b| {
             b.iter(|| sse::frame(black_box(&event)))

@@ -250,6 +250,49 @@ async fn calls_sent_straight_to_the_server_are_measured_by_capture_in_every_prot
     sim.shutdown().await;
 }
 
+/// Every snapshot of a captured call, the first (awaiting its first
+/// token) included, says the capture saw it: a live view never shows
+/// "proxy" and then "capture".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_call_says_capture_from_its_first_snapshot_to_its_last() {
+    use speedtap::model::{EngineEvent, Phase};
+    let sim = simulator().await;
+    let Some(engine) = capture_engine(&sim.base_url(), false).await else {
+        sim.shutdown().await;
+        return;
+    };
+    let mut rx = engine.handle.subscribe().await;
+    let (path, body, _) = cases()[0];
+    let got = stopwatch_client(sim.local_addr(), path, body).await;
+    assert_eq!(got.status, 200);
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(EngineEvent::Speed {
+                call,
+                speed,
+                seen_by,
+            })) if call.route == "t" => {
+                seen.push((speed.phase, seen_by));
+                if speed.is_final {
+                    break;
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => panic!("no final snapshot; seen {seen:?}"),
+        }
+    }
+    assert_eq!(seen[0].0, Phase::AwaitingFirstToken, "{seen:?}");
+    assert!(seen.len() > 2, "live snapshots too: {seen:?}");
+    assert!(
+        seen.iter().all(|(_, by)| *by == SeenBy::Capture),
+        "{seen:?}"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_through_a_proxy_route_with_capture_on_are_recorded_once() {
     let sim = simulator().await;
@@ -482,7 +525,7 @@ async fn streaming_on(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(EngineEvent::Speed { call, speed }))
+            Ok(Some(EngineEvent::Speed { call, speed, .. }))
                 if call.route == route && speed.output_tokens > 0 =>
             {
                 return

@@ -291,12 +291,13 @@ fn check_snapshot(speed: &Value, ctx: &str) {
     }
 }
 
-/// `{"call": CallIdentity, "speed": Snapshot}`: a `--json` line and an SSE
-/// `speed` frame alike.
+/// `{"call": CallIdentity, "speed": Snapshot, "seen_by": ...}`: a `--json`
+/// line and an SSE `speed` frame alike.
 fn check_speed_event(text: &str, ctx: &str) -> Value {
     let v: Value =
         serde_json::from_str(text).unwrap_or_else(|e| panic!("{ctx}: not JSON ({e}): {text}"));
-    check_keys(&v, &["call", "speed"], &[], ctx);
+    check_keys(&v, &["call", "speed", "seen_by"], &[], ctx);
+    assert_eq!(v["seen_by"], "proxy", "{ctx}: a proxied call");
     check_identity(&v["call"], ctx);
     check_snapshot(&v["speed"], ctx);
     v

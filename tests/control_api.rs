@@ -777,6 +777,7 @@ async fn events_stream_speed_and_stats_until_the_engine_drops_the_subscriber() {
         .send(EngineEvent::Speed {
             call: identity("c-000043", "llamacpp"),
             speed: live_snapshot(),
+            seen_by: speedtap::model::SeenBy::Capture,
         })
         .await
         .unwrap();
@@ -791,7 +792,8 @@ async fn events_stream_speed_and_stats_until_the_engine_drops_the_subscriber() {
 
     let (name, data) = event(&frames[0]);
     assert_eq!(name, "speed");
-    assert_eq!(keys(&data), ["call", "speed"]);
+    assert_eq!(keys(&data), ["call", "seen_by", "speed"]);
+    assert_eq!(data["seen_by"], "capture");
     assert_eq!(
         keys(&data["call"]),
         ["api", "id", "model", "route", "started_at"]

@@ -84,7 +84,7 @@ fn rates(events: &[EngineEvent], id: &str) -> (Vec<Option<f64>>, Readings) {
     let mut global = Vec::new();
     for e in events {
         match e {
-            EngineEvent::Speed { call, speed } if call.id == id && !speed.is_final => {
+            EngineEvent::Speed { call, speed, .. } if call.id == id && !speed.is_final => {
                 live.push(speed.output_tokens_per_second);
             }
             EngineEvent::Stats(s) => global.push((s.tps, s.high)),

@@ -403,6 +403,64 @@ async fn calibration_survives_a_restart_and_the_first_call_after_it_uses_the_sav
     sim.shutdown().await;
 }
 
+/// The hour's high and low and its chart survive a restart: a new engine
+/// on the same file starts from the calls stored in the last hour, and a
+/// fresh file starts empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hours_high_low_and_chart_are_rebuilt_from_the_store_after_a_restart() {
+    let dir = scratch("hour");
+    let db = dir.join("speedtap.sqlite3");
+    let sim = SimServer::start("127.0.0.1:0", SimConfig::default())
+        .await
+        .unwrap();
+    let fast = [
+        ("x-sim-tokens", "150"),
+        ("x-sim-ttft-ms", "20"),
+        ("x-sim-tps", "200"),
+    ];
+    let slow = [
+        ("x-sim-tokens", "40"),
+        ("x-sim-ttft-ms", "20"),
+        ("x-sim-tps", "50"),
+    ];
+    // One call per run (the helper expects one call listed), each run on
+    // the same file.
+    let mut rates = Vec::new();
+    for headers in [&fast[..], &slow[..]] {
+        let engine = engine_on(&db, &sim.base_url()).await;
+        let call = chat_call(&engine, headers).await;
+        rates.push(call.speed.unwrap().output_tokens_per_second.unwrap());
+        engine.shutdown(Duration::from_secs(5)).await;
+    }
+    let (high, low) = (rates[0].max(rates[1]), rates[0].min(rates[1]));
+    assert!(high > low * 2.0, "two distinct rates: {rates:?}");
+
+    let engine = engine_on(&db, &sim.base_url()).await;
+    let stats = engine.handle.stats().await;
+    assert_eq!(
+        (stats.high, stats.low),
+        (Some(high), Some(low)),
+        "{stats:?}"
+    );
+    let chart: Vec<f64> = engine
+        .handle
+        .stats_history()
+        .await
+        .points
+        .iter()
+        .map(|p| p.tps)
+        .collect();
+    assert_eq!(chart, rates, "the stored rates, oldest first");
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    let engine = engine_on(&dir.join("fresh.sqlite3"), &sim.base_url()).await;
+    let stats = engine.handle.stats().await;
+    assert_eq!((stats.high, stats.low), (None, None), "{stats:?}");
+    assert!(engine.handle.stats_history().await.points.is_empty());
+    engine.shutdown(Duration::from_secs(5)).await;
+    sim.shutdown().await;
+}
+
 /// Streams one chat call through the engine's route, its first token
 /// `ttft_ms` after the request, and returns the slow-first-token alarm
 /// raised for it, if any, once it has settled.

@@ -60,7 +60,7 @@ pub(crate) async fn waits_of(
             .unwrap_or_else(|_| panic!("{id} did not settle; saw {seen:?}"))
             .expect("engine events");
         match event {
-            EngineEvent::Speed { call, speed } if call.id == id => {
+            EngineEvent::Speed { call, speed, .. } if call.id == id => {
                 if let (Phase::AwaitingFirstToken, Some(wait)) = (speed.phase, speed.wait) {
                     seen.push(Seen {
                         elapsed_ms: speed.elapsed_ms,
@@ -291,7 +291,7 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
     // and the server run it first (that order is `explain`'s unit test
     // `a_later_call_served_first_takes_the_task_matched_to_the_earlier_one`).
     let first_prefilling = events_until(&mut rx, |e| {
-        matches!(e, EngineEvent::Speed { call, speed }
+        matches!(e, EngineEvent::Speed { call, speed, .. }
             if call.id == "c-000002"
                 && speed.wait.as_ref().is_some_and(|w| w.reason == WaitReason::Prefilling))
     })
@@ -306,7 +306,7 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
     let mut a: Vec<Seen> = first_prefilling
         .iter()
         .filter_map(|e| match e {
-            EngineEvent::Speed { call, speed } if call.id == "c-000002" => {
+            EngineEvent::Speed { call, speed, .. } if call.id == "c-000002" => {
                 speed.wait.clone().map(|wait| Seen {
                     elapsed_ms: speed.elapsed_ms,
                     wait,
@@ -324,7 +324,7 @@ async fn with_one_slot_a_second_call_is_queued_behind_one_then_prefills_with_ris
             .expect("both calls settle")
             .unwrap();
         match event {
-            EngineEvent::Speed { call, speed } if speed.phase == Phase::AwaitingFirstToken => {
+            EngineEvent::Speed { call, speed, .. } if speed.phase == Phase::AwaitingFirstToken => {
                 if let Some(wait) = speed.wait {
                     let s = Seen {
                         elapsed_ms: speed.elapsed_ms,
@@ -693,7 +693,7 @@ async fn waits_until_settled(
             .unwrap_or_else(|_| panic!("{n} calls did not settle; saw {seen:?}"))
             .expect("engine events");
         match event {
-            EngineEvent::Speed { call, speed } => {
+            EngineEvent::Speed { call, speed, .. } => {
                 if let (Phase::AwaitingFirstToken, Some(wait)) = (speed.phase, speed.wait) {
                     seen.entry(call.id).or_default().push(Seen {
                         elapsed_ms: speed.elapsed_ms,
@@ -787,7 +787,7 @@ async fn an_ollama_like_serial_server_queues_the_second_call_behind_the_first() 
     let first = tokio::spawn(send_with(addr, "POST", "/api/chat", body.clone(), long));
     let first_id = "c-000007";
     events_until(&mut rx, |e| {
-        matches!(e, EngineEvent::Speed { call, speed }
+        matches!(e, EngineEvent::Speed { call, speed, .. }
             if call.id == first_id && speed.phase == Phase::Responding)
     })
     .await;

@@ -249,7 +249,7 @@ let opened = false;
 let everOpened = false;
 const firstLoad = new Promise((resolve) => {
   source.subscribe({
-    speed: (p) => dispatch({ type: "speed", call: p.call, speed: p.speed }),
+    speed: (p) => dispatch({ type: "speed", call: p.call, speed: p.speed, seen_by: p.seen_by }),
     settled: (call) => {
       dispatch({ type: "settled", call });
       historyView.noteSettled();

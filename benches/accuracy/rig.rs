@@ -119,7 +119,7 @@ impl Rig {
         let settled = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.events.recv()).await {
-                Ok(Some(EngineEvent::Speed { call, speed })) => speeds.push((call.id, speed)),
+                Ok(Some(EngineEvent::Speed { call, speed, .. })) => speeds.push((call.id, speed)),
                 Ok(Some(EngineEvent::Settled(call))) => break call,
                 Ok(Some(_)) => {}
                 Ok(None) => panic!("the engine dropped the subscription"),

@@ -40,9 +40,14 @@ pub fn payload(event: &EngineEvent) -> serde_json::Value {
         serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
     }
     match event {
-        EngineEvent::Speed { call, speed } => value(&SpeedEvent {
+        EngineEvent::Speed {
+            call,
+            speed,
+            seen_by,
+        } => value(&SpeedEvent {
             call: call.clone(),
             speed: speed.clone(),
+            seen_by: *seen_by,
         }),
         EngineEvent::Stats(stats) => value(stats),
         EngineEvent::Settled(call) => value(call),
@@ -95,6 +100,7 @@ mod tests {
                 token_source: TokenSource::Estimated,
                 wait: None,
             },
+            seen_by: speedtap::model::SeenBy::Capture,
         };
         assert_eq!(name(&ev), "speed");
         assert_eq!(
@@ -104,7 +110,8 @@ mod tests {
                          "model": "qwen3:8b", "started_at": "2026-11-30T10:42:07.123Z"},
                 "speed": {"phase": "responding", "is_final": false, "elapsed_ms": 800,
                           "time_to_first_token_ms": 312, "output_tokens": 20,
-                          "output_tokens_per_second": 41.7, "token_source": "estimated"}
+                          "output_tokens_per_second": 41.7, "token_source": "estimated"},
+                "seen_by": "capture"
             })
         );
     }

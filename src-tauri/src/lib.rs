@@ -43,6 +43,7 @@ mod tray;
 pub mod tray_extras;
 pub mod tray_model;
 pub mod window;
+pub mod window_state;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -403,7 +404,19 @@ pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<A
             app_commands::get_autostart,
             app_commands::set_autostart,
         ])
-        .on_window_event(|_window, event| {
+        .on_window_event(|window, event| {
+            // Where the window is as it closes is where it opens next.
+            if let WindowEvent::CloseRequested { .. } = event {
+                if let Some(geometry) = window_state::Geometry::of(window) {
+                    let path = window_state::default_path();
+                    if let Err(e) = window_state::save(&path, geometry) {
+                        tracing::warn!(
+                            "cannot remember the window's place in {}: {e}",
+                            path.display()
+                        );
+                    }
+                }
+            }
             // Closing the window destroys it (and its web process);
             // the app stays in the tray (`on_run_event`).
             if let WindowEvent::Destroyed = event {
@@ -505,8 +518,12 @@ async fn follow_events<R: Runtime>(
                     cut.call.model.as_deref(),
                     cut.message(),
                 ),
-                EngineEvent::Speed { call, speed } if json => {
-                    println!("{}", speedtap::model::json_line(call, speed));
+                EngineEvent::Speed {
+                    call,
+                    speed,
+                    seen_by,
+                } if json => {
+                    println!("{}", speedtap::model::json_line(call, speed, *seen_by));
                 }
                 _ => {}
             }

@@ -285,7 +285,7 @@ impl TrayModel {
     /// for the next idle-cadence reading).
     pub fn apply(&mut self, event: &EngineEvent, now: Instant) -> bool {
         match event {
-            EngineEvent::Speed { call, speed } => {
+            EngineEvent::Speed { call, speed, .. } => {
                 if speed.is_final {
                     self.forget(&call.id);
                 } else {
@@ -419,8 +419,10 @@ impl TrayModel {
     pub fn view(&self, now: Instant, inputs: &ViewInputs<'_>) -> TrayView {
         let mut menu = Vec::new();
         let mut calls: Vec<&Active> = self.active.values().collect();
-        // Longest-running first: the ones a user is most likely wondering about.
-        calls.sort_by_key(|a| std::cmp::Reverse(Self::elapsed_ms(a, now)));
+        // Longest-running first: the ones a user is most likely wondering
+        // about. Ordered by when each was dispatched, which no snapshot
+        // changes, so the menu keeps its order as their snapshots arrive.
+        calls.sort_by(|a, b| dispatch_order(&a.call).cmp(&dispatch_order(&b.call)));
         if calls.is_empty() {
             menu.push(MenuEntry::new(
                 ID_NO_CALLS,
@@ -480,10 +482,6 @@ impl TrayModel {
         }
     }
 
-    fn elapsed_ms(a: &Active, now: Instant) -> u64 {
-        a.speed.elapsed_ms + since(a, now)
-    }
-
     /// The longest stall now, with its call.
     fn longest_stall(&self, now: Instant) -> Option<u64> {
         self.active
@@ -532,6 +530,13 @@ fn alive(a: &Active, now: Instant) -> bool {
 /// `12 s`: whole seconds, rounded down.
 fn whole_seconds(ms: u64) -> String {
     format!("{} s", ms / 1000)
+}
+
+/// A call's place in dispatch order: its wall-clock start (RFC 3339 UTC,
+/// which sorts as text), then its id (numbered in dispatch order; the
+/// length first, so `c-1000000` follows `c-999999`).
+fn dispatch_order(call: &CallIdentity) -> (&str, usize, &str) {
+    (call.started_at.as_str(), call.id.len(), call.id.as_str())
 }
 
 /// One followed server in the menu: its name and how it is measured, e.g.
@@ -664,6 +669,7 @@ mod tests {
         EngineEvent::Speed {
             call: ident(id, "qwen3:8b"),
             speed: snap(phase, elapsed_ms, tps),
+            seen_by: speedtap::model::SeenBy::Proxy,
         }
     }
 
@@ -1165,15 +1171,54 @@ mod tests {
         assert_eq!(m.view(t0, &INPUTS).state, TrayState::Idle);
     }
 
+    /// A snapshot of a call dispatched at second `second` of a minute.
+    fn speed_started(id: &str, second: u64, elapsed_ms: u64) -> EngineEvent {
+        let mut call = ident(id, "qwen3:8b");
+        call.started_at = format!("2026-11-30T10:42:{second:02}.000Z");
+        EngineEvent::Speed {
+            call,
+            speed: snap(Phase::Responding, elapsed_ms, Some(10.0)),
+            seen_by: speedtap::model::SeenBy::Proxy,
+        }
+    }
+
+    fn menu_calls(m: &TrayModel, now: Instant) -> Vec<String> {
+        m.view(now, &INPUTS)
+            .menu
+            .into_iter()
+            .filter(|e| e.id.starts_with(ID_CALL_PREFIX))
+            .map(|e| e.id)
+            .collect()
+    }
+
+    #[test]
+    fn the_menu_keeps_its_calls_in_start_order_over_ten_updates() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        let started = [("c-000001", 10), ("c-000002", 11), ("c-000003", 11)];
+        let expected = ["call:c-000001", "call:c-000002", "call:c-000003"];
+        for update in 0..10u64 {
+            let now = t0 + std::time::Duration::from_millis(update * 250);
+            // Snapshots come in a different order each round, and their
+            // elapsed times jitter (each is stamped when its call's actor
+            // published), so an order by elapsed time would swap rows.
+            for k in 0..started.len() {
+                let (id, second) = started[(k + update as usize) % started.len()];
+                let jitter = (update * 37 + k as u64 * 101) % 400;
+                let elapsed = (20 - second) * 1000 + update * 250 + jitter;
+                m.apply(&speed_started(id, second, elapsed), now);
+            }
+            assert_eq!(menu_calls(&m, now), expected, "update {update}");
+        }
+    }
+
     #[test]
     fn many_calls_are_capped_longest_running_first() {
         let t0 = Instant::now();
         let mut m = TrayModel::new();
         for i in 0..11u64 {
-            m.apply(
-                &speed(&format!("c-{i:02}"), Phase::Responding, i * 100, Some(10.0)),
-                t0,
-            );
+            // c-10 was dispatched first.
+            m.apply(&speed_started(&format!("c-{i:02}"), 30 - i, i * 100), t0);
         }
         let v = m.view(t0, &INPUTS);
         let calls: Vec<&str> = v

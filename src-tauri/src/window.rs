@@ -12,6 +12,7 @@
 
 use tauri::{AppHandle, Manager, Runtime, WebviewUrl, WebviewWindowBuilder};
 
+use crate::window_state::{self, DEFAULT_SIZE, MIN_SIZE};
 use crate::MAIN_WINDOW;
 
 /// The window's title (the desktop tests find it by this name).
@@ -26,11 +27,17 @@ pub fn open<R: Runtime>(app: &AppHandle<R>) {
         let _ = window.set_focus();
         return;
     }
-    let built = WebviewWindowBuilder::new(app, MAIN_WINDOW, WebviewUrl::App("index.html".into()))
-        .title(TITLE)
-        .inner_size(1180.0, 760.0)
-        .min_inner_size(640.0, 420.0)
-        .build();
+    let (width, height) = DEFAULT_SIZE;
+    let mut builder =
+        WebviewWindowBuilder::new(app, MAIN_WINDOW, WebviewUrl::App("index.html".into()))
+            .title(TITLE)
+            .inner_size(width, height)
+            .min_inner_size(MIN_SIZE.0, MIN_SIZE.1);
+    // Where the user left it, when that is remembered.
+    if let Some(g) = window_state::load(&window_state::default_path()) {
+        builder = builder.inner_size(g.width, g.height).position(g.x, g.y);
+    }
+    let built = builder.build();
     match built {
         Ok(window) => {
             let _ = window.set_focus();

@@ -36,11 +36,16 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// The SSE frame for one engine event: `event: NAME\ndata: JSON\n\n`.
 pub fn frame(event: &EngineEvent) -> String {
     match event {
-        EngineEvent::Speed { call, speed } => encode(
+        EngineEvent::Speed {
+            call,
+            speed,
+            seen_by,
+        } => encode(
             "speed",
             &SpeedEvent {
                 call: call.clone(),
                 speed: speed.clone(),
+                seen_by: *seen_by,
             },
         ),
         EngineEvent::Stats(stats) => encode("stats", stats),
@@ -148,8 +153,10 @@ mod tests {
         let speed = frame(&EngineEvent::Speed {
             call: identity(),
             speed: snapshot(),
+            seen_by: crate::model::SeenBy::Capture,
         });
         let v = data_of(&speed, "speed");
+        assert_eq!(v["seen_by"], "capture");
         assert_eq!(v["call"]["id"], "c-000001");
         assert_eq!(v["call"]["api"], "ollama_chat");
         assert_eq!(v["speed"]["phase"], "responding");

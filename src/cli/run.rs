@@ -63,8 +63,12 @@ async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json
             let mut next = Some(event);
             while let Some(event) = next.take() {
                 match &event {
-                    EngineEvent::Speed { call, speed } => {
-                        batch.push_str(&json_line(call, speed));
+                    EngineEvent::Speed {
+                        call,
+                        speed,
+                        seen_by,
+                    } => {
+                        batch.push_str(&json_line(call, speed, *seen_by));
                         batch.push('\n');
                     }
                     EngineEvent::SlowFirstToken(slow) => {

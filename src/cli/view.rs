@@ -94,7 +94,7 @@ impl TerminalView {
     /// Takes one engine event into the view's state.
     pub fn apply(&mut self, event: &EngineEvent) {
         match event {
-            EngineEvent::Speed { call, speed } => {
+            EngineEvent::Speed { call, speed, .. } => {
                 if self.recent_settled.contains(&call.id) {
                     return;
                 }
@@ -325,7 +325,7 @@ fn stats_line(stats: Option<&Stats>, live_calls: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{json_line, ApiKind, SpeedEvent, TokenSource};
+    use crate::model::{json_line, ApiKind, SeenBy, SpeedEvent, TokenSource};
 
     fn ident(id: &str, model: Option<&str>) -> CallIdentity {
         CallIdentity {
@@ -370,6 +370,7 @@ mod tests {
         EngineEvent::Speed {
             call: ident(id, Some("qwen3:8b")),
             speed: s,
+            seen_by: SeenBy::Proxy,
         }
     }
 
@@ -418,7 +419,7 @@ mod tests {
     fn json_line_is_the_sse_speed_payload() {
         let call = ident("c-000042", Some("qwen3:8b"));
         let snap = responding(201, 41.7);
-        let line = json_line(&call, &snap);
+        let line = json_line(&call, &snap, SeenBy::Capture);
         assert!(!line.contains('\n'));
 
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -427,7 +428,8 @@ mod tests {
             k.sort();
             k
         };
-        assert_eq!(keys(&v), ["call", "speed"]);
+        assert_eq!(keys(&v), ["call", "seen_by", "speed"]);
+        assert_eq!(v["seen_by"], "capture");
         assert_eq!(
             keys(&v["call"]),
             ["api", "id", "model", "route", "started_at"]
@@ -449,11 +451,19 @@ mod tests {
         assert_eq!(v["speed"]["output_tokens_per_second"], 41.7);
 
         let back: SpeedEvent = serde_json::from_str(&line).unwrap();
-        assert_eq!(back, SpeedEvent { call, speed: snap });
+        assert_eq!(
+            back,
+            SpeedEvent {
+                call,
+                speed: snap,
+                seen_by: SeenBy::Capture
+            }
+        );
 
         // Absent numbers are absent, not zero.
         let v: serde_json::Value =
-            serde_json::from_str(&json_line(&ident("c-1", None), &waiting(10))).unwrap();
+            serde_json::from_str(&json_line(&ident("c-1", None), &waiting(10), SeenBy::Proxy))
+                .unwrap();
         assert!(v["speed"].get("time_to_first_token_ms").is_none());
         assert!(v["speed"].get("output_tokens_per_second").is_none());
         assert!(v["call"].get("model").is_none());
@@ -494,6 +504,7 @@ mod tests {
         view.apply(&EngineEvent::Speed {
             call: ident("c-1", None),
             speed: waiting(1500),
+            seen_by: SeenBy::Proxy,
         });
         let frame = view.render(Instant::now()).unwrap();
         let l = lines(&frame);
@@ -619,6 +630,7 @@ mod tests {
         narrow.apply(&EngineEvent::Speed {
             call: ident("c-1", Some("a-very-long-model-name-that-goes-on:70b")),
             speed: responding(1, 1.0),
+            seen_by: SeenBy::Proxy,
         });
         for l in lines(&narrow.render(t0).unwrap()) {
             assert!(l.chars().count() <= 39, "{l:?}");

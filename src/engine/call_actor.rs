@@ -1393,7 +1393,7 @@ mod tests {
             flush().await;
             let mut waiting = Vec::new();
             while let Ok(event) = h.events.try_recv() {
-                if let EngineEvent::Speed { call, speed } = event {
+                if let EngineEvent::Speed { call, speed, .. } = event {
                     waiting.push((call.model, speed.elapsed_ms));
                 }
             }
@@ -1415,7 +1415,7 @@ mod tests {
             h.at(11_000).await;
             let mut sent = Vec::new();
             while let Ok(event) = h.events.try_recv() {
-                if let EngineEvent::Speed { call, speed } = event {
+                if let EngineEvent::Speed { call, speed, .. } = event {
                     assert_eq!(speed.phase, Phase::AwaitingFirstToken);
                     sent.push((call.model, speed));
                 }

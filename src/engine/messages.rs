@@ -317,6 +317,13 @@ pub struct SetNotificationsPaused(pub bool);
 #[rtype(result = "()")]
 pub struct AttachStore(pub std::sync::Arc<crate::store::StoreWriter>);
 
+/// The last hour's settled rates from the store, at start: (settle time
+/// in unix ms, the call's settled decode rate), oldest first. The hour's
+/// high and low and the chart start from them instead of from nothing.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SeedHour(pub Vec<(u64, f64)>);
+
 /// Take the writer back (shutdown), after which calls settle in memory.
 #[derive(Message)]
 #[rtype(result = "Option<std::sync::Arc<crate::store::StoreWriter>>")]

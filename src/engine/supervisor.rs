@@ -24,7 +24,7 @@ use crate::meter::calibration::CalibrationTable;
 use crate::meter::global::{GlobalMeter, ACTIVE_CADENCE};
 use crate::model::Stats;
 use crate::model::TokenSource;
-use crate::model::{ApiKind, Call, CallStatus, EngineEvent};
+use crate::model::{ApiKind, Call, CallStatus, EngineEvent, SeenBy};
 use crate::model::{HistoryDoc, HistoryPoint};
 use crate::store::StoreWriter;
 
@@ -272,6 +272,7 @@ impl Handler<CallOpened> for Supervisor {
             self.broadcast(EngineEvent::Speed {
                 call: msg.call.identity.clone(),
                 speed,
+                seen_by: msg.call.details.seen_by,
             });
         }
         self.active.insert(msg.seq, msg.call);
@@ -287,13 +288,18 @@ impl Handler<CallProgress> for Supervisor {
             self.global
                 .observe(msg.seq, msg.speed.output_tokens_per_second, estimated, at);
         }
+        // The interceptor is the one `CallOpened` named: the actor sends
+        // that before any progress, on the same mailbox.
+        let mut seen_by = SeenBy::default();
         if let Some(call) = self.active.get_mut(&msg.seq) {
             call.identity = msg.identity.clone();
             call.speed = Some(msg.speed.clone());
+            seen_by = call.details.seen_by;
         }
         self.broadcast(EngineEvent::Speed {
             call: msg.identity,
             speed: msg.speed,
+            seen_by,
         });
         if !was_active && self.global.is_active(Instant::now()) {
             // Leave the idle cadence at once: the first reading of a burst
@@ -326,6 +332,7 @@ impl Handler<CallClosed> for Supervisor {
             self.broadcast(EngineEvent::Speed {
                 call: msg.call.identity.clone(),
                 speed,
+                seen_by: msg.call.details.seen_by,
             });
         }
         if msg.call.details.relay.is_some() {
@@ -369,6 +376,29 @@ impl Handler<AttachStore> for Supervisor {
     type Result = ();
     fn handle(&mut self, msg: AttachStore, _: &mut Self::Context) {
         self.store = Some(msg.0);
+    }
+}
+
+impl Handler<SeedHour> for Supervisor {
+    type Result = ();
+    /// Stored rates go in as if settled at their own time (an `Instant`
+    /// as far back as their wall-clock age), so they roll out of the hour
+    /// when they would have; each is also a chart point, ahead of the
+    /// readings made since start.
+    fn handle(&mut self, msg: SeedHour, _: &mut Self::Context) {
+        let (now, now_ms) = (Instant::now(), unix_ms(SystemTime::now()));
+        let horizon = now_ms.saturating_sub(CHART_WINDOW.as_millis() as u64);
+        let mut seeded = VecDeque::new();
+        for (t, tps) in msg.0.into_iter().filter(|(t, _)| *t >= horizon) {
+            let age = Duration::from_millis(now_ms.saturating_sub(t));
+            if let Some(at) = now.checked_sub(age) {
+                self.global.record_settled(tps, at);
+            }
+            seeded.push_back(HistoryPoint { t, tps });
+        }
+        seeded.extend(self.chart.drain(..));
+        self.chart = seeded;
+        self.last_stats = self.global.peek(now);
     }
 }
 

@@ -15,13 +15,13 @@ use tokio::task::JoinSet;
 
 use crate::config::{self};
 use crate::engine::link::EngineLink;
-use crate::engine::messages::{AttachStore, Persisted};
+use crate::engine::messages::{AttachStore, Persisted, SeedHour};
 use crate::engine::metrics::otlp::{start_otlp_exporter, OtlpExporter};
 use crate::engine::metrics::Metrics;
 use crate::engine::notifier::{Notifier, SlowFirstTokenHook};
 use crate::engine::supervisor::Supervisor;
 use crate::meter::calibration::CalibrationTable;
-use crate::model::{BoundRoute, CaptureDoc, RouteSpec};
+use crate::model::{BoundRoute, CallStatus, CaptureDoc, HistoryFilter, RouteSpec};
 use crate::store::{Store, StoreWriter};
 
 use super::*;
@@ -236,6 +236,9 @@ async fn attach_store(
     store: Store,
     options: &EngineOptions,
 ) {
+    actors
+        .supervisor
+        .do_send(SeedHour(hour_of_settled_rates(&store, unix_ms_now())));
     let supervisor = actors.supervisor.clone();
     let writer = Arc::new(StoreWriter::spawn(
         store,
@@ -249,6 +252,36 @@ async fn attach_store(
         shared.stop.clone(),
     );
     shared.servers.lock().await.spawn(prune);
+}
+
+/// The stored `ok` calls settled in the hour before `now_ms` with a
+/// settled rate, as (settle time in unix ms, rate), oldest first: what the
+/// hour's high, low and chart were made of before this start. A store that
+/// can't be read seeds nothing (the hour starts empty, as it did before).
+fn hour_of_settled_rates(store: &Store, now_ms: u64) -> Vec<(u64, f64)> {
+    let hour = crate::engine::supervisor::CHART_WINDOW.as_millis() as u64;
+    let filter = HistoryFilter {
+        // Started up to an hour before the window, settled within it.
+        since_ms: Some(now_ms.saturating_sub(2 * hour)),
+        status: Some(CallStatus::Ok),
+        limit: Some(crate::model::MAX_LIMIT),
+        ..HistoryFilter::default()
+    };
+    let calls = store.history(&filter).unwrap_or_default();
+    let mut rates: Vec<(u64, f64)> = calls
+        .iter()
+        .filter_map(|call| {
+            let rate = call.speed.as_ref()?.output_tokens_per_second?;
+            let settled = humantime::parse_rfc3339(call.details.settled_at.as_deref()?).ok()?;
+            let t = settled
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()?
+                .as_millis() as u64;
+            (t + hour >= now_ms && t <= now_ms).then_some((t, rate))
+        })
+        .collect();
+    rates.sort_by_key(|(t, _)| *t);
+    rates
 }
 
 /// Prunes the store now and every [`PRUNE_EVERY`] (calls older than

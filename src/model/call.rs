@@ -202,6 +202,9 @@ pub enum EngineEvent {
         call: CallIdentity,
         /// The snapshot.
         speed: Snapshot,
+        /// Which interceptor sees the call: fixed from its first snapshot,
+        /// so a live view never has to guess.
+        seen_by: SeenBy,
     },
     /// A call ended; the full record with its final status.
     Settled(Call),
@@ -216,22 +219,28 @@ pub enum EngineEvent {
     Servers(super::servers::ServersDoc),
 }
 
-/// The `data` of an SSE `event: speed`: `{"call": CallIdentity, "speed": Snapshot}`.
+/// The `data` of an SSE `event: speed`: `{"call": CallIdentity, "speed":
+/// Snapshot, "seen_by": "proxy" | "capture"}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SpeedEvent {
     /// The call the snapshot belongs to.
     pub call: CallIdentity,
     /// The snapshot.
     pub speed: Snapshot,
+    /// Which interceptor sees the call, from its first snapshot on (events
+    /// of older engines, without it, were the proxy's).
+    #[serde(default)]
+    pub seen_by: SeenBy,
 }
 
 /// One `--json` line (without the newline) for a published snapshot: the
-/// same `{"call": CallIdentity, "speed": Snapshot}` as the SSE `speed`
-/// event's data, so scripts can consume either.
-pub fn json_line(call: &CallIdentity, speed: &Snapshot) -> String {
+/// same `{"call": CallIdentity, "speed": Snapshot, "seen_by": ...}` as the
+/// SSE `speed` event's data, so scripts can consume either.
+pub fn json_line(call: &CallIdentity, speed: &Snapshot, seen_by: SeenBy) -> String {
     let event = SpeedEvent {
         call: call.clone(),
         speed: speed.clone(),
+        seen_by,
     };
     // Plain strings, integers, booleans and finite-or-null floats: this
     // serialisation has no failure mode.

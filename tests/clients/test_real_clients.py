@@ -91,7 +91,8 @@ def test_json_lines_follow_the_contract(stack):
     lines = [json.loads(l) for l in (stack.tmp / "run.jsonl").read_text().splitlines() if l]
     assert lines, "no --json output"
     for line in lines:
-        assert set(line) == {"call", "speed"}
+        assert set(line) == {"call", "speed", "seen_by"}
+        assert line["seen_by"] == "proxy"
         assert line["call"]["id"] == call["id"]
         assert line["speed"]["phase"] in (
             "awaiting_first_token", "reasoning", "responding", "calling_tool", "complete")

@@ -17,108 +17,24 @@
 
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
-import net from "node:net";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
 import { chromium } from "playwright-core";
+import { BIN, CHROMIUM, CHROMIUM_ARGS, freePort, SOON, startStack, UI, waitFor } from "./harness.mjs";
 
-const UI = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const BIN = process.env.SPEEDTAP_BIN ? resolve(process.env.SPEEDTAP_BIN) : resolve(UI, "../target/debug/speedtap");
-const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const OUT = join(UI, "e2e", "out");
 const DASH = "\u2013";
-/** Deadline for anything the page or the engine should do "soon". */
-const SOON = 15_000;
-
-const CHROMIUM_ARGS = [
-  "--headless",
-  "--no-sandbox",
-  "--disable-gpu",
-  "--disable-quic",
-  "--no-first-run",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-];
 
 // ---- harness -------------------------------------------------------------
 
+/** The stack's home and ports: `{home, sim, proxy, api}`. */
 const env = {};
-const children = [];
+let stack = null;
 let browser = null;
 let page = null;
 const pageErrors = [];
 const probes = {};
-
-function freePort() {
-  return new Promise((ok, fail) => {
-    const srv = net.createServer();
-    srv.unref();
-    srv.on("error", fail);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => ok(port));
-    });
-  });
-}
-
-/** Polls `check` until it returns a truthy value; fails at the deadline with `what` and the last value. */
-async function waitFor(what, check, timeout = SOON) {
-  const deadline = Date.now() + timeout;
-  let last;
-  for (;;) {
-    try {
-      last = await check();
-      if (last) return last;
-    } catch (e) {
-      last = e;
-    }
-    if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeout} ms waiting for ${what}; last: ${last instanceof Error ? last.message : JSON.stringify(last)}`);
-    }
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-function start(name, args) {
-  const child = spawn(BIN, args, {
-    env: { ...process.env, HOME: env.home, XDG_CONFIG_HOME: join(env.home, "config"), XDG_DATA_HOME: join(env.home, "data"), RUST_LOG: "warn" },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  const log = [];
-  const keep = (chunk) => {
-    log.push(chunk.toString());
-    if (log.length > 200) log.shift();
-  };
-  child.stdout.on("data", keep);
-  child.stderr.on("data", keep);
-  const proc = { name, child, log, exited: null };
-  child.on("exit", (code, signal) => {
-    proc.exited = { code, signal };
-  });
-  children.push(proc);
-  return proc;
-}
-
-function diagnostics() {
-  return children
-    .map((p) => `--- ${p.name} (${p.exited ? `exited ${JSON.stringify(p.exited)}` : "running"}):\n${p.log.join("").slice(-2000)}`)
-    .join("\n");
-}
-
-function tcpOpen(port) {
-  return new Promise((ok) => {
-    const s = net.connect(port, "127.0.0.1");
-    s.once("connect", () => {
-      s.destroy();
-      ok(true);
-    });
-    s.once("error", () => ok(false));
-  });
-}
 
 const api = (path) => `http://127.0.0.1:${env.api}${path}`;
 
@@ -205,28 +121,15 @@ function parseMs(text) {
 before(async () => {
   assert.ok(existsSync(BIN), `no speedtap binary at ${BIN}: run \`cargo build --bins\` at the crate root, or set SPEEDTAP_BIN`);
   assert.ok(existsSync(CHROMIUM), `no Chromium at ${CHROMIUM}: apt-get install -y chromium, or set CHROMIUM`);
-  env.home = mkdtempSync(join(tmpdir(), "speedtap-e2e-"));
-  mkdirSync(join(env.home, "config"));
-  mkdirSync(join(env.home, "data"));
   mkdirSync(OUT, { recursive: true });
-  [env.sim, env.proxy, env.api] = await Promise.all([freePort(), freePort(), freePort()]);
-
-  const sim = start("simulate", ["simulate", "--listen", `127.0.0.1:${env.sim}`, "--tps", "40", "--tokens", "40"]);
-  await waitFor("the simulator to listen", async () => {
-    if (sim.exited) throw new Error(`simulate exited\n${diagnostics()}`);
-    return tcpOpen(env.sim);
-  });
-  const run = start("run", [
-    "run", "--db", join(env.home, "speedtap.db"), "--json",
-    "--route", `sim=127.0.0.1:${env.proxy}=http://127.0.0.1:${env.sim}`,
-    "--api", `127.0.0.1:${env.api}`,
+  stack = await startStack({
+    name: "speedtap-e2e",
+    sim: ["--tps", "40", "--tokens", "40"],
     // Low, so the slow call below raises slow_first_token while it waits.
-    "--slow-ttft-ms", "800",
-  ]);
-  await waitFor("the control API to answer", async () => {
-    if (run.exited) throw new Error(`speedtap run exited\n${diagnostics()}`);
-    return (await statusOf("/api/v1/stats")) === 200 && tcpOpen(env.proxy);
+    run: ["--json", "--slow-ttft-ms", "800"],
   });
+  env.home = stack.home;
+  Object.assign(env, stack.ports);
 
   // Which of the newer endpoints this engine has (404 = not yet).
   probes.routes = await statusOf("/api/v1/routes");
@@ -251,17 +154,7 @@ before(async () => {
 
 after(async () => {
   await browser?.close().catch(() => {});
-  await Promise.all(
-    children.map(
-      (p) =>
-        new Promise((ok) => {
-          if (p.exited) return ok();
-          p.child.once("exit", ok);
-          p.child.kill("SIGTERM");
-        }),
-    ),
-  );
-  if (env.home) rmSync(env.home, { recursive: true, force: true });
+  await stack?.stop();
 });
 
 /** Skips `t` when an endpoint it needs answered 404; returns true if skipped. */

@@ -3,52 +3,23 @@
 // and 1280×800 each call's model, phase, TTFT and tok/s are on the first
 // screen with no horizontal scrolling, rows are cards below 900 px, column
 // widths hold as rows arrive, headers sort and the pickers filter, each tab
-// keeps its own scroll position and the drawer closes on a tab switch.
+// keeps its own scroll position and the drawer closes on a tab switch, and
+// after a restart the hour's high, low and chart come back from the store.
 //
 // Run from ui/ with `npm run e2e` (after `cargo build --bin speedtap`).
 
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync } from "node:fs";
-import net from "node:net";
-import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
-import { chromium } from "playwright-core";
+import { existsSync } from "node:fs";
+import { BIN, launchChromium, startStack, waitFor as waitUntil } from "./harness.mjs";
 
-const UI = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const BIN = process.env.SPEEDTAP_BIN ? resolve(process.env.SPEEDTAP_BIN) : resolve(UI, "../target/debug/speedtap");
-const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
-const SOON = 20_000;
-
-const children = [];
+let stack = null;
 let browser = null;
 let api = "";
 let proxy = "";
 
-function freePort() {
-  return new Promise((ok, fail) => {
-    const srv = net.createServer();
-    srv.on("error", fail);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => ok(port));
-    });
-  });
-}
-
-/** Polls `check` until it returns a truthy value; fails at the deadline naming `what`. */
-async function waitFor(what, check, timeout = SOON) {
-  const deadline = Date.now() + timeout;
-  let last;
-  for (;;) {
-    last = await check().catch((e) => e);
-    if (last && !(last instanceof Error)) return last;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}; last: ${last instanceof Error ? last.message : JSON.stringify(last)}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
+/** The harness's poll, with this suite's longer deadline (several calls load). */
+const waitFor = (what, check, timeout = 20_000) => waitUntil(what, check, timeout);
 
 async function call(model) {
   const res = await fetch(`${proxy}/v1/chat/completions`, {
@@ -62,28 +33,17 @@ async function call(model) {
 
 before(async () => {
   assert.ok(existsSync(BIN), `no speedtap binary at ${BIN}`);
-  const home = mkdtempSync(join(tmpdir(), "speedtap-layout-"));
-  const [sim, proxyPort, apiPort] = await Promise.all([freePort(), freePort(), freePort()]);
-  const env = { ...process.env, HOME: home, XDG_CONFIG_HOME: join(home, "c"), XDG_DATA_HOME: join(home, "d"), RUST_LOG: "warn" };
-  children.push(spawn(BIN, ["simulate", "--listen", `127.0.0.1:${sim}`, "--tps", "200", "--tokens", "20"], { env, stdio: "ignore" }));
-  children.push(
-    spawn(BIN, ["run", "--db", join(home, "s.db"), "--route", `sim=127.0.0.1:${proxyPort}=http://127.0.0.1:${sim}`, "--api", `127.0.0.1:${apiPort}`], {
-      env,
-      stdio: "ignore",
-    }),
-  );
-  api = `http://127.0.0.1:${apiPort}`;
-  proxy = `http://127.0.0.1:${proxyPort}`;
-  await waitFor("the control API", async () => (await fetch(`${api}/api/v1/stats`)).ok);
-  await waitFor("the proxy", async () => (await fetch(`${proxy}/`).then(() => true)));
+  stack = await startStack({ name: "speedtap-layout", sim: ["--tps", "200", "--tokens", "20"] });
+  api = stack.api;
+  proxy = stack.proxy;
   // Models whose order by name differs from their order by time.
   for (const model of ["m-b", "m-a", "m-c", "m-a"]) await call(model);
-  browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox", "--disable-gpu"] });
+  browser = await launchChromium();
 });
 
 after(async () => {
   await browser?.close().catch(() => {});
-  for (const child of children) child.kill("SIGTERM");
+  await stack?.stop();
 });
 
 async function open(width, height) {
@@ -197,5 +157,31 @@ test("each tab keeps its own scroll position and the details drawer closes on a 
   await page.click("#tab-live");
   await page.waitForSelector('body[data-view="live"]');
   assert.equal(await page.evaluate(() => window.scrollY), 300, "Live is back where it was");
+  await page.close();
+});
+
+test("after a restart the hour's high, low and chart come back from the store", async () => {
+  // A call long enough for a settled rate (the ones above are too short).
+  const res = await fetch(`${proxy}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", "x-sim-tokens": "60", "x-sim-tps": "80" },
+    body: JSON.stringify({ model: "m-rate", stream: true, messages: [{ role: "user", content: "layout" }] }),
+  });
+  await res.text();
+  const before = await waitFor("a settled rate", async () => {
+    const s = await (await fetch(`${api}/api/v1/stats`)).json();
+    return s.high ? s : null;
+  });
+  await stack.restartRun();
+  const restarted = await (await fetch(`${api}/api/v1/stats`)).json();
+  assert.deepEqual([restarted.high, restarted.low], [before.high, before.low], "the same hour after the restart");
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 }, deviceScaleFactor: 1 });
+  await page.goto(`${api}/#live`);
+  await waitFor("the hour's high and low", () =>
+    page.evaluate(() => !["", "–"].includes(document.getElementById("g-high").textContent) && !["", "–"].includes(document.getElementById("g-low").textContent)),
+  );
+  await waitFor("the hour chart", () => page.evaluate(() => document.getElementById("chart-empty").hidden));
+  const stats = await (await fetch(`${api}/api/v1/stats`)).json();
+  assert.ok(stats.high >= stats.low && stats.low > 0, JSON.stringify(stats));
   await page.close();
 });

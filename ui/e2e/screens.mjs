@@ -8,56 +8,24 @@
 // SPEEDTAP_BIN (default ../target/debug/speedtap), CHROMIUM (default
 // /usr/bin/chromium).
 
-import { spawn } from "node:child_process";
-import { mkdirSync, mkdtempSync } from "node:fs";
-import net from "node:net";
-import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
-import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { launchChromium, startStack, UI, waitFor } from "./harness.mjs";
 
-const UI = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const BIN = process.env.SPEEDTAP_BIN ? resolve(process.env.SPEEDTAP_BIN) : resolve(UI, "../target/debug/speedtap");
-const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const [outDir = join(UI, "e2e", "out"), suffix = ""] = process.argv.slice(2);
 const SIZES = [
   { width: 800, height: 600 },
   { width: 1280, height: 800 },
 ];
+const until = (what, check) => waitFor(what, check, 40_000);
 
-function freePort() {
-  return new Promise((ok, fail) => {
-    const srv = net.createServer();
-    srv.on("error", fail);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => ok(port));
-    });
-  });
-}
-
-async function until(what, check, timeout = 40_000) {
-  const deadline = Date.now() + timeout;
-  while (!(await check().catch(() => false))) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-const home = mkdtempSync(join(tmpdir(), "speedtap-screens-"));
 mkdirSync(outDir, { recursive: true });
-const [sim, proxy, apiPort] = await Promise.all([freePort(), freePort(), freePort()]);
-const env = { ...process.env, HOME: home, XDG_CONFIG_HOME: join(home, "c"), XDG_DATA_HOME: join(home, "d"), RUST_LOG: "warn" };
-const children = [
-  spawn(BIN, ["simulate", "--listen", `127.0.0.1:${sim}`, "--tps", "40", "--tokens", "60"], { env, stdio: "ignore" }),
-  spawn(BIN, ["run", "--db", join(home, "s.db"), "--route", `sim=127.0.0.1:${proxy}=http://127.0.0.1:${sim}`, "--api", `127.0.0.1:${apiPort}`], { env, stdio: "ignore" }),
-];
-const api = `http://127.0.0.1:${apiPort}`;
+const stack = await startStack({ name: "speedtap-screens", sim: ["--tps", "40", "--tokens", "60"] });
+const api = stack.api;
 try {
-  await until("the control API", async () => (await fetch(`${api}/api/v1/stats`)).ok);
   // A few stored calls through the proxy, for History.
   for (const model of ["llama3.2:3b", "qwen2.5-coder:7b", "llama3.2:3b"]) {
-    const res = await fetch(`http://127.0.0.1:${proxy}/v1/chat/completions`, {
+    const res = await fetch(`${stack.proxy}/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json", "user-agent": "OpenAI/Python 1.0" },
       body: JSON.stringify({ model, stream: true, messages: [{ role: "user", content: "hi" }] }),
@@ -65,7 +33,7 @@ try {
     await res.text();
   }
   await fetch(`${api}/api/v1/demo`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
-  const browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox", "--disable-gpu"] });
+  const browser = await launchChromium();
   for (const size of SIZES) {
     const page = await browser.newPage({ viewport: size, deviceScaleFactor: 1 });
     await page.goto(`${api}/#live`);
@@ -83,5 +51,5 @@ try {
   }
   await browser.close();
 } finally {
-  for (const child of children) child.kill("SIGTERM");
+  await stack.stop();
 }

@@ -130,6 +130,16 @@ export function capturedServers(captureDoc, serversDoc) {
 }
 
 /**
+ * The line under Settings › Routes naming the servers the capture measures
+ * with no route of their own (so the routes list, empty or not, isn't read
+ * as all that is measured), or "" when it measures none.
+ */
+export function capturedRoutesNote(captureDoc, serversDoc) {
+  const where = capturedServers(captureDoc, serversDoc);
+  return where ? `Also measured by the capture, with no route needed: ${where}.` : "";
+}
+
+/**
  * What an empty calls table says: with the capture measuring servers,
  * that calls to them show here with no client change; else how to get a
  * call in (`{text, link}`: the link's words lead to Get started).

@@ -5,7 +5,7 @@
 //
 // Events (`type` plus the payload fields):
 // - `calls`    {calls: [Call]}: a list from `calls`; merged, see mergeListed.
-// - `speed`    {call: CallIdentity, speed: Snapshot}: upserts the call.
+// - `speed`    {call: CallIdentity, speed: Snapshot, seen_by}: upserts the call.
 // - `settled`  {call: Call}: replaces the call with its final record.
 // - `stats`    {stats: Stats}: the global reading; a real `tps` is also
 //              appended to the hour's history.
@@ -69,7 +69,7 @@ export function reduce(state, event, now) {
     case "calls":
       return cap({ ...state, loaded: true, calls: mergeListed(state.calls, event.calls ?? []) });
     case "speed":
-      return onSpeed(state, event.call, event.speed);
+      return onSpeed(state, event.call, event.speed, event.seen_by);
     case "settled":
       return onSettled(state, event.call);
     case "stats":
@@ -105,12 +105,15 @@ function mergeListed(calls, listed) {
   return out;
 }
 
-function onSpeed(state, identity, speed) {
+function onSpeed(state, identity, speed, seenBy) {
   if (!identity || typeof identity.id !== "string" || !speed) return state;
   const held = state.calls[identity.id];
   // A snapshot that arrives after `settled` never undoes the final record.
   if (held && held.status !== "in_flight") return state;
   const call = { ...held, ...identity, status: "in_flight", speed };
+  // The event says which interceptor sees the call from its first snapshot
+  // on (events of older engines don't: keep what the record said).
+  if (typeof seenBy === "string") call.seen_by = seenBy;
   let series = state.series;
   const rate = speed.output_tokens_per_second;
   // Only live readings feed the sparkline: the final snapshot's rate is the

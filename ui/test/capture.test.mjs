@@ -104,3 +104,14 @@ test("with capture off or unknown the empty table asks for a client or demo traf
     assert.match(emptyCallsText(doc, null).link, /Point a client at speedtap/);
   }
 });
+
+test("Settings › Routes names the servers the capture measures, and says nothing when it measures none", async () => {
+  const { capturedRoutesNote } = await import("../lib/capture.js");
+  const capture = { state: "on", routes: [{ name: "ollama", port: 11434 }, { name: "llama-server", port: 8080 }] };
+  const note = capturedRoutesNote(capture, null);
+  assert.match(note, /^Also measured by the capture, with no route needed: /);
+  assert.match(note, /on 11434/);
+  assert.match(note, /on 8080/);
+  assert.equal(capturedRoutesNote({ state: "off", routes: [] }, null), "");
+  assert.equal(capturedRoutesNote(null, null), "");
+});

@@ -1,6 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { compareCalls, initialState, orderedCalls, reduce } from "../lib/reducer.js";
+import { seenBy } from "../lib/capture.js";
 
 const T0 = Date.UTC(2026, 10, 30, 10, 0, 0);
 
@@ -25,6 +26,15 @@ test("speed upserts: first creates an in-flight row, later ones replace its snap
   assert.equal(Object.keys(s.calls).length, 1);
   assert.equal(s.calls["c-000001"].speed.output_tokens, 22);
   assert.equal(s.calls["c-000001"].model, "m1");
+});
+
+test("a captured call says capture from its first snapshot, and an event without seen_by keeps it", () => {
+  let s = reduce(initialState(), { ...speed(1, { phase: "awaiting_first_token" }), seen_by: "capture" }, T0);
+  assert.equal(seenBy(s.calls["c-000001"]).text, "capture");
+  s = reduce(s, speed(1, { output_tokens: 5 }), T0);
+  assert.equal(seenBy(s.calls["c-000001"]).text, "capture");
+  s = reduce(s, { ...speed(2), seen_by: "proxy" }, T0);
+  assert.equal(seenBy(s.calls["c-000002"]).text, "proxy");
 });
 
 test("a later identity without the model keeps the model already known", () => {

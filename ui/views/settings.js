@@ -5,7 +5,7 @@
 // to the form. Beside the capture switch: the capture's status, with the
 // command that grants its permission when that is missing (`capture`).
 
-import { captureStatus } from "../lib/capture.js";
+import { capturedRoutesNote, captureStatus } from "../lib/capture.js";
 import { describeServer } from "../lib/servers.js";
 import { errorField, portsText, savedMessage, settingsPayload } from "../lib/settings.js";
 import { renderCaptureStatus } from "./capture.js";
@@ -28,6 +28,14 @@ export function mountSettings(source, doc = document) {
   let loadedCapture = null;
   /** The watched ports as loaded (null: this engine doesn't follow the machine). */
   let watchPorts = null;
+  /** The latest capture and servers documents, for the captured-routes line. */
+  const seen = { capture: null, servers: null };
+
+  function renderCapturedRoutes() {
+    const note = capturedRoutesNote(seen.capture, seen.servers);
+    el("captured-routes").textContent = note;
+    el("captured-routes").hidden = !note;
+  }
 
   function routeRow(route = { name: "", listen: "", upstream: "" }) {
     const input = (field, placeholder, value) =>
@@ -106,6 +114,8 @@ export function mountSettings(source, doc = document) {
 
   /** The servers found so far, one line each (Get started has the details). */
   function renderServers(doc) {
+    seen.servers = doc;
+    renderCapturedRoutes();
     const items = (doc?.servers ?? []).map((s) => {
       const d = describeServer(s);
       return h(
@@ -131,7 +141,9 @@ export function mountSettings(source, doc = document) {
 
   async function loadCapture() {
     try {
-      renderCaptureStatus(captureBox, captureStatus(await source.capture()));
+      seen.capture = await source.capture();
+      renderCapturedRoutes();
+      renderCaptureStatus(captureBox, captureStatus(seen.capture));
     } catch {
       // An engine without the capture document: the switch alone.
       captureBox.replaceChildren();
