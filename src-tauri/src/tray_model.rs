@@ -943,6 +943,7 @@ mod tests {
             &EngineEvent::Speed {
                 call: ident("c-1", "qwen3:32b"),
                 speed: stalled,
+                seen_by: speedtap::model::SeenBy::Proxy,
             },
             t0,
         );
