@@ -1603,8 +1603,12 @@ mod tests {
             }
             let stream = Some(ProgressSource::Stream);
             let estimate = Some(ProgressSource::Estimate);
+            // Before any explanation the wait reads `unknown` (no progress,
+            // only how long the server has been silent); the first progress
+            // is the poller's estimate.
+            assert!(waits.iter().take_while(|w| w.1.is_none()).all(|w| w.0 < 500));
             assert_eq!(
-                waits.first(),
+                waits.iter().find(|w| w.1.is_some()),
                 Some(&(500, Some(0.6), estimate, None)),
                 "{waits:?}"
             );
