@@ -443,3 +443,36 @@ async fn two_calls_streaming_at_once_below_the_usual_each_name_the_other() {
     engine.shutdown(Duration::from_secs(1)).await;
     sim.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_call_at_12_tok_s_with_29_percent_on_the_cpu_is_a_cpu_offload_against_its_usual_40(
+) {
+    let sim = sim_at("127.0.0.1:0", "0.32.13").await;
+    let Some(engine) =
+        crate::capture::capture_engine_with(&sim.base_url(), false, |o| o.telemetry = true).await
+    else {
+        return;
+    };
+    // The client talks to the server itself; the capture measures.
+    let addr = sim.local_addr();
+    for n in 1..=5 {
+        let call = call_at(&engine, addr, 40.0, n).await;
+        assert_eq!(call.details.slowdown, None, "call {n}: {call:?}");
+    }
+    sim.set_vram_fraction(0.71);
+    let offloaded = call_at(&engine, addr, 12.0, 6).await;
+    assert_eq!(offloaded.details.seen_by, speedtap::model::SeenBy::Capture);
+    let slow = offloaded
+        .details
+        .slowdown
+        .clone()
+        .unwrap_or_else(|| panic!("no slowdown: {offloaded:#?}"));
+    assert!((0.27..=0.33).contains(&slow.ratio), "ratio {}", slow.ratio);
+    assert_eq!(
+        slow.causes,
+        [SlowdownCause::CpuOffload { cpu_share: 0.29 }],
+        "{slow:?}"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
