@@ -31,7 +31,7 @@ pub(crate) async fn capture_engine(upstream: &str, proxy: bool) -> Option<Runnin
 }
 
 /// [`capture_engine`] with the options changed by `tweak` first.
-async fn capture_engine_with(
+pub(crate) async fn capture_engine_with(
     upstream: &str,
     proxy: bool,
     tweak: impl FnOnce(&mut EngineOptions),

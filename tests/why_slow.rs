@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use crate::util::proxy::*;
-use speedtap::model::{Call, EngineEvent, EngineQueries, Phase, Snapshot};
+use speedtap::model::{Call, EngineEvent, EngineQueries, Phase, SlowdownCause, Snapshot};
 use speedtap::simulate::{SimConfig, SimServer};
 
 fn chat(text: &str) -> String {
@@ -307,4 +307,172 @@ async fn without_pings_the_silence_of_a_waiting_call_through_the_proxy_grows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_pings_the_silence_of_a_waiting_call_seen_by_the_capture_grows() {
     without_pings_the_silence_grows(true).await;
+}
+
+/// One chat call through the proxy decoding at `tps` (the simulator's
+/// `x-sim-tps`); its settled record, the `n`th to settle.
+async fn call_at(
+    engine: &speedtap::host::RunningEngine,
+    addr: std::net::SocketAddr,
+    tps: f64,
+    n: usize,
+) -> Call {
+    let tps = tps.to_string();
+    let body = bytes::Bytes::from(chat("hi"));
+    let got = send_with(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        body,
+        &[("x-sim-tps", &tps)],
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    settled(engine, n).await
+}
+
+/// The simulator as an Ollama of `version`: 600 ms to the first token (the
+/// poller reads `/api/ps` and the version meanwhile), 40 tokens (a rate
+/// needs half a second of decode).
+async fn sim_at(at: &str, version: &str) -> SimServer {
+    let config = SimConfig {
+        ttft: Duration::from_millis(600),
+        tokens: 40,
+        tokens_per_second: 40.0,
+        version: version.into(),
+        ..SimConfig::default()
+    };
+    SimServer::start(at, config).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_usually_at_40_tok_s_then_at_12_with_29_percent_on_the_cpu_is_a_cpu_offload_and_an_upgrade_that_decodes_slower_names_both_versions(
+) {
+    let sim = sim_at("127.0.0.1:0", "0.32.13").await;
+    let at = sim.local_addr();
+    let engine = engine_with(&sim.base_url(), |o| o.telemetry = true).await;
+    let addr = engine.routes[0].listen;
+
+    // Five calls at 40 tok/s make the usual; none is judged slow.
+    for n in 1..=5 {
+        let call = call_at(&engine, addr, 40.0, n).await;
+        assert_eq!(call.details.slowdown, None, "call {n}: {call:?}");
+    }
+
+    // The model is pushed 29% off the GPU and decodes at 12 tok/s.
+    sim.set_vram_fraction(0.71);
+    let offloaded = call_at(&engine, addr, 12.0, 6).await;
+    let slow = offloaded
+        .details
+        .slowdown
+        .clone()
+        .unwrap_or_else(|| panic!("no slowdown: {offloaded:#?}"));
+    assert!(
+        (36.0..=44.0).contains(&slow.usual_tps),
+        "usual {}",
+        slow.usual_tps
+    );
+    assert!((0.27..=0.33).contains(&slow.ratio), "ratio {}", slow.ratio);
+    assert_eq!(
+        slow.causes,
+        [SlowdownCause::CpuOffload { cpu_share: 0.29 }],
+        "{slow:?}"
+    );
+
+    // Back on the GPU at its usual pace: no slowdown, as the offloaded
+    // call taught the usual nothing.
+    sim.set_vram_fraction(1.0);
+    let back = call_at(&engine, addr, 40.0, 7).await;
+    assert_eq!(back.details.slowdown, None, "{back:?}");
+
+    // The server comes back upgraded, and decodes at half the pace: the
+    // old usual stays the reference and the upgrade is named.
+    sim.shutdown().await;
+    let failed = send(addr, "POST", "/v1/chat/completions", &chat("hi")).await;
+    assert_eq!(failed.status, 502);
+    let _ = settled_calls(&engine, 8).await;
+    let upgraded = sim_at(&at.to_string(), "0.33.2").await;
+    let after = call_at(&engine, addr, 20.0, 9).await;
+    assert_eq!(after.details.server_version.as_deref(), Some("0.33.2"));
+    let slow = after
+        .details
+        .slowdown
+        .clone()
+        .unwrap_or_else(|| panic!("no slowdown: {after:#?}"));
+    assert!((0.45..=0.55).contains(&slow.ratio), "ratio {}", slow.ratio);
+    assert_eq!(
+        slow.causes,
+        [SlowdownCause::ServerChanged {
+            from: "0.32.13".into(),
+            to: "0.33.2".into()
+        }],
+        "{slow:?}"
+    );
+    // The slowdown is in the record the API lists, beside the details.
+    let json = serde_json::to_value(&after).unwrap();
+    assert_eq!(json["slowdown"]["causes"][0]["kind"], "server_changed");
+    assert_eq!(json["slowdown"]["causes"][0]["from"], "0.32.13");
+    engine.shutdown(Duration::from_secs(1)).await;
+    upgraded.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_calls_streaming_at_once_below_the_usual_each_name_the_other() {
+    let sim = sim_at("127.0.0.1:0", "0.32.13").await;
+    let engine = engine_with(&sim.base_url(), |o| o.telemetry = true).await;
+    let addr = engine.routes[0].listen;
+    for n in 1..=5 {
+        call_at(&engine, addr, 40.0, n).await;
+    }
+    let (a, b) = tokio::join!(
+        call_at(&engine, addr, 15.0, 6),
+        call_at(&engine, addr, 15.0, 7)
+    );
+    for call in [a, b] {
+        let slow = call
+            .details
+            .slowdown
+            .clone()
+            .unwrap_or_else(|| panic!("no slowdown: {call:#?}"));
+        assert_eq!(
+            slow.causes,
+            [SlowdownCause::Concurrent { calls: 1 }],
+            "{call:?}"
+        );
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_call_at_12_tok_s_with_29_percent_on_the_cpu_is_a_cpu_offload_against_its_usual_40(
+) {
+    let sim = sim_at("127.0.0.1:0", "0.32.13").await;
+    let Some(engine) =
+        crate::capture::capture_engine_with(&sim.base_url(), false, |o| o.telemetry = true).await
+    else {
+        return;
+    };
+    // The client talks to the server itself; the capture measures.
+    let addr = sim.local_addr();
+    for n in 1..=5 {
+        let call = call_at(&engine, addr, 40.0, n).await;
+        assert_eq!(call.details.slowdown, None, "call {n}: {call:?}");
+    }
+    sim.set_vram_fraction(0.71);
+    let offloaded = call_at(&engine, addr, 12.0, 6).await;
+    assert_eq!(offloaded.details.seen_by, speedtap::model::SeenBy::Capture);
+    let slow = offloaded
+        .details
+        .slowdown
+        .clone()
+        .unwrap_or_else(|| panic!("no slowdown: {offloaded:#?}"));
+    assert!((0.27..=0.33).contains(&slow.ratio), "ratio {}", slow.ratio);
+    assert_eq!(
+        slow.causes,
+        [SlowdownCause::CpuOffload { cpu_share: 0.29 }],
+        "{slow:?}"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
 }

@@ -11,6 +11,7 @@ use crate::host::settings::{
     engine_options, resolve_settings, watch_options, RunError, SHUTDOWN_GRACE,
 };
 use crate::host::Engine;
+use crate::meter::slowdown_notice::SlowdownNotices;
 use crate::model::{json_line, EngineEvent, EngineQueries};
 
 use super::view::TerminalView;
@@ -51,9 +52,12 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
 }
 
 /// Writes every event: JSON lines, or the live terminal view on a TTY.
-/// Slow-first-token warnings go to stderr either way.
+/// Slow-first-token warnings go to stderr either way, and so does a
+/// settled call's slowdown with a named cause, once per route, model and
+/// cause per hour.
 async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json: bool) {
     let mut stdout = std::io::stdout();
+    let mut slowdowns = SlowdownNotices::new();
     if json {
         // Lines for every event already queued go out in one write: with
         // many streams, a write (and a flush) per line was a measurable
@@ -77,6 +81,11 @@ async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json
                     EngineEvent::PromptTruncated(cut) => {
                         eprintln!("warning: {}", cut.message());
                     }
+                    EngineEvent::Settled(call) => {
+                        if let Some(line) = slowdowns.line(call, Instant::now()) {
+                            eprintln!("{line}");
+                        }
+                    }
                     _ => {}
                 }
                 if batch.len() < 64 * 1024 {
@@ -99,6 +108,11 @@ async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json
         tokio::select! {
             event = events.recv() => {
                 let Some(event) = event else { break };
+                if let EngineEvent::Settled(call) = &event {
+                    if let Some(line) = slowdowns.line(call, Instant::now()) {
+                        view.warn(&line);
+                    }
+                }
                 // The view prints slow-first-token warnings above its live
                 // block itself.
                 view.apply(&event);

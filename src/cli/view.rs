@@ -169,6 +169,13 @@ impl TerminalView {
         self.dirty.then(|| self.draw())
     }
 
+    /// Prints a warning above the live block (a settled call's slowdown).
+    pub fn warn(&mut self, line: &str) {
+        let line = self.fit(line);
+        self.scroll.push(format!("{YELLOW}{line}{RESET}"));
+        self.dirty = true;
+    }
+
     /// The headless warning for a late first token (plain text, no ANSI), e.g.
     /// `warning: qwen3:32b on ollama: no first token after 5.0 s (threshold 5.0 s)`.
     pub fn warning_line(slow: &SlowFirstToken) -> String {

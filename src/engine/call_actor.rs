@@ -16,6 +16,7 @@ use actix::{
 };
 use tokio::time::Instant;
 
+use super::decode_watch::DecodeWatch;
 use super::details;
 use super::messages::*;
 use super::supervisor::Supervisor;
@@ -32,6 +33,7 @@ use crate::meter::liveness::{shows_life, Liveness};
 use crate::meter::normals::{Normals, Observation, Waited};
 use crate::meter::pipeline::{CallMetering, CallReport, Outcome, ResponseHead, StreamEnd};
 use crate::meter::prompt_progress;
+use crate::meter::slowdown::{DecodeCall, Evidence};
 use crate::meter::waited::QueueTally;
 use crate::model::ApiKind;
 use crate::model::SlowFirstToken;
@@ -59,6 +61,9 @@ pub struct CallSetup {
     /// Every route's normals: the slow rule reads them, the settled call
     /// teaches them.
     pub normals: Arc<RwLock<Normals>>,
+    /// Every route's usual decode rates and streaming calls: the settled
+    /// call is judged by them and teaches them.
+    pub decode_watch: Arc<DecodeWatch>,
     /// The route's telemetry poller, which explains the wait; `None`
     /// (capture, tests): no explanation, the fixed slow rule.
     pub telemetry: Option<Addr<TelemetryPoller>>,
@@ -199,6 +204,9 @@ impl CallActor {
         self.take_in_band_progress();
         if !self.first_token_told && self.metering.first_output_at().is_some() {
             self.first_token_told = true;
+            self.setup
+                .decode_watch
+                .stream_started(&self.setup.identity.route, self.setup.seq);
             if let Some(poller) = &self.setup.telemetry {
                 poller.do_send(FirstTokenSeen {
                     seq: self.setup.seq,
@@ -449,7 +457,12 @@ impl CallActor {
             });
         }
         let ending = self.ending(&report);
-        let details = self.details(&report, &ending);
+        let beside = self
+            .setup
+            .decode_watch
+            .stream_ended(&self.setup.identity.route, self.setup.seq);
+        let mut details = self.details(&report, &ending);
+        details.slowdown = self.judge_decode(&report, &ending, beside);
         self.learn(&report, &ending);
         if let Some(cut) = &ending.truncated {
             self.announce_truncation(cut);
@@ -584,6 +597,8 @@ impl CallActor {
             reasoning_tokens: report.reasoning.map(|r| r.tokens),
             reasoning_tokens_estimated: report.reasoning.is_some_and(|r| r.estimated),
             reasoning_ms: report.reasoning.map(|r| r.ms),
+            // Judged by `report`, which also lets the call teach the usual.
+            slowdown: None,
         }
     }
 
@@ -706,6 +721,47 @@ impl CallActor {
         if let Ok(mut normals) = self.setup.normals.write() {
             normals.observe(&self.setup.identity.route, model, &observation);
         }
+    }
+}
+
+impl CallActor {
+    /// Judges a settled ok call's decode rate against its usual and lets
+    /// it teach the usual (`docs/metering.md`, "The slowdown explained"),
+    /// with the server's placement and version and the calls that
+    /// streamed beside it (`beside`). Calls whose rate is not honest
+    /// (capture gap, not ok, a relay's leg, the demo's) are left out.
+    fn judge_decode(
+        &self,
+        report: &CallReport,
+        ending: &Ending,
+        beside: u32,
+    ) -> Option<crate::model::Slowdown> {
+        let model = self.setup.identity.model.as_deref()?;
+        let tps = report.snapshot.output_tokens_per_second?;
+        if report.outcome != Outcome::Ok
+            || self.is_unmetered()
+            || self.capture_gap
+            || self.relay.is_some()
+            || self.setup.identity.demo
+        {
+            return None;
+        }
+        let call = DecodeCall {
+            route: &self.setup.identity.route,
+            model,
+            depth: ending.server_prompt,
+            tps,
+            version: self.facts.server_version.as_deref(),
+        };
+        let cpu_share = match (self.facts.model_bytes, self.facts.vram_bytes) {
+            (Some(size), Some(vram)) if size > 0 => Some(1.0 - vram.min(size) as f64 / size as f64),
+            _ => None,
+        };
+        let evidence = Evidence {
+            cpu_share,
+            concurrent_calls: beside,
+        };
+        self.setup.decode_watch.settle(&call, &evidence)
     }
 }
 
@@ -1093,6 +1149,7 @@ mod tests {
                 client: None,
                 seen_by: SeenBy::Proxy,
                 normals: self.normals.clone(),
+                decode_watch: Default::default(),
                 telemetry: None,
             })
             .start()

@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::call_actor::{CallActor, CallSetup};
+use super::decode_watch::DecodeWatch;
 use super::messages::{FirstTokenLate, RelayLeg};
 use super::proxy::limits::ProxyLimits;
 use super::relay::RelayJudge;
@@ -59,6 +60,9 @@ pub struct EngineLink {
     pub own_sockets: Arc<OwnSockets>,
     /// Every route's normals (usual TTFT, load time, prompt factor).
     pub normals: Arc<RwLock<Normals>>,
+    /// Every route's usual decode rates and streaming calls (the
+    /// slowdown rule).
+    pub decode_watch: Arc<DecodeWatch>,
     /// Start a telemetry poller per route (off in tests that count the
     /// upstream's requests).
     pub telemetry: bool,
@@ -221,6 +225,7 @@ impl EngineLink {
             client: call.client,
             seen_by: call.seen_by,
             normals: self.normals.clone(),
+            decode_watch: self.decode_watch.clone(),
             telemetry: call.telemetry,
         };
         let peer = call.peer;
@@ -333,6 +338,7 @@ impl EngineLink {
             own_connections: OnceLock::new(),
             own_sockets: Default::default(),
             normals: Default::default(),
+            decode_watch: Default::default(),
             telemetry: false,
             pollers: Default::default(),
             demo_routes: Default::default(),

@@ -23,6 +23,7 @@
 
 pub mod call_actor;
 pub mod capture;
+pub mod decode_watch;
 pub mod details;
 pub mod http_meta;
 pub mod link;

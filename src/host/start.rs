@@ -196,6 +196,7 @@ fn share_state(
         own_connections: std::sync::OnceLock::new(),
         own_sockets: Default::default(),
         normals: Arc::new(RwLock::new(saved.normals)),
+        decode_watch: Default::default(),
         telemetry: options.telemetry,
         pollers: Default::default(),
         demo_routes: Default::default(),

@@ -25,4 +25,5 @@ pub mod prompt_progress;
 pub mod rate;
 pub mod reasoning;
 pub mod slowdown;
+pub mod slowdown_notice;
 pub mod waited;

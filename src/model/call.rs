@@ -584,6 +584,12 @@ pub struct CallDetails {
     /// when no answer came, the last output), in ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_ms: Option<u64>,
+    /// A settled ok call that decoded below 0.75x the usual rate of its
+    /// route, model and context depth: the usual, the ratio and the
+    /// causes the evidence names (`docs/metering.md`, "The slowdown
+    /// explained"). Absent: not slow, or no usual yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowdown: Option<super::slowdown::Slowdown>,
 }
 
 impl CallDetails {

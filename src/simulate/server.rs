@@ -251,6 +251,15 @@ impl SimServer {
         }
     }
 
+    /// From now on every loaded model sits `vram_fraction` (0..=1) in
+    /// VRAM in `/api/ps`, the rest on the CPU: the model was pushed partly
+    /// off the GPU.
+    pub fn set_vram_fraction(&self, vram_fraction: f64) {
+        self.shared
+            .state
+            .set_vram_fraction(vram_fraction.clamp(0.0, 1.0));
+    }
+
     /// Generations in progress now (streamed or not).
     pub fn active_streams(&self) -> u64 {
         self.shared.active.load(Ordering::SeqCst)

@@ -213,6 +213,15 @@ impl State {
             .max()
     }
 
+    /// From now on every resident model has `vram_fraction` of its size
+    /// in VRAM (the rest on the CPU), as after a reload beside another
+    /// model.
+    pub(crate) fn set_vram_fraction(&self, vram_fraction: f64) {
+        for m in self.lock().models.iter_mut() {
+            m.size_vram = (m.size as f64 * vram_fraction).round() as u64;
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves plain data behind; keep
         // serving rather than poison every later request.

@@ -27,8 +27,9 @@ use crate::model::{Phase, Snapshot};
 /// the `wait_*` columns and the facts after them with the wait
 /// explanations, `queued_ms` and `queue_position` with the record of what
 /// a call waited for, `server_version` and the `reasoning_*` columns with
-/// the server's version and the reasoning cost.
-pub const CSV_COLUMNS: [&str; 50] = [
+/// the server's version and the reasoning cost, `slowdown` (the call's
+/// slowdown as its JSON, `docs/api.md` "Slowdown") with the slowdown rule.
+pub const CSV_COLUMNS: [&str; 51] = [
     "id",
     "route",
     "api",
@@ -79,6 +80,7 @@ pub const CSV_COLUMNS: [&str; 50] = [
     "reasoning_tokens",
     "reasoning_tokens_estimated",
     "reasoning_ms",
+    "slowdown",
 ];
 
 /// Writes the calls `filter` selects to `out`; returns how many.
@@ -174,6 +176,10 @@ fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
         opt(d.reasoning_tokens),
         d.reasoning_tokens_estimated.to_string(),
         opt(d.reasoning_ms),
+        opt(d
+            .slowdown
+            .as_ref()
+            .and_then(|s| serde_json::to_string(s).ok())),
     ]
     .into_iter()
 }
@@ -446,6 +452,10 @@ fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, S
         reasoning_tokens: r.num(47)?,
         reasoning_tokens_estimated: r.boolean(48)?,
         reasoning_ms: r.num(49)?,
+        slowdown: r
+            .text(50)
+            .map(|json| serde_json::from_str(&json).map_err(|e| format!("slowdown: {e}")))
+            .transpose()?,
     })
 }
 

@@ -23,7 +23,7 @@ pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, mod
     truncated_server_tokens, truncated_context_size, context_size, context_used, draft_n, \
     draft_accepted, placement, model_bytes, vram_bytes, start, error, prompt_tokens_estimated, \
     queued_ms, queue_position, server_version, reasoning_tokens, reasoning_tokens_estimated, \
-    reasoning_ms";
+    reasoning_ms, slowdown";
 
 /// Inserts `calls`, skipping any already stored (same id and started_at).
 pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Result<()> {
@@ -31,7 +31,8 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
         "INSERT INTO calls ({COLUMNS}) VALUES \
          (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
           ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, \
-          ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45, ?46, ?47, ?48, ?49, ?50, ?51, ?52, ?53, ?54) \
+          ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45, ?46, ?47, ?48, ?49, ?50, ?51, ?52, ?53, ?54, \
+          ?55) \
          ON CONFLICT (id, started_at) DO NOTHING"
     ))?;
     for c in calls {
@@ -100,6 +101,9 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
             d.reasoning_tokens,
             d.reasoning_tokens_estimated,
             d.reasoning_ms,
+            d.slowdown
+                .as_ref()
+                .and_then(|s| serde_json::to_string(s).ok()),
         ])?;
     }
     Ok(())
@@ -225,6 +229,10 @@ fn details_from_row(row: &Row<'_>, breakdown: TtftBreakdown) -> rusqlite::Result
         reasoning_tokens: row.get(51)?,
         reasoning_tokens_estimated: row.get(52)?,
         reasoning_ms: row.get(53)?,
+        slowdown: row
+            .get::<_, Option<String>>(54)?
+            .map(|json| json_from(&json, 54))
+            .transpose()?,
     })
 }
 
@@ -250,6 +258,13 @@ fn wait_from_row(row: &Row<'_>) -> rusqlite::Result<Option<Wait>> {
 /// type's own serde names, so the store can't drift from the contract.
 pub(crate) fn enum_from<T: DeserializeOwned>(text: String, column: usize) -> rusqlite::Result<T> {
     serde_json::from_value(serde_json::Value::String(text)).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+/// A JSON text column (`slowdown`) read back into its type.
+fn json_from<T: DeserializeOwned>(json: &str, column: usize) -> rusqlite::Result<T> {
+    serde_json::from_str(json).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, Box::new(e))
     })
 }

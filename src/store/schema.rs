@@ -131,6 +131,13 @@ ALTER TABLE calls ADD COLUMN reasoning_tokens_estimated INTEGER NOT NULL DEFAULT
 ALTER TABLE calls ADD COLUMN reasoning_ms               INTEGER;
 ";
 
+/// Migration 6: a settled call's slowdown against its usual decode rate
+/// (`docs/api.md`, "Slowdown"), as its JSON. NULL: not slow, not judged,
+/// or a row from before.
+pub const MIGRATION_6: &str = "
+ALTER TABLE calls ADD COLUMN slowdown TEXT;
+";
+
 /// Every migration, in order: `MIGRATIONS[i]` upgrades version `i` to `i + 1`.
 pub const MIGRATIONS: &[&str] = &[
     MIGRATION_1,
@@ -138,6 +145,7 @@ pub const MIGRATIONS: &[&str] = &[
     MIGRATION_3,
     MIGRATION_4,
     MIGRATION_5,
+    MIGRATION_6,
 ];
 
 /// The schema version this build writes.
