@@ -454,6 +454,7 @@ impl CallActor {
         if let Some(poller) = &self.setup.telemetry {
             poller.do_send(Untrack {
                 seq: self.setup.seq,
+                unreachable: self.unreachable,
             });
         }
         let ending = self.ending(&report);
@@ -1663,7 +1664,10 @@ mod tests {
             // Before any explanation the wait reads `unknown` (no progress,
             // only how long the server has been silent); the first progress
             // is the poller's estimate.
-            assert!(waits.iter().take_while(|w| w.1.is_none()).all(|w| w.0 < 500));
+            assert!(waits
+                .iter()
+                .take_while(|w| w.1.is_none())
+                .all(|w| w.0 < 500));
             assert_eq!(
                 waits.iter().find(|w| w.1.is_some()),
                 Some(&(500, Some(0.6), estimate, None)),

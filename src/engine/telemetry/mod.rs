@@ -27,6 +27,10 @@
 //!   [`PROPS_MAX_AGE`], on a dispatch), and again at once when the server
 //!   answers after a look could not reach it (a restart). Never per call:
 //!   each tracked call gets the last version read with its server facts.
+//!   A call dispatched while the last look could not reach the server
+//!   is not given the version read before (the server coming back may be
+//!   another one): it asks for the version at once and gets it as soon as
+//!   the server answers.
 //! - **What it tells.** After each look it runs the rules of [`explain`]
 //!   and sends each waiting call's actor its [`Wait`] and the server facts
 //!   about its model (`WaitExplained`), when they changed. A look whose
@@ -164,6 +168,9 @@ pub struct FirstTokenSeen {
 #[rtype(result = "()")]
 pub struct Untrack {
     pub seq: u64,
+    /// The call could not reach the server (a 502): the server is down,
+    /// and the next call that reaches it may be a restarted one.
+    pub unreachable: bool,
 }
 
 // === TelemetryPoller -> CallActor ===
@@ -210,8 +217,9 @@ pub struct TelemetryPoller {
     version_available: [bool; 2],
     /// A version request is under way.
     version_asking: bool,
-    /// The last answer was a failure to reach the server: the next answer
-    /// may be a restarted server, whose version is asked again.
+    /// The last answer (to a look, or to a call: a 502) was a failure to
+    /// reach the server: the next answer may be a restarted server, whose
+    /// version is asked again.
     unreachable: bool,
 }
 
@@ -277,8 +285,11 @@ impl TelemetryPoller {
         };
         ctx.spawn(fut.into_actor(self).map(|answers, act, _ctx| {
             act.version_asking = false;
-            let before = act.server_version();
             for (i, answer) in answers {
+                if !matches!(answer, Answer::Failed | Answer::TimedOut) {
+                    // It answered: reachable again, whatever the look said.
+                    act.unreachable = false;
+                }
                 match answer {
                     Answer::Body(body) => match server::parse_version(&body) {
                         Some(v) => act.version = Some(v),
@@ -288,9 +299,10 @@ impl TelemetryPoller {
                     Answer::Failed | Answer::TimedOut => {}
                 }
             }
-            if act.server_version() != before {
-                act.tell(Instant::now());
-            }
+            // Told even when unchanged (a call dispatched while the server
+            // was unreachable has none yet); a call already told is not
+            // sent the same facts twice.
+            act.tell(Instant::now());
         }));
     }
 
@@ -566,7 +578,8 @@ impl Handler<Track> for TelemetryPoller {
     type Result = ();
     fn handle(&mut self, msg: Track, ctx: &mut Self::Context) {
         self.tracker.track(msg.seq, msg.model, msg.dispatched_at);
-        if let (Some(version), Some(facts)) = (self.server_version(), self.tracker.facts(msg.seq)) {
+        let version = self.server_version().filter(|_| !self.unreachable);
+        if let (Some(version), Some(facts)) = (version, self.tracker.facts(msg.seq)) {
             // The version at once, so a call that ends before the next
             // look still carries it.
             let told = WaitExplained {
@@ -580,6 +593,11 @@ impl Handler<Track> for TelemetryPoller {
             self.last_sent.insert(msg.seq, told);
         }
         self.actors.insert(msg.seq, msg.actor.downgrade());
+        if self.unreachable {
+            // The server was down at the last look and a call reached it
+            // now: perhaps restarted, perhaps upgraded.
+            self.ask_version(ctx);
+        }
         // Look now: whether the model is loaded is decided on the first
         // look after dispatch.
         self.look(ctx);
@@ -611,6 +629,9 @@ impl Handler<Untrack> for TelemetryPoller {
     type Result = ();
     fn handle(&mut self, msg: Untrack, ctx: &mut Self::Context) {
         self.tracker.untrack(msg.seq, Instant::now());
+        if msg.unreachable {
+            self.unreachable = true;
+        }
         self.actors.remove(&msg.seq);
         self.last_sent.remove(&msg.seq);
         self.idle_unless_waiting(ctx);
@@ -648,7 +669,13 @@ mod tests {
         let heard = Arc::new(AtomicU64::new(0));
         let calls: Vec<Addr<Call>> = (0..50).map(|_| Call(heard.clone()).start()).collect();
         // A round trip, so the look at start has run before counting.
-        poller.send(Untrack { seq: 0 }).await.expect("poller");
+        poller
+            .send(Untrack {
+                seq: 0,
+                unreachable: false,
+            })
+            .await
+            .expect("poller");
         let after_start = passes.load(Ordering::Relaxed);
         for (seq, call) in (1..).zip(&calls) {
             poller
