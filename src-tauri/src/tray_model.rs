@@ -9,7 +9,8 @@
 //! - The label says whose rate it shows: the one streaming call's own
 //!   live rate (`41.7 tok/s`); with several, one figure per model, each
 //!   the mean of that model's streams, in model order (`qwen3:8b 40 ·
-//!   gemma3 15`). Never the engine's mean over every stream, which with
+//!   gemma3 15`), marked `~` while it rests on an estimated count
+//!   (`~41.7 tok/s`). Never the engine's mean over every stream, which with
 //!   two models matches neither. Without a rate it says what is going on
 //!   instead: why the newest
 //!   call waiting for its first token waits, when the engine knows
@@ -37,7 +38,7 @@ use serde::Deserialize;
 use speedtap::model::Stats;
 use speedtap::model::{Call, CallIdentity, EngineEvent};
 use speedtap::model::{FollowedServer, FollowedState, RouteInfo};
-use speedtap::model::{Phase, Snapshot};
+use speedtap::model::{Phase, Snapshot, TokenSource};
 use tokio::time::Instant;
 
 /// Menu item ids. Entries whose id starts with [`ID_CALL_PREFIX`] or
@@ -400,26 +401,28 @@ impl TrayModel {
     /// with several, each model's (the mean of its streams, whole
     /// tok/s). None while no call in flight has a rate.
     fn rates_label(&self) -> Option<String> {
-        let mut by_model: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut by_model: BTreeMap<&str, (Vec<f64>, bool)> = BTreeMap::new();
         for a in self.active.values() {
             if let Some(rate) = own_rate(a) {
                 let model = a.call.model.as_deref().unwrap_or(&a.call.route);
-                by_model.entry(model).or_default().push(rate);
+                let (rates, estimated) = by_model.entry(model).or_default();
+                rates.push(rate);
+                *estimated |= is_estimated(a);
             }
         }
-        let streams: usize = by_model.values().map(Vec::len).sum();
+        let streams: usize = by_model.values().map(|(rates, _)| rates.len()).sum();
         match streams {
             0 => None,
             1 => by_model
                 .values()
                 .next()
-                .map(|rates| format!("{:.1} tok/s", rates[0])),
+                .map(|(rates, est)| format!("{}{:.1} tok/s", mark(*est), rates[0])),
             _ => Some(
                 by_model
                     .iter()
-                    .map(|(model, rates)| {
+                    .map(|(model, (rates, est))| {
                         let mean = rates.iter().sum::<f64>() / rates.len() as f64;
-                        format!("{model} {mean:.0}")
+                        format!("{model} {}{mean:.0}", mark(*est))
                     })
                     .collect::<Vec<_>>()
                     .join(" · "),
@@ -548,6 +551,20 @@ fn own_rate(a: &Active) -> Option<f64> {
         .filter(|r| r.is_finite() && *r > 0.0)
 }
 
+/// Whether `a`'s count, and so its rate, is still speedtap's estimate.
+fn is_estimated(a: &Active) -> bool {
+    a.speed.token_source == TokenSource::Estimated
+}
+
+/// The mark of a rate resting on an estimated count: `~41.7 tok/s`.
+fn mark(estimated: bool) -> &'static str {
+    if estimated {
+        "~"
+    } else {
+        ""
+    }
+}
+
 /// Milliseconds since `a`'s snapshot arrived.
 fn since(a: &Active, now: Instant) -> u64 {
     now.saturating_duration_since(a.seen_at).as_millis() as u64
@@ -662,7 +679,7 @@ fn call_line(a: &Active, waiting_ms: Option<u64>, now: Instant) -> String {
     }
     let phase = phase_label(a.speed.phase);
     match a.speed.output_tokens_per_second {
-        Some(tps) => format!("{head} · {phase} · {tps:.1} tok/s"),
+        Some(tps) => format!("{head} · {phase} · {}{tps:.1} tok/s", mark(is_estimated(a))),
         None => format!("{head} · {phase}"),
     }
 }
@@ -681,7 +698,6 @@ mod tests {
     use std::time::Duration;
 
     use speedtap::model::ApiKind;
-    use speedtap::model::TokenSource;
     use speedtap::model::{CallStatus, SlowFirstToken};
 
     use super::*;
@@ -706,7 +722,7 @@ mod tests {
             time_to_first_token_ms: (phase != Phase::AwaitingFirstToken).then_some(300),
             output_tokens: 10,
             output_tokens_per_second: tps,
-            token_source: TokenSource::Estimated,
+            token_source: TokenSource::Provider,
             wait: None,
         }
     }
@@ -1106,6 +1122,27 @@ mod tests {
             m.view(t0, &INPUTS).menu[0].text,
             "qwen3:32b on ollama · waiting 3.2 s"
         );
+    }
+
+    #[test]
+    fn a_rate_resting_on_an_estimated_count_says_so_in_the_label_and_the_menu() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        let mut estimated = snap(Phase::Responding, 5_000, Some(41.66));
+        estimated.token_source = TokenSource::Estimated;
+        let event = |id: &str, model: &str, speed: &Snapshot| EngineEvent::Speed {
+            call: ident(id, model),
+            speed: speed.clone(),
+            seen_by: speedtap::model::SeenBy::Proxy,
+        };
+        m.apply(&event("c-1", "qwen3", &estimated), t0);
+        assert_eq!(m.title(t0), "~41.7 tok/s");
+        assert_eq!(
+            m.view(t0, &INPUTS).menu[0].text,
+            "qwen3 on ollama · responding · ~41.7 tok/s"
+        );
+        m.apply(&streaming("c-2", "gemma", Some(15.0)), t0);
+        assert_eq!(m.title(t0), "gemma 15 · qwen3 ~42");
     }
 
     #[test]
