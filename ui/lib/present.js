@@ -77,7 +77,7 @@ export function callRow(call, { slow, now, timeZone } = {}) {
  * (`calls` absent), and before any stats, the numbers are DASH.
  */
 export function globalPanel(stats, calls) {
-  const panel = { now: DASH, who: "", estimated: false, aggregate: DASH, active: DASH, streaming: "", high: DASH, low: DASH };
+  const panel = { now: DASH, who: "", perModel: false, estimated: false, aggregate: DASH, active: DASH, streaming: "", high: DASH, low: DASH };
   if (Array.isArray(calls)) {
     const inFlight = calls.filter((c) => (c.status ?? "in_flight") === "in_flight" && c.speed?.is_final !== true);
     const streaming = inFlight.filter((c) => c.speed && c.speed.phase !== "awaiting_first_token");
@@ -98,14 +98,14 @@ function ownRate(call) {
   return isShowable(rate) && rate > 0 ? rate : null;
 }
 
-/** "Now" from the calls in flight: {now, who, estimated}. */
+/** "Now" from the calls in flight: {now, who, perModel, estimated}. */
 function nowOf(inFlight) {
   const rated = inFlight.filter((c) => ownRate(c) !== null);
-  if (rated.length === 0) return { now: DASH, who: "no stream with a rate", estimated: false };
+  if (rated.length === 0) return { now: DASH, who: "no stream with a rate", perModel: false, estimated: false };
   const estimated = rated.some((c) => c.speed.token_source === "estimated");
   if (rated.length === 1) {
     const [call] = rated;
-    return { now: formatRate(ownRate(call)), who: `${call.model ?? call.route} on ${call.route}`, estimated };
+    return { now: formatRate(ownRate(call)), who: `${call.model ?? call.route} on ${call.route}`, perModel: false, estimated };
   }
   const byModel = new Map();
   for (const call of rated) {
@@ -119,7 +119,7 @@ function nowOf(inFlight) {
       return `${model} ${Math.round(rates.reduce((a, b) => a + b, 0) / rates.length)}`;
     })
     .join(" · ");
-  return { now, who: `per model, ${rated.length} streams`, estimated };
+  return { now, who: `per model, ${rated.length} streams`, perModel: true, estimated };
 }
 
 /**

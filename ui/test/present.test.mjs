@@ -90,7 +90,7 @@ const contract = { tps: 47.3, tps_available: true, estimated: false, high: 52.1,
 test("global panel: one streaming call's Now is its own rate, whatever the engine's mean", () => {
   const v = globalPanel({ ...contract, tps: 43.6 }, [streamingCall("c-1", "qwen3:8b", 40.0), settled]);
   assert.deepEqual(v, {
-    now: "40.0", who: "qwen3:8b on ollama", estimated: false, aggregate: "47.3",
+    now: "40.0", who: "qwen3:8b on ollama", perModel: false, estimated: false, aggregate: "47.3",
     active: "1", streaming: "1 streaming", high: "52.1", low: "31.4",
   });
 });
@@ -104,6 +104,7 @@ test("global panel: several streams give one figure per model, never a mean acro
   const v = globalPanel({ ...contract, tps: 31.0 }, calls);
   assert.equal(v.now, "gemma 15 · qwen3 39");
   assert.equal(v.who, "per model, 3 streams");
+  assert.equal(v.perModel, true);
   assert.equal(v.estimated, true, "one stream's count is an estimate");
 });
 
@@ -121,8 +122,8 @@ test("global panel: the counts are the table's calls in flight, and those stream
 
 test("global panel: nothing available shows dashes, never 0", () => {
   const v = globalPanel({ tps_available: false, estimated: false, active: 0 }, []);
-  assert.deepEqual(v, { now: DASH, who: "no stream with a rate", estimated: false, aggregate: DASH, active: "0", streaming: "0 streaming", high: DASH, low: DASH });
-  const unknown = { now: DASH, who: "", estimated: false, aggregate: DASH, active: DASH, streaming: "", high: DASH, low: DASH };
+  assert.deepEqual(v, { now: DASH, who: "no stream with a rate", perModel: false, estimated: false, aggregate: DASH, active: "0", streaming: "0 streaming", high: DASH, low: DASH });
+  const unknown = { now: DASH, who: "", perModel: false, estimated: false, aggregate: DASH, active: DASH, streaming: "", high: DASH, low: DASH };
   assert.deepEqual(globalPanel(null), unknown, "before any stats or calls");
   assert.deepEqual(globalPanel(contract), { ...unknown, aggregate: "47.3", high: "52.1", low: "31.4" }, "before the calls list: no count, no Now");
 });

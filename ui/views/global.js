@@ -26,6 +26,8 @@ export function mountGlobal(doc = document) {
         node.parentElement.classList.toggle("absent", v[key] === DASH);
       }
       est.hidden = !v.estimated;
+      // Several models' figures are text, not one big number: smaller, wrapping.
+      fields.now.parentElement.classList.toggle("per-model", v.perModel);
       setText(who, v.who);
       setText(streaming, v.streaming);
     },
