@@ -135,7 +135,7 @@ let chartDrawn = { history: null, at: 0 };
 function render() {
   frame = 0;
   calls.render(state, { hideUnmetered: hideUnmetered.checked });
-  global.render(state.stats);
+  global.render(state.stats, state.loaded ? Object.values(state.calls) : undefined);
   const open = details.openId;
   if (detailsLive && open && state.calls[open]) details.update(state.calls[open]);
   // Speed events arrive several times a second per call; the chart changes

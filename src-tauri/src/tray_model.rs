@@ -6,8 +6,13 @@
 //!
 //! Choices where the issue is silent, made for what a user glancing at the
 //! tray expects:
-//! - The label is the global `tps` (`41.7 tok/s`) whenever the engine has
-//!   one. Without a rate it says what is going on instead: why the newest
+//! - The label says whose rate it shows: the one streaming call's own
+//!   live rate (`41.7 tok/s`); with several, one figure per model, each
+//!   the mean of that model's streams, in model order (`qwen3:8b 40 ·
+//!   gemma3 15`), marked `~` while it rests on an estimated count
+//!   (`~41.7 tok/s`). Never the engine's mean over every stream, which with
+//!   two models matches neither. Without a rate it says what is going on
+//!   instead: why the newest
 //!   call waiting for its first token waits, when the engine knows
 //!   (`loading 3.2 s`, `queued #2`, `prefill 60%`), else the longest
 //!   current wait (`waiting 3.2 s`); the phase of a call that streams but
@@ -33,7 +38,7 @@ use serde::Deserialize;
 use speedtap::model::Stats;
 use speedtap::model::{Call, CallIdentity, EngineEvent};
 use speedtap::model::{FollowedServer, FollowedState, RouteInfo};
-use speedtap::model::{Phase, Snapshot};
+use speedtap::model::{Phase, Snapshot, TokenSource};
 use tokio::time::Instant;
 
 /// Menu item ids. Entries whose id starts with [`ID_CALL_PREFIX`] or
@@ -364,8 +369,8 @@ impl TrayModel {
         if let Some(ms) = self.longest_stall(now) {
             return format!("stalled {}", whole_seconds(ms));
         }
-        if let Some(tps) = self.stats.tps.filter(|_| self.stats.tps_available) {
-            return format!("{tps:.1} tok/s");
+        if let Some(rates) = self.rates_label() {
+            return rates;
         }
         if let Some(ms) = self.longest_lifeless(now) {
             return format!("no sign of life {}", whole_seconds(ms));
@@ -389,6 +394,39 @@ impl TrayModel {
         match self.active.values().map(|a| a.speed.phase).next() {
             Some(phase) => phase_label(phase).to_owned(),
             None => "idle".to_owned(),
+        }
+    }
+
+    /// Whose rate is shown: the one streaming call's own live rate, or
+    /// with several, each model's (the mean of its streams, whole
+    /// tok/s). None while no call in flight has a rate.
+    fn rates_label(&self) -> Option<String> {
+        let mut by_model: BTreeMap<&str, (Vec<f64>, bool)> = BTreeMap::new();
+        for a in self.active.values() {
+            if let Some(rate) = own_rate(a) {
+                let model = a.call.model.as_deref().unwrap_or(&a.call.route);
+                let (rates, estimated) = by_model.entry(model).or_default();
+                rates.push(rate);
+                *estimated |= is_estimated(a);
+            }
+        }
+        let streams: usize = by_model.values().map(|(rates, _)| rates.len()).sum();
+        match streams {
+            0 => None,
+            1 => by_model
+                .values()
+                .next()
+                .map(|(rates, est)| format!("{}{:.1} tok/s", mark(*est), rates[0])),
+            _ => Some(
+                by_model
+                    .iter()
+                    .map(|(model, (rates, est))| {
+                        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+                        format!("{model} {}{mean:.0}", mark(*est))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" · "),
+            ),
         }
     }
 
@@ -499,6 +537,31 @@ impl TrayModel {
             .filter_map(|a| silent_ms(a, now))
             .filter(|ms| *ms >= NO_LIFE_MS)
             .max()
+    }
+}
+
+/// `a`'s own live rate, when it streams with one (never a stalled
+/// stream's last rate: the label says `stalled` first).
+fn own_rate(a: &Active) -> Option<f64> {
+    if a.speed.is_final || a.speed.stalled_ms.is_some() {
+        return None;
+    }
+    a.speed
+        .output_tokens_per_second
+        .filter(|r| r.is_finite() && *r > 0.0)
+}
+
+/// Whether `a`'s count, and so its rate, is still speedtap's estimate.
+fn is_estimated(a: &Active) -> bool {
+    a.speed.token_source == TokenSource::Estimated
+}
+
+/// The mark of a rate resting on an estimated count: `~41.7 tok/s`.
+fn mark(estimated: bool) -> &'static str {
+    if estimated {
+        "~"
+    } else {
+        ""
     }
 }
 
@@ -616,7 +679,7 @@ fn call_line(a: &Active, waiting_ms: Option<u64>, now: Instant) -> String {
     }
     let phase = phase_label(a.speed.phase);
     match a.speed.output_tokens_per_second {
-        Some(tps) => format!("{head} · {phase} · {tps:.1} tok/s"),
+        Some(tps) => format!("{head} · {phase} · {}{tps:.1} tok/s", mark(is_estimated(a))),
         None => format!("{head} · {phase}"),
     }
 }
@@ -635,7 +698,6 @@ mod tests {
     use std::time::Duration;
 
     use speedtap::model::ApiKind;
-    use speedtap::model::TokenSource;
     use speedtap::model::{CallStatus, SlowFirstToken};
 
     use super::*;
@@ -660,7 +722,7 @@ mod tests {
             time_to_first_token_ms: (phase != Phase::AwaitingFirstToken).then_some(300),
             output_tokens: 10,
             output_tokens_per_second: tps,
-            token_source: TokenSource::Estimated,
+            token_source: TokenSource::Provider,
             wait: None,
         }
     }
@@ -756,11 +818,13 @@ mod tests {
     }
 
     #[test]
-    fn label_is_the_global_rate_with_one_decimal() {
+    fn the_label_is_the_one_streaming_calls_own_rate_with_one_decimal() {
         let t0 = Instant::now();
         let mut m = TrayModel::new();
         m.apply(&speed("c-1", Phase::Responding, 900, Some(41.66)), t0);
-        assert!(m.apply(&stats(Some(41.7), Some(52.1), Some(31.4)), t0));
+        // A global reading that disagrees with the row is not what the
+        // label shows: the row's own rate is.
+        assert!(m.apply(&stats(Some(43.6), Some(52.1), Some(31.4)), t0));
         let v = m.view(t0, &INPUTS);
         assert_eq!(v.title, "41.7 tok/s");
         assert_eq!(v.state, TrayState::Streaming);
@@ -954,7 +1018,35 @@ mod tests {
             "qwen3:32b on ollama · stalled 12 s"
         );
         m.apply(&speed("c-1", Phase::Responding, 16_000, Some(20.0)), t0);
-        assert_eq!(m.title(t0), "41.7 tok/s");
+        assert_eq!(m.title(t0), "20.0 tok/s");
+    }
+
+    fn streaming(id: &str, model: &str, tps: Option<f64>) -> EngineEvent {
+        EngineEvent::Speed {
+            call: ident(id, model),
+            speed: snap(Phase::Responding, 5_000, tps),
+            seen_by: speedtap::model::SeenBy::Proxy,
+        }
+    }
+
+    #[test]
+    fn several_streams_label_the_tray_per_model_never_with_a_mean_across_models() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        m.apply(&streaming("c-1", "qwen3", Some(40.0)), t0);
+        m.apply(&streaming("c-2", "gemma", Some(15.0)), t0);
+        // The engine's mean over both (27.5) matches no model.
+        m.apply(&stats(Some(27.5), None, None), t0);
+        assert_eq!(m.title(t0), "gemma 15 · qwen3 40");
+        // Two streams of one model: that model's mean; a stream without a
+        // rate yet adds nothing.
+        m.apply(&streaming("c-3", "qwen3", Some(38.0)), t0);
+        m.apply(&streaming("c-4", "gemma", None), t0);
+        assert_eq!(m.title(t0), "gemma 15 · qwen3 39");
+        // When only one stream is left with a rate, it is that call's own.
+        m.apply(&speed("c-1", Phase::Complete, 6_000, Some(40.0)), t0);
+        m.apply(&speed("c-3", Phase::Complete, 6_000, Some(38.0)), t0);
+        assert_eq!(m.title(t0), "15.0 tok/s");
     }
 
     #[test]
@@ -1033,7 +1125,28 @@ mod tests {
     }
 
     #[test]
-    fn the_global_rate_still_beats_a_wait_explanation() {
+    fn a_rate_resting_on_an_estimated_count_says_so_in_the_label_and_the_menu() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        let mut estimated = snap(Phase::Responding, 5_000, Some(41.66));
+        estimated.token_source = TokenSource::Estimated;
+        let event = |id: &str, model: &str, speed: &Snapshot| EngineEvent::Speed {
+            call: ident(id, model),
+            speed: speed.clone(),
+            seen_by: speedtap::model::SeenBy::Proxy,
+        };
+        m.apply(&event("c-1", "qwen3", &estimated), t0);
+        assert_eq!(m.title(t0), "~41.7 tok/s");
+        assert_eq!(
+            m.view(t0, &INPUTS).menu[0].text,
+            "qwen3 on ollama · responding · ~41.7 tok/s"
+        );
+        m.apply(&streaming("c-2", "gemma", Some(15.0)), t0);
+        assert_eq!(m.title(t0), "gemma 15 · qwen3 ~42");
+    }
+
+    #[test]
+    fn a_streaming_calls_rate_still_beats_a_wait_explanation() {
         let t0 = Instant::now();
         let mut m = TrayModel::new();
         explained(
@@ -1043,6 +1156,7 @@ mod tests {
             serde_json::json!({"reason": "queued", "position": 1}),
             t0,
         );
+        m.apply(&speed("c-2", Phase::Responding, 900, Some(41.7)), t0);
         m.apply(&stats(Some(41.7), None, None), t0);
         assert_eq!(m.title(t0), "41.7 tok/s");
     }

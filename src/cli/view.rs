@@ -203,10 +203,16 @@ impl TerminalView {
             out.push_str(&fit(&line, self.width));
             out.push('\n');
         }
-        let stats = fit(
-            &stats_line(self.stats.as_ref(), self.live.len()),
-            self.width,
-        );
+        let streaming = self
+            .live
+            .iter()
+            .filter(|(_, speed)| speed.phase != Phase::AwaitingFirstToken)
+            .count();
+        let counts = CallCounts {
+            in_flight: self.live.len(),
+            streaming,
+        };
+        let stats = fit(&stats_line(self.stats.as_ref(), counts), self.width);
         let _ = writeln!(out, "{BOLD}{stats}{RESET}");
         self.drawn_lines = self.live.len() + 1;
         self.dirty = false;
@@ -311,7 +317,17 @@ fn settled_line(call: &Call) -> String {
     .to_string()
 }
 
-fn stats_line(stats: Option<&Stats>, live_calls: usize) -> String {
+/// The calls the live block lists: all of them in flight, and those past
+/// their first token. Counted from the lines shown, never from the meter's
+/// active set (which leaves out calls still waiting), so the footer can't
+/// say 0 under three call lines.
+#[derive(Clone, Copy, Debug)]
+struct CallCounts {
+    in_flight: usize,
+    streaming: usize,
+}
+
+fn stats_line(stats: Option<&Stats>, counts: CallCounts) -> String {
     let num = |v: Option<f64>| v.map_or(ABSENT.to_string(), |x| format!("{x:.1}"));
     let tps = num(stats.and_then(|s| s.tps));
     let est = if stats.is_some_and(|s| s.tps.is_some() && s.estimated) {
@@ -320,11 +336,14 @@ fn stats_line(stats: Option<&Stats>, live_calls: usize) -> String {
         "       "
     };
     let aggregate = num(stats.and_then(|s| s.aggregate_tps));
-    let active = stats.map_or(live_calls, |s| s.active);
+    let CallCounts {
+        in_flight,
+        streaming,
+    } = counts;
     let high = num(stats.and_then(|s| s.high));
     let low = num(stats.and_then(|s| s.low));
     format!(
-        "{} {tps:>7} tok/s{est}  aggregate {aggregate:>7} tok/s  active {active:>2}  hour high {high} low {low}",
+        "{} {tps:>7} tok/s{est}  aggregate {aggregate:>7} tok/s  in flight {in_flight:>2} · streaming {streaming:>2}  hour high {high} low {low}",
         col("all calls", ROUTE_W)
     )
 }
@@ -525,10 +544,11 @@ mod tests {
             "{call}"
         );
         assert!(call.contains("1.5 s"), "{call}");
-        // Without stats every number is absent; active counts the live call.
+        // Without stats every number is absent; the counts are the lines
+        // shown: one call in flight, not streaming yet.
         let stats = &l[1];
         assert_eq!(stats.matches(ABSENT).count(), 4, "{stats}");
-        assert!(stats.contains("active  1"), "{stats}");
+        assert!(stats.contains("in flight  1 · streaming  0"), "{stats}");
         assert!(!stats.contains("0.0"), "{stats}");
     }
 
@@ -552,11 +572,28 @@ mod tests {
         for part in [
             "47.3 tok/s (est.)",
             "aggregate    94.6 tok/s",
-            "active  2",
+            "in flight  0 · streaming  0",
             "hour high 52.1 low 31.4",
         ] {
             assert!(s.contains(part), "{s:?} lacks {part:?}");
         }
+    }
+
+    #[test]
+    fn the_footer_counts_the_calls_it_lists_not_the_meters_active_streams() {
+        let mut view = TerminalView::new(200);
+        view.apply(&speed("c-1", responding(30, 20.0)));
+        view.apply(&speed("c-2", waiting(100)));
+        view.apply(&speed("c-3", waiting(200)));
+        // The meter counts only streams with a token: it says 1, or 0 once
+        // that stream went quiet, beside three call lines.
+        view.apply(&EngineEvent::Stats(Stats {
+            active: 0,
+            ..Stats::default()
+        }));
+        let l = lines(&view.render(Instant::now()).unwrap());
+        assert_eq!(l.len(), 4, "{l:?}");
+        assert!(l[3].contains("in flight  3 · streaming  1"), "{:?}", l[3]);
     }
 
     #[test]

@@ -60,27 +60,66 @@ export function callRow(call, { slow, now, timeZone } = {}) {
 }
 
 /**
- * The global panel: current tok/s (with whether it is an estimate),
- * aggregate tok/s, active calls, the hour's high and low.
+ * The global panel: whose rate "Now" is (with whether it rests on an
+ * estimate), aggregate tok/s, the calls in flight and how many stream,
+ * the hour's high and low.
  *
- * The current rate shows only when `tps_available` is true AND `tps` is a
- * number: either alone is not enough (a payload that says "available" with
- * no number, or a number flagged unavailable, shows DASH). Without any
- * stats yet, everything is DASH, including the active count.
+ * "Now" is made of the calls' own live rates, never the engine's mean over
+ * every stream (`stats.tps`, which across two models matches neither):
+ * the one streaming call's own rate, or with several, one figure per
+ * model, each the mean of that model's streams (`qwen3 40 · gemma 15`).
+ * `who` says whose it is. A stalled stream's last rate is not current and
+ * counts for nothing.
+ *
+ * The counts come from the same calls as the table below, so they agree
+ * with its "N in flight": `active` is the calls in flight, `streaming`
+ * those of them past their first token. Before the calls list is known
+ * (`calls` absent), and before any stats, the numbers are DASH.
  */
-export function globalPanel(stats) {
-  if (!stats || typeof stats !== "object") {
-    return { now: DASH, estimated: false, aggregate: DASH, active: DASH, high: DASH, low: DASH };
+export function globalPanel(stats, calls) {
+  const panel = { now: DASH, who: "", perModel: false, estimated: false, aggregate: DASH, active: DASH, streaming: "", high: DASH, low: DASH };
+  if (Array.isArray(calls)) {
+    const inFlight = calls.filter((c) => (c.status ?? "in_flight") === "in_flight" && c.speed?.is_final !== true);
+    const streaming = inFlight.filter((c) => c.speed && c.speed.phase !== "awaiting_first_token");
+    Object.assign(panel, nowOf(inFlight), {
+      active: String(inFlight.length),
+      streaming: `${streaming.length} streaming`,
+    });
   }
-  const nowAvailable = stats.tps_available === true && isShowable(stats.tps);
-  return {
-    now: nowAvailable ? formatRate(stats.tps) : DASH,
-    estimated: nowAvailable && stats.estimated === true,
-    aggregate: formatRate(stats.aggregate_tps),
-    active: Number.isInteger(stats.active) && stats.active >= 0 ? String(stats.active) : DASH,
-    high: formatRate(stats.high),
-    low: formatRate(stats.low),
-  };
+  if (!stats || typeof stats !== "object") return panel;
+  return { ...panel, aggregate: formatRate(stats.aggregate_tps), high: formatRate(stats.high), low: formatRate(stats.low) };
+}
+
+/** A call's own current rate, when it streams with one. */
+function ownRate(call) {
+  const speed = call.speed;
+  if (!speed || isShowable(speed.stalled_ms)) return null;
+  const rate = speed.output_tokens_per_second;
+  return isShowable(rate) && rate > 0 ? rate : null;
+}
+
+/** "Now" from the calls in flight: {now, who, perModel, estimated}. */
+function nowOf(inFlight) {
+  const rated = inFlight.filter((c) => ownRate(c) !== null);
+  if (rated.length === 0) return { now: DASH, who: "no stream with a rate", perModel: false, estimated: false };
+  const estimated = rated.some((c) => c.speed.token_source === "estimated");
+  if (rated.length === 1) {
+    const [call] = rated;
+    return { now: formatRate(ownRate(call)), who: `${call.model ?? call.route} on ${call.route}`, perModel: false, estimated };
+  }
+  const byModel = new Map();
+  for (const call of rated) {
+    const model = call.model ?? call.route;
+    byModel.set(model, [...(byModel.get(model) ?? []), ownRate(call)]);
+  }
+  const now = [...byModel.keys()]
+    .sort()
+    .map((model) => {
+      const rates = byModel.get(model);
+      return `${model} ${Math.round(rates.reduce((a, b) => a + b, 0) / rates.length)}`;
+    })
+    .join(" · ");
+  return { now, who: `per model, ${rated.length} streams`, perModel: true, estimated };
 }
 
 /**

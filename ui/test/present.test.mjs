@@ -77,24 +77,55 @@ test("the slow marker shows only while the call is still waiting", () => {
   assert.equal(callRow(waiting).slow, null);
 });
 
-test("global panel: the contract example shows every number", () => {
-  const v = globalPanel({ tps: 47.3, tps_available: true, estimated: false, high: 52.1, low: 31.4, active: 1, aggregate_tps: 47.3 });
-  assert.deepEqual(v, { now: "47.3", estimated: false, aggregate: "47.3", active: "1", high: "52.1", low: "31.4" });
+const streamingCall = (id, model, rate, extra = {}) => ({
+  ...settled,
+  id,
+  model,
+  status: "in_flight",
+  http_status: null,
+  speed: { ...settled.speed, phase: "responding", is_final: false, output_tokens_per_second: rate, token_source: "provider", ...extra },
+});
+const contract = { tps: 47.3, tps_available: true, estimated: false, high: 52.1, low: 31.4, active: 1, aggregate_tps: 47.3 };
+
+test("global panel: one streaming call's Now is its own rate, whatever the engine's mean", () => {
+  const v = globalPanel({ ...contract, tps: 43.6 }, [streamingCall("c-1", "qwen3:8b", 40.0), settled]);
+  assert.deepEqual(v, {
+    now: "40.0", who: "qwen3:8b on ollama", perModel: false, estimated: false, aggregate: "47.3",
+    active: "1", streaming: "1 streaming", high: "52.1", low: "31.4",
+  });
+});
+
+test("global panel: several streams give one figure per model, never a mean across models", () => {
+  const calls = [
+    streamingCall("c-1", "qwen3", 40.0),
+    streamingCall("c-2", "gemma", 15.0),
+    streamingCall("c-3", "qwen3", 38.0, { token_source: "estimated" }),
+  ];
+  const v = globalPanel({ ...contract, tps: 31.0 }, calls);
+  assert.equal(v.now, "gemma 15 · qwen3 39");
+  assert.equal(v.who, "per model, 3 streams");
+  assert.equal(v.perModel, true);
+  assert.equal(v.estimated, true, "one stream's count is an estimate");
+});
+
+test("global panel: the counts are the table's calls in flight, and those streaming", () => {
+  const waiting = { ...streamingCall("c-4", "qwen3", undefined), speed: { ...settled.speed, phase: "awaiting_first_token", is_final: false, output_tokens_per_second: undefined } };
+  const noRateYet = streamingCall("c-5", "qwen3", undefined);
+  const stalled = streamingCall("c-6", "gemma", 14.1, { stalled_ms: 4000 });
+  // The engine's own stream count (0) is not what the panel shows.
+  const v = globalPanel({ tps_available: false, active: 0 }, [waiting, noRateYet, stalled, settled]);
+  assert.equal(v.active, "3");
+  assert.equal(v.streaming, "2 streaming");
+  assert.equal(v.now, DASH, "no current rate: none streams with one, and a stalled stream's last rate is not current");
+  assert.equal(v.who, "no stream with a rate");
 });
 
 test("global panel: nothing available shows dashes, never 0", () => {
-  const v = globalPanel({ tps_available: false, estimated: false, active: 0 });
-  assert.deepEqual(v, { now: DASH, estimated: false, aggregate: DASH, active: "0", high: DASH, low: DASH });
-  assert.deepEqual(globalPanel(null), { now: DASH, estimated: false, aggregate: DASH, active: DASH, high: DASH, low: DASH });
-});
-
-test("global panel: tps needs both the flag and a number", () => {
-  assert.equal(globalPanel({ tps: 12.5, tps_available: false, active: 1 }).now, DASH);
-  assert.equal(globalPanel({ tps_available: true, estimated: true, active: 1 }).now, DASH);
-  assert.equal(globalPanel({ tps_available: true, estimated: true, active: 1 }).estimated, false, "no est. marker on a dash");
-  const est = globalPanel({ tps: 12.5, tps_available: true, estimated: true, active: 1 });
-  assert.equal(est.now, "12.5");
-  assert.equal(est.estimated, true);
+  const v = globalPanel({ tps_available: false, estimated: false, active: 0 }, []);
+  assert.deepEqual(v, { now: DASH, who: "no stream with a rate", perModel: false, estimated: false, aggregate: DASH, active: "0", streaming: "0 streaming", high: DASH, low: DASH });
+  const unknown = { now: DASH, who: "", perModel: false, estimated: false, aggregate: DASH, active: DASH, streaming: "", high: DASH, low: DASH };
+  assert.deepEqual(globalPanel(null), unknown, "before any stats or calls");
+  assert.deepEqual(globalPanel(contract), { ...unknown, aggregate: "47.3", high: "52.1", low: "31.4" }, "before the calls list: no count, no Now");
 });
 
 test("a row names the client (app) that made the call, and when it started", () => {
