@@ -34,8 +34,16 @@ TARGET = os.environ.get("SPEEDTAP_TARGET_DIR", os.path.join(ROOT, "target", "deb
 SPEEDTAP = os.path.join(TARGET, "speedtap")
 DESKTOP = os.path.join(TARGET, "speedtap-desktop")
 
-# The label while tokens flow, e.g. `41.7 tok/s`.
-RATE_LABEL = re.compile(r"^\d+(\.\d)? tok/s$")
+# The tray's rate label: one stream's own rate (`41.7 tok/s`), or with
+# several, each model's (`sim-model 20`, `gemma 15 · qwen3 40`); `~` marks
+# a rate on an estimated count. Group 1 is the first figure.
+RATE_LABEL = re.compile(r"^(?:\S+ ~?(\d+(?:\.\d)?)(?: · \S+ ~?\d+(?:\.\d)?)*|~?(\d+(?:\.\d)?) tok/s)$")
+
+
+def label_rate(label):
+    """The first rate figure in a tray label, or None when it shows none."""
+    m = RATE_LABEL.match(label or "")
+    return float(m.group(1) or m.group(2)) if m else None
 
 
 def free_port():
