@@ -44,7 +44,6 @@
 //! forwarded either ([`limits::head_too_large`]).
 
 mod forward;
-pub mod half_close;
 pub mod headers;
 pub mod idle;
 pub mod limits;
