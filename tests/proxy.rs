@@ -561,6 +561,121 @@ async fn sixty_four_concurrent_streams_are_all_measured() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
+/// A client that sends its request and then shuts down its write
+/// side (`nc -N`) is answered in full, and its call is recorded `ok`: the
+/// kernel says the client still holds its socket, so the end of its input
+/// is a half-close, not a hang-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_its_request_is_answered_and_metered() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let script = openai_chat_script(5, 20 * MS, 5 * MS, Some(5));
+    let expected = script.body();
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let body = r#"{"model":"m1","stream":true,"messages":[]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
+        .await
+        .expect("the proxy never closed the connection")
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let sent = String::from_utf8_lossy(&expected);
+    for event in sent.split("\n\n").filter(|e| !e.is_empty()) {
+        assert!(reply.contains(event), "missing {event:?} in {reply}");
+    }
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Ok, "{:#?}", calls[0]);
+    assert_eq!(calls[0].speed.as_ref().unwrap().output_tokens, 5);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A client that sends a non-streamed request and closes its socket for
+/// good while the answer is still being generated: nothing has been
+/// written to it yet, so only its input's end tells. That is a hang-up,
+/// not a half-close: the call ends `abandoned` and the server stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_closes_before_the_head_of_a_whole_answer_is_abandoned() {
+    use tokio::io::AsyncWriteExt;
+    let mut script = openai_chat_script(5, 20 * MS, 5 * MS, Some(5));
+    // The whole body comes at once, 10 s later.
+    script.frames = vec![(10_000 * MS, Bytes::from(script.body()))];
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let body = r#"{"model":"m1","stream":false,"messages":[]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // Once the request has reached the server, the client leaves.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while up.seen.lock().unwrap().requests.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "never forwarded");
+        tokio::task::yield_now().await;
+    }
+    drop(stream);
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Abandoned, "{:#?}", calls[0]);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A client that half-closes after its request and then closes its
+/// socket for good while the answer is still being generated (a client
+/// library hanging up in two steps): the kernel's later look sees it
+/// gone, so the call ends `abandoned` long before the answer, not `ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_then_leaves_during_the_wait_is_abandoned() {
+    use tokio::io::AsyncWriteExt;
+    let mut script = openai_chat_script(5, 20 * MS, 5 * MS, Some(5));
+    // The whole body comes at once, 10 s later.
+    script.frames = vec![(10_000 * MS, Bytes::from(script.body()))];
+    let up = ScriptedUpstream::start(scripts(vec![("/v1/chat/completions", script)])).await;
+    let engine = engine_for(&up.url()).await;
+    let addr = engine.routes[0].listen;
+    let body = r#"{"model":"m1","stream":false,"messages":[]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while up.seen.lock().unwrap().requests.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "never forwarded");
+        tokio::task::yield_now().await;
+    }
+    drop(stream);
+    let left = tokio::time::Instant::now();
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::Abandoned, "{:#?}", calls[0]);
+    // The answer is 10 s away: the hang-up was seen, not the answer's end.
+    assert!(
+        left.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        left.elapsed()
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A server that stalls 2 s after its end marker before ending
+/// its body. The call settles at the marker (it leaves the live list while
+/// the body is still open, with the marker's elapsed time); the client
+/// still gets every byte, the late ones included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_settles_at_its_end_marker_while_the_server_stalls_before_closing() {
     let mut script = openai_chat_script(5, 50 * MS, 10 * MS, Some(5));

@@ -5,12 +5,14 @@
 //!   effect (without a timer hyper silently ignores its 30 s default, and a
 //!   client trickling its head one byte a minute would hold its connection
 //!   forever), and `max_buf_size` caps what a head may buffer.
-//! - Half-closed clients are not served: hyper's `half_close` stays off,
-//!   so the end of a client's input reads as a hang-up at once (the call
-//!   ends `abandoned` and the upstream connection closes). With it on, a
-//!   client that left before its answer was recorded `ok` (the soak saw
-//!   75 of 632 hang-ups), since TCP can't tell a half-close from a close
-//!   until a write fails (`docs/protocols.md`).
+//! - Half-closed clients are served, but only those the kernel says are
+//!   still there to read: each connection is a [`ClientStream`], which
+//!   hides the end of a half-closed client's input from hyper until its
+//!   answer is done ([`super::half_close`]). hyper's own `half_close`
+//!   stays off: with it on, hyper stops reading while it answers and never
+//!   sees a hang-up that comes before the answer's first write. A hang-up
+//!   still ends the call `abandoned` at once and closes the upstream
+//!   connection.
 //! - A semaphore caps the connections served at once; at the cap the loop
 //!   stops accepting, so extra clients wait in the kernel's backlog.
 //! - A failed `accept` (no descriptors left) backs off briefly instead of
@@ -29,6 +31,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
+use super::half_close::{ClientStream, Guarded, Pending};
 use super::limits::{ProxyLimits, ACCEPT_ERROR_BACKOFF};
 use super::{ClientConn, RouteProxy};
 
@@ -70,10 +73,16 @@ pub async fn serve_route(
         };
         let _ = stream.set_nodelay(true);
         let from = ClientConn::of(&stream);
+        let pending = Pending::default();
+        let stream = ClientStream::new(stream, pending.clone());
         let proxy = proxy.clone();
         let service = service_fn(move |req| {
             let proxy = proxy.clone();
-            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, from).await) }
+            let answer = pending.guard();
+            async move {
+                let response = proxy.handle(req, from).await;
+                Ok::<_, std::convert::Infallible>(response.map(|b| Guarded::new(b, answer)))
+            }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)

@@ -44,6 +44,7 @@
 //! forwarded either ([`limits::head_too_large`]).
 
 mod forward;
+pub mod half_close;
 pub mod headers;
 pub mod idle;
 pub mod limits;
