@@ -696,3 +696,127 @@ fn waits_are_explained_by_a_real_llama_server() {
     assert!(error.contains("context size"), "{refused}");
     drop(run);
 }
+
+/// When each keep-alive ping (an SSE comment) and the first content chunk
+/// of one streamed chat call reached a raw client, in seconds from the
+/// request: `(pings, first_token)`.
+fn pings_until_first_token(to: SocketAddr, body: &Value) -> (Vec<f64>, f64) {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let mut stream = std::net::TcpStream::connect(to).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let t0 = Instant::now();
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {to}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (mut seen, mut pings, mut buf) = (Vec::<u8>::new(), Vec::new(), [0u8; 16384]);
+    loop {
+        let n = stream.read(&mut buf).expect("read");
+        assert!(n > 0, "the stream ended before its first token");
+        let at = t0.elapsed().as_secs_f64();
+        seen.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        // Chunked framing aside, each event ends with a blank line.
+        let events: Vec<&str> = text.split("\n\n").collect();
+        let complete = &events[..events.len() - 1];
+        for event in complete {
+            let line = event.lines().last().unwrap_or("").trim();
+            if line.starts_with(':') {
+                pings.push(at);
+            } else if line.starts_with("data:") && line.contains("\"content\":\"") {
+                return (pings, at);
+            }
+        }
+        let rest = events.last().copied().unwrap_or("").as_bytes().to_vec();
+        seen = rest;
+    }
+}
+
+/// The pings a client gets per second of wait.
+fn ping_rate(pings: &[f64], first_token: f64) -> f64 {
+    pings.len() as f64 / first_token
+}
+
+/// Watching never changes the watched: llama-server answers `/slots` and
+/// `/metrics` from its task queue, and every answer restarts the wait
+/// before each stream's keep-alive ping, so speedtap's looks every 500 ms
+/// silenced every ping of a waiting call. With the looks spaced for them,
+/// a long prompt asking for a ping every second (`sse_ping_interval: 1`)
+/// gets them through speedtap's proxy, with speedtap polling, at no less
+/// than half the rate it gets straight from the server; the call's
+/// silence reads alive, and its TTFT is the first token, not a ping.
+#[test]
+fn pings_reach_the_client_while_speedtap_watches_a_real_llama_server() {
+    let Ok(url) = std::env::var(URL_VAR) else {
+        println!("skipped: set {URL_VAR} to a running llama-server (scripts/real-server-check)");
+        return;
+    };
+    let url = url.trim_end_matches('/').to_owned();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real_server_pings");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let route = format!("real=127.0.0.1:0={url}");
+    let run = Proc::spawn(speedtap(
+        &dir,
+        &[
+            "run",
+            "--json",
+            "--no-db",
+            "--api",
+            "127.0.0.1:0",
+            "--route",
+            &route,
+        ],
+    ));
+    let (proxy, api) = read_announcement(&run, "real");
+    let words: Vec<&str> = PROMPTS.iter().flat_map(|p| p.split(' ')).collect();
+    // A different prompt each time (no prompt-cache reuse), long enough
+    // for a wait of several seconds.
+    let long = |salt: &str| {
+        let text: Vec<&str> = (0..1_200).map(|i| words[(i * 7) % words.len()]).collect();
+        json!({
+            "model": "SmolLM2-135M-Instruct", "max_tokens": 4, "stream": true,
+            "temperature": 0, "cache_prompt": false, "sse_ping_interval": 1,
+            "messages": [{"role": "user", "content": format!("{salt} {}", text.join(" "))}],
+        })
+    };
+    let (direct, direct_ttft) = pings_until_first_token(server_addr(&url), &long("A"));
+    let (watched, watched_ttft) = pings_until_first_token(proxy, &long("B"));
+    let call = settled_call(api);
+    println!(
+        "straight to the server: first token {direct_ttft:.2} s, pings at {direct:.2?}\n\
+         through speedtap, polling: first token {watched_ttft:.2} s, pings at {watched:.2?}"
+    );
+    assert!(
+        direct_ttft > 3.0 && !direct.is_empty(),
+        "the prompt is too short to show pings ({direct_ttft:.2} s, {direct:?})"
+    );
+    assert!(
+        ping_rate(&watched, watched_ttft) >= 0.5 * ping_rate(&direct, direct_ttft),
+        "pings silenced while speedtap watched: {watched:?} in {watched_ttft:.2} s, \
+         against {direct:?} in {direct_ttft:.2} s"
+    );
+    // The TTFT is the first token's, not the first ping's.
+    let ttft_ms = call["speed"]["time_to_first_token_ms"].as_f64().unwrap();
+    assert!(
+        (ttft_ms / 1000.0 - watched_ttft).abs() < 0.25,
+        "TTFT {ttft_ms} ms against the client's {watched_ttft:.2} s"
+    );
+    assert!(ttft_ms / 1000.0 > watched[0] + 0.5, "{ttft_ms} ms");
+    // Alive: the live silence stays within the pings' spacing (plus a
+    // batch that holds the server) after the first ping.
+    let lines = run.stdout.lines_so_far();
+    let silences: Vec<(u64, u64)> = waits_in(&lines, call["id"].as_str().unwrap())
+        .into_iter()
+        .filter_map(|(at, w)| Some((at, w["silent_ms"].as_u64()?)))
+        .filter(|(at, _)| *at as f64 > (watched[0] + 0.1) * 1000.0)
+        .collect();
+    println!("live silence after the first ping (at ms, silent ms): {silences:?}");
+    assert!(silences.iter().all(|(_, s)| *s < 5_000), "{silences:?}");
+}

@@ -606,6 +606,45 @@ async fn a_route_is_polled_only_while_a_call_waits_and_never_when_idle() {
     sim.shutdown().await;
 }
 
+/// llama-server answers its telemetry from its task queue, and each answer
+/// restarts the wait before every stream's keep-alive ping: looked at every
+/// 500 ms, a waiting stream got no ping at all. A llama-server alone (no
+/// `/api/ps`) is looked at with room for a ping each second between looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llama_server_is_looked_at_with_room_for_its_pings_between_looks() {
+    let (sim, engine, addr, _rx) = sim_and_engine(SimConfig {
+        ttft: Duration::from_millis(4_000),
+        tokens: 4,
+        publishes_ps: false,
+        ..SimConfig::default()
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sim.telemetry_requests() < 4 {
+        assert!(Instant::now() < deadline, "no start look");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let at_start = sim.telemetry_requests();
+    let t0 = std::time::Instant::now();
+    let got = send(addr, "POST", "/v1/chat/completions", &openai_chat("hi")).await;
+    assert_eq!(got.status, 200);
+    let active = t0.elapsed();
+    let _ = settled_calls(&engine, 1).await;
+    let during = sim.telemetry_requests() - at_start;
+    // Each look asks /slots and /metrics: at dispatch, when the request
+    // names its model, then at most one per pace::QUIET_LOOK (every 500 ms
+    // would be 8 more looks in the 4 s wait).
+    let quiet = speedtap::engine::telemetry::pace::QUIET_LOOK;
+    let looks = 2 + (active.as_millis() / quiet.as_millis()) as u64;
+    println!("llama-server looks: {during} requests over {active:?}");
+    assert!(
+        during <= 2 * looks + 1,
+        "{during} requests for at most {looks} looks"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_answered_404_is_never_asked_again() {
     // A server with the model routes only: every telemetry GET is a 404.

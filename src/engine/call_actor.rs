@@ -22,7 +22,7 @@ use super::messages::*;
 use super::supervisor::Supervisor;
 use super::telemetry::explain::ServerFacts;
 use super::telemetry::{
-    CallUpdate, FirstTokenSeen, TelemetryPoller, Track, Untrack, WaitExplained,
+    CallUpdate, FirstTokenSeen, SignInBand, TelemetryPoller, Track, Untrack, WaitExplained,
 };
 use crate::decode::detect::{detect_framing, request_facts, BodyFraming};
 use crate::decode::request_fields::RequestFields;
@@ -94,6 +94,8 @@ pub struct CallActor {
     /// The server streamed its own prefill progress: it explains the wait
     /// from then on, over the poller's readings and estimates.
     in_band_progress: bool,
+    /// The poller was told the stream carries the server's own progress.
+    progress_told: bool,
     /// The time the call was explained queued, for its record.
     queue: QueueTally,
     /// What the server said about the call's model.
@@ -146,6 +148,7 @@ impl CallActor {
             wait: None,
             known_wait: None,
             in_band_progress: false,
+            progress_told: false,
             queue: QueueTally::default(),
             facts: ServerFacts::default(),
             prompt: None,
@@ -198,10 +201,14 @@ impl CallActor {
                 self.liveness.on_output(output_at);
             }
         }
+        let output = output_before != self.metering.last_output_at();
         if let Some(s) = published {
             self.publish(s);
         }
         self.take_in_band_progress();
+        if !output {
+            self.tell_poller_sign(at);
+        }
         if !self.first_token_told && self.metering.first_output_at().is_some() {
             self.first_token_told = true;
             self.setup
@@ -327,6 +334,23 @@ impl CallActor {
             reason: self.wait.clone(),
             usual_ms: usual,
         }));
+    }
+
+    /// Tells the poller the server showed life in this waiting call's
+    /// stream (a ping, or its own progress, told once), so its looks leave
+    /// room for the pings and stop where the stream says more.
+    fn tell_poller_sign(&mut self, at: Instant) {
+        if !self.waiting() || self.progress_told {
+            return;
+        }
+        self.progress_told = self.in_band_progress;
+        if let Some(poller) = &self.setup.telemetry {
+            poller.do_send(SignInBand {
+                seq: self.setup.seq,
+                at,
+                progress: self.in_band_progress,
+            });
+        }
     }
 
     /// Tells the poller the model and the prompt size, once known.

@@ -126,6 +126,10 @@ pub struct SimConfig {
     /// true); false answers them 404, as Ollama does, so a server that runs
     /// one call at a time (`slots: Some(1)`) publishes no queue of its own.
     pub publishes_slots: bool,
+    /// Answer Ollama's `/api/ps` (default true); false answers it 404, as
+    /// llama-server does, so the simulator is taken for a llama-server
+    /// alone (whose telemetry looks are spaced to leave room for pings).
+    pub publishes_ps: bool,
     /// What `/api/version` answers at start (default
     /// `0.0.0-speedtap-sim`); `SimServer::set_version` plays an upgrade.
     pub version: String,
@@ -227,6 +231,7 @@ impl Default for SimConfig {
             vram_fraction: 1.0,
             ps_while_loading: PsWhileLoading::Hidden,
             publishes_slots: true,
+            publishes_ps: true,
             version: "0.0.0-speedtap-sim".to_owned(),
             ping_interval: None,
             stall_after_tokens: None,

@@ -823,6 +823,9 @@ fn telemetry_reply(path: &str, shared: &Shared) -> Response<Body> {
     if !shared.config.publishes_slots && path != "/api/ps" {
         return not_found();
     }
+    if !shared.config.publishes_ps && path == "/api/ps" {
+        return not_found();
+    }
     let mut snap = shared.state.snapshot(Instant::now());
     if shared.config.slots.is_none() {
         telemetry::with_room(&mut snap);

@@ -772,6 +772,15 @@ impl Tracker {
         self.calls.values().any(|c| c.waiting)
     }
 
+    /// Each call still awaiting its first token, with its dispatch time.
+    pub fn waiting_since(&self) -> Vec<(u64, Instant)> {
+        self.calls
+            .iter()
+            .filter(|(_, c)| c.waiting)
+            .map(|(seq, c)| (*seq, c.dispatched_at))
+            .collect()
+    }
+
     /// Takes a fresh server state into account: decides cold or warm for
     /// calls that have not had a look yet, matches new slot tasks to
     /// waiting calls in dispatch order, and gathers each call's facts.

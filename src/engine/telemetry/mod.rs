@@ -11,7 +11,9 @@
 //! - **When.** Once when the route starts (which is also when a
 //!   discovered server becomes a route), on each dispatched call, then
 //!   every [`POLL_INTERVAL`] while a call on the route still awaits its
-//!   first token. Streaming-only and idle routes are not polled: no timer
+//!   first token; for llama-server, whose looks go through its task queue
+//!   and would silence its pings, as [`pace`] spaces them (none for a
+//!   call whose stream carries the server's own progress). Streaming-only and idle routes are not polled: no timer
 //!   runs, no wake-ups. `/props` changes rarely: it is read at start and
 //!   then at most every [`PROPS_MAX_AGE`], on a dispatch. Once the server
 //!   is known to publish nothing, a dispatch asks nothing and the rules
@@ -39,6 +41,7 @@
 //!   it while the look waits.
 
 pub mod explain;
+pub mod pace;
 pub mod serial;
 pub mod server;
 
@@ -61,6 +64,7 @@ use tokio::time::Instant;
 use crate::meter::normals::Normals;
 use crate::model::{Upstream, Wait};
 use explain::{ServerFacts, ServerView, Tracker, PS_HELD};
+use pace::Pace;
 
 /// How often a route with a waiting call is looked at.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -136,6 +140,18 @@ enum Answer {
 
 // === CallActor -> TelemetryPoller ===
 
+/// A waiting call's stream showed the server at work before its first
+/// token: a ping, or the server's own prompt progress. Looks are spaced so
+/// that they never silence such signs ([`pace`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SignInBand {
+    pub seq: u64,
+    pub at: Instant,
+    /// The server's own progress (`prompt_progress`), not a ping.
+    pub progress: bool,
+}
+
 /// A call was dispatched on the route.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -207,6 +223,8 @@ pub struct TelemetryPoller {
     polling: bool,
     /// The next scheduled look.
     next: Option<SpawnHandle>,
+    /// What the waiting calls' streams show, which spaces the looks.
+    pace: Pace,
     /// Telemetry requests sent (diagnostics and tests).
     requests: Arc<AtomicU64>,
     /// Passes of the rules over every tracked call (tests).
@@ -242,6 +260,7 @@ impl TelemetryPoller {
             normals,
             polling: false,
             next: None,
+            pace: Pace::default(),
             requests: Arc::new(AtomicU64::new(0)),
             passes: Arc::new(AtomicU64::new(0)),
             version: None,
@@ -469,12 +488,28 @@ impl TelemetryPoller {
         let now = Instant::now();
         self.tracker.observe(&self.view, now);
         self.tell(now);
-        if self.tracker.any_waiting() && self.next.is_none() {
-            self.next = Some(ctx.run_later(POLL_INTERVAL, |act, ctx| {
+        if self.next.is_some() {
+            return;
+        }
+        // Looks through llama-server's task queue are spaced so its pings
+        // still reach its clients.
+        let queued_looks = self.looks_queue();
+        let waiting = self.tracker.waiting_since();
+        if let Some(delay) = self.pace.next_look(waiting, queued_looks, now) {
+            self.next = Some(ctx.run_later(delay, |act, ctx| {
                 act.next = None;
                 act.look(ctx);
             }));
         }
+    }
+
+    /// Whether a look goes through the server's generation queue: a
+    /// llama-server (it publishes `/slots`, and no Ollama `/api/ps`), whose
+    /// every telemetry answer restarts the wait of each stream before its
+    /// keep-alive ping ([`pace`]).
+    fn looks_queue(&self) -> bool {
+        let publishes_ps = self.available[0];
+        self.view.slots.is_some() && !publishes_ps
     }
 
     /// Sends each call its explanation when it changed.
@@ -617,9 +652,17 @@ impl Handler<CallUpdate> for TelemetryPoller {
     }
 }
 
+impl Handler<SignInBand> for TelemetryPoller {
+    type Result = ();
+    fn handle(&mut self, msg: SignInBand, _: &mut Self::Context) {
+        self.pace.on_sign(msg.seq, msg.at, msg.progress);
+    }
+}
+
 impl Handler<FirstTokenSeen> for TelemetryPoller {
     type Result = ();
     fn handle(&mut self, msg: FirstTokenSeen, ctx: &mut Self::Context) {
+        self.pace.forget(msg.seq);
         self.tracker.first_token(msg.seq, &self.view);
         self.idle_unless_waiting(ctx);
     }
@@ -628,6 +671,7 @@ impl Handler<FirstTokenSeen> for TelemetryPoller {
 impl Handler<Untrack> for TelemetryPoller {
     type Result = ();
     fn handle(&mut self, msg: Untrack, ctx: &mut Self::Context) {
+        self.pace.forget(msg.seq);
         self.tracker.untrack(msg.seq, Instant::now());
         if msg.unreachable {
             self.unreachable = true;
