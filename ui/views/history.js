@@ -222,7 +222,12 @@ export function mountHistory(source, { onSelect }, doc = document) {
           td("client", v.client, "client"),
           h("td", { "data-col": "api", class: "api", title: v.apiRaw }, v.api),
           td("ttft", v.ttft, "num"),
-          td("rate", v.rate, "num strong"),
+          h(
+            "td",
+            { "data-col": "rate", class: "num strong" },
+            v.rate,
+            v.slowdown ? h("span", { class: "badge slowdown", title: v.slowdown.title }, v.slowdown.badge) : null,
+          ),
           td("tokens", v.tokens, "num"),
           h("td", { "data-col": "source" }, src),
           h(
