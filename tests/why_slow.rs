@@ -417,6 +417,43 @@ async fn a_model_usually_at_40_tok_s_then_at_12_with_29_percent_on_the_cpu_is_a_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowdown_right_after_a_restart_is_judged_against_the_usual_learned_before_it() {
+    let dir = crate::util::process::scratch("why_slow", "restart_usual");
+    let db = dir.join("calls.sqlite3");
+    let sim = sim_at("127.0.0.1:0", "0.32.13").await;
+    let with_store = |o: &mut speedtap::host::EngineOptions| {
+        o.telemetry = true;
+        o.store = Some(speedtap::store::Store::open(&db).unwrap());
+    };
+    let before = engine_with(&sim.base_url(), with_store).await;
+    let addr = before.routes[0].listen;
+    for n in 1..=5 {
+        let call = call_at(&before, addr, 40.0, n).await;
+        assert_eq!(call.details.slowdown, None, "call {n}: {call:?}");
+    }
+    before.shutdown(Duration::from_secs(1)).await;
+
+    // A new engine on the same file: its first call is judged at once.
+    let after = engine_with(&sim.base_url(), with_store).await;
+    let addr = after.routes[0].listen;
+    let first = call_at(&after, addr, 12.0, 1).await;
+    let slow = first
+        .details
+        .slowdown
+        .clone()
+        .unwrap_or_else(|| panic!("no slowdown after the restart: {first:#?}"));
+    assert!(
+        (36.0..=44.0).contains(&slow.usual_tps),
+        "usual {}",
+        slow.usual_tps
+    );
+    assert!((0.27..=0.33).contains(&slow.ratio), "ratio {}", slow.ratio);
+    assert_eq!(slow.causes, [SlowdownCause::Unknown], "{slow:?}");
+    after.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_calls_streaming_at_once_below_the_usual_each_name_the_other() {
     let sim = sim_at("127.0.0.1:0", "0.32.13").await;
     let engine = engine_with(&sim.base_url(), |o| o.telemetry = true).await;
