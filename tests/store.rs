@@ -820,6 +820,12 @@ fn models_medians_and_p90_match_hand_computed_values() {
         prefill_tokens: Some(4_000),
         ..TtftBreakdown::default()
     });
+    // Three ok calls reasoned (one counted by speedtap's estimate); the
+    // abandoned one's reasoning is not an answer's.
+    for (i, tokens) in [(0, 1_800), (1, 600), (2, 1_200), (5, 9_000)] {
+        calls[i].details.reasoning_tokens = Some(tokens);
+    }
+    calls[1].details.reasoning_tokens_estimated = true;
     store.insert_calls(&calls).unwrap();
 
     let models = store.models(&HistoryFilter::default()).unwrap();
@@ -843,6 +849,9 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 cold_ttft_ms_p50: None,
                 queued_calls: 0,
                 prefill_tps_p50: None,
+                reasoning_tokens_p50: None,
+                reasoning_calls: 0,
+                reasoning_tokens_estimated: false,
                 last_seen: ms_to_rfc3339(T0 + 6),
             },
             ModelSummary {
@@ -865,6 +874,10 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 queued_calls: 0,
                 // Prefill sorted [100, 250, 400]: p50 = 250.
                 prefill_tps_p50: Some(250.0),
+                // Reasoning of the ok calls sorted [600, 1200, 1800]: p50 1200.
+                reasoning_tokens_p50: Some(1_200.0),
+                reasoning_calls: 3,
+                reasoning_tokens_estimated: true,
                 // The newest call, even though it failed.
                 last_seen: ms_to_rfc3339(T0 + 70),
             },
@@ -882,6 +895,9 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 cold_ttft_ms_p50: None,
                 queued_calls: 0,
                 prefill_tps_p50: None,
+                reasoning_tokens_p50: None,
+                reasoning_calls: 0,
+                reasoning_tokens_estimated: false,
                 last_seen: ms_to_rfc3339(T0 + 1),
             },
         ]
@@ -909,6 +925,15 @@ fn models_medians_and_p90_match_hand_computed_values() {
         (Some(30.5), Some(38.9))
     );
     assert_eq!(recent[0].prefill_tps_p50, Some(400.0));
+    // a3 alone reasoned among them, counted by the server.
+    assert_eq!(
+        (
+            recent[0].reasoning_tokens_p50,
+            recent[0].reasoning_calls,
+            recent[0].reasoning_tokens_estimated
+        ),
+        (Some(1_200.0), 1, false)
+    );
 
     let json = serde_json::to_value(&models[2]).unwrap();
     assert_eq!(

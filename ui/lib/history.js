@@ -184,6 +184,12 @@ export function comparisonRows(models, { now, timeZone } = {}) {
     // The slow tail, in the same sense as TTFT p90.
     tpsP10: formatRate(m.tps_p10),
     prefillP50: formatRate(m.prefill_tps_p50),
+    // Median reasoning tokens per answer, "~" on speedtap's estimate.
+    reasoningP50: reasoningText(m),
+    reasoningTitle:
+      m.reasoning_calls > 0
+        ? `Median reasoning tokens per answer over the ${formatCount(m.reasoning_calls)} ok ${m.reasoning_calls === 1 ? "call" : "calls"} that reasoned${m.reasoning_tokens_estimated ? " (some counts are speedtap's estimates)" : ""}`
+        : "No call of this model reasoned",
     // Cold starts are kept out of the TTFT figures and shown apart.
     cold: m.cold_calls > 0 ? `p50 ${formatMs(m.cold_ttft_ms_p50)}, ${formatCount(m.cold_calls)} ${m.cold_calls === 1 ? "call" : "calls"}` : DASH,
     ttftTitle:
@@ -197,6 +203,18 @@ export function comparisonRows(models, { now, timeZone } = {}) {
       tps: bestTps !== undefined && m.tps_p50 === bestTps,
     },
   }));
+}
+
+/**
+ * A model's median reasoning tokens per answer, compact: "640", "1.8k",
+ * "~1.8k" when some counts are speedtap's estimates; DASH when none
+ * reasoned.
+ */
+export function reasoningText(m) {
+  const n = m?.reasoning_tokens_p50;
+  if (!isShowable(n)) return DASH;
+  const text = n >= 1000 ? `${Number((n / 1000).toFixed(1))}k` : formatCount(Math.round(n));
+  return `${m.reasoning_tokens_estimated ? "~" : ""}${text}`;
 }
 
 // ---- rate over time ----------------------------------------------------------
