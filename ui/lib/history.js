@@ -220,6 +220,36 @@ export function reasoningText(m) {
 // ---- rate over time ----------------------------------------------------------
 
 /**
+ * Where the decode chart marks a server version change: the first charted
+ * call (ok, with a settled rate, as in `rateSeries`) of a route whose
+ * `server_version` differs from the route's previous charted call's.
+ * Calls with no version neither mark nor reset. `[{x, route, from, to,
+ * label}]`, x in unix seconds, ascending; `label` "ollama: 0.32.13 →
+ * 0.33.2".
+ */
+export function versionMarks(calls) {
+  const points = [];
+  for (const c of Array.isArray(calls) ? calls : []) {
+    if (!c || c.status !== "ok" || c.speed?.is_final !== true || !isShowable(c.speed?.output_tokens_per_second)) continue;
+    if (typeof c.server_version !== "string" || c.server_version === "") continue;
+    const t = parseTime(c.settled_at) ?? parseTime(c.started_at);
+    if (t === null) continue;
+    points.push({ t, route: c.route ?? "", version: c.server_version, id: c.id });
+  }
+  points.sort((a, b) => a.t - b.t || String(a.id).localeCompare(String(b.id), "en", { numeric: true }));
+  const last = new Map();
+  const marks = [];
+  for (const p of points) {
+    const from = last.get(p.route);
+    if (from !== undefined && from !== p.version) {
+      marks.push({ x: p.t / 1000, route: p.route, from, to: p.version, label: `${p.route}: ${from} → ${p.version}` });
+    }
+    last.set(p.route, p.version);
+  }
+  return marks;
+}
+
+/**
  * The chart of decode tok/s over time, one series per model, in uPlot's
  * shape: `{labels, data: [xs, ...ys]}` with x in unix seconds, ascending.
  *

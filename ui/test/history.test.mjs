@@ -22,6 +22,7 @@ import {
   rateRange,
   rateSeries,
   reasoningText,
+  versionMarks,
 } from "../lib/history.js";
 
 const NOW = Date.parse("2026-11-30T12:00:00.000Z");
@@ -308,4 +309,28 @@ test("a model's median reasoning per answer reads compact, ~ on an estimate, a d
   assert.match(estimated.reasoningTitle, /1 ok call that reasoned \(some counts are speedtap's estimates\)/);
   assert.equal(row({}).reasoningP50, DASH);
   assert.equal(reasoningText({ reasoning_tokens_p50: 2_000 }), "2k");
+});
+
+test("the decode chart marks each route's server version change at the first call on the new version", () => {
+  const call = (id, route, at, version, extra = {}) => ({
+    id, route, model: "qwen3:32b", status: "ok", server_version: version,
+    started_at: at, settled_at: at,
+    speed: { is_final: true, output_tokens_per_second: 40 },
+    ...extra,
+  });
+  const marks = versionMarks([
+    call("c-4", "ollama", "2026-11-30T10:03:00Z", "0.33.2"),
+    call("c-1", "ollama", "2026-11-30T10:00:00Z", "0.32.13"),
+    call("c-2", "lab", "2026-11-30T10:01:00Z", "b5902"),
+    // No version read: neither a change nor a reset.
+    call("c-3", "ollama", "2026-11-30T10:02:00Z", undefined),
+    call("c-5", "ollama", "2026-11-30T10:04:00Z", "0.33.2"),
+    // A failed call is not charted, so it marks nothing.
+    call("c-6", "lab", "2026-11-30T10:05:00Z", "b6000", { status: "upstream_error" }),
+    call("c-7", "lab", "2026-11-30T10:06:00Z", "b5902"),
+  ]);
+  assert.deepEqual(marks, [
+    { x: Date.parse("2026-11-30T10:03:00Z") / 1000, route: "ollama", from: "0.32.13", to: "0.33.2", label: "ollama: 0.32.13 → 0.33.2" },
+  ]);
+  assert.deepEqual(versionMarks(undefined), []);
 });
