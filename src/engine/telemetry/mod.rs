@@ -246,6 +246,8 @@ pub struct TelemetryPoller {
     ps_stale: bool,
     /// The latest `/api/ps` reading, from a look or from [`LoadedNow`].
     loaded: Option<Vec<server::LoadedModel>>,
+    /// When [`LoadedNow`] last asked the server itself.
+    loaded_asked_at: Option<Instant>,
 }
 
 impl TelemetryPoller {
@@ -275,6 +277,7 @@ impl TelemetryPoller {
             unreachable: false,
             ps_stale: false,
             loaded: None,
+            loaded_asked_at: None,
         }
     }
 
@@ -677,9 +680,18 @@ impl Handler<LoadedNow> for TelemetryPoller {
             .unwrap_or(0);
         let last = self.loaded.clone().unwrap_or_default();
         let fresh = self.loaded.is_some() && !self.ps_stale;
-        if fresh || !self.available[ps_index] {
+        // Never beside a look (Ollama holds `/api/ps` through a whole
+        // load: the look's answer will do), and at most once per
+        // [`POLL_INTERVAL`] however often it is asked (a server that is
+        // down stays stale).
+        let now = Instant::now();
+        let asked_lately = self
+            .loaded_asked_at
+            .is_some_and(|at| now.saturating_duration_since(at) < POLL_INTERVAL);
+        if fresh || self.polling || asked_lately || !self.available[ps_index] {
             return Box::pin(actix::fut::ready(last));
         }
+        self.loaded_asked_at = Some(now);
         self.requests.fetch_add(1, Ordering::Relaxed);
         let (client, upstream) = (self.client.clone(), self.upstream.clone());
         let read = async move {
