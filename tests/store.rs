@@ -644,6 +644,113 @@ fn the_routes_normals_are_rebuilt_from_the_newest_well_settled_calls() {
     assert!(fresh.get("ollama", "qwen3:8b").is_none());
 }
 
+#[test]
+fn the_usual_decode_rates_are_rebuilt_from_the_stored_calls_as_they_were_taught_live() {
+    use speedtap::meter::slowdown::{DecodeCall, Evidence};
+    use speedtap::model::{Slowdown, SlowdownCause};
+    let tmp = TempDir::new("decode-usuals");
+    let path = tmp.path("calls.sqlite3");
+    let on = |mut c: Call, version: &str| {
+        c.details.server_version = Some(version.into());
+        c
+    };
+    // Five ok calls at 40 tok/s on 0.32.13 (37 prompt tokens: the first
+    // depth bucket) make the usual.
+    let mut calls: Vec<Call> = (0..5u64)
+        .map(|i| {
+            on(
+                with_speed(ok(&format!("q{i}"), T0 + i * 10_000), Some(250), Some(40.0)),
+                "0.32.13",
+            )
+        })
+        .collect();
+    // A call slowed by a passing cause (judged so live) taught nothing,
+    // and a call with a capture gap is not judged at all.
+    let mut offloaded = on(
+        with_speed(ok("off", T0 + 60_000), Some(250), Some(10.0)),
+        "0.32.13",
+    );
+    offloaded.details.slowdown = Some(Slowdown {
+        usual_tps: 40.0,
+        ratio: 0.25,
+        causes: vec![SlowdownCause::CpuOffload { cpu_share: 0.4 }],
+    });
+    calls.push(offloaded);
+    let mut gap = on(
+        with_speed(ok("gap", T0 + 70_000), Some(250), Some(4.0)),
+        "0.32.13",
+    );
+    gap.details.capture_gap = true;
+    calls.push(gap);
+    // Another model's calls and a failed call teach their own or nothing.
+    calls.push(with_speed(
+        call("g", T0 + 80_000, "ollama", Some("gemma3"), CallStatus::Ok),
+        Some(250),
+        Some(90.0),
+    ));
+    calls.push(call(
+        "err",
+        T0 + 90_000,
+        "ollama",
+        Some("qwen3:8b"),
+        CallStatus::UpstreamError,
+    ));
+    Store::open(&path).unwrap().insert_calls(&calls).unwrap();
+
+    let usuals = Store::open(&path).unwrap().load_decode_usuals().unwrap();
+    let at = |tps: f64, version: &'static str| DecodeCall {
+        route: "ollama",
+        model: "qwen3:8b",
+        depth: Some(37),
+        tps,
+        version: Some(version),
+    };
+    let slow = usuals
+        .judge(&at(12.0, "0.32.13"), &Evidence::default())
+        .expect("a slowdown right after the restart");
+    assert_eq!(
+        slow.usual_tps, 40.0,
+        "neither the offload nor the gap taught it"
+    );
+    assert_eq!(slow.ratio, 0.3);
+    assert_eq!(slow.causes, [SlowdownCause::Unknown]);
+    // The version the usual was learned on survives too.
+    let upgraded = usuals
+        .judge(&at(12.0, "0.33.2"), &Evidence::default())
+        .unwrap();
+    assert_eq!(
+        upgraded.causes,
+        [SlowdownCause::ServerChanged {
+            from: "0.32.13".into(),
+            to: "0.33.2".into()
+        }]
+    );
+    assert_eq!(
+        usuals.judge(&at(39.0, "0.32.13"), &Evidence::default()),
+        None
+    );
+    // Another depth bucket, and a model with a single call, have no usual.
+    let deep = DecodeCall {
+        depth: Some(20_000),
+        ..at(12.0, "0.32.13")
+    };
+    assert_eq!(usuals.judge(&deep, &Evidence::default()), None);
+    let gemma = DecodeCall {
+        model: "gemma3",
+        ..at(10.0, "0.32.13")
+    };
+    assert_eq!(usuals.judge(&gemma, &Evidence::default()), None);
+    // A fresh file has none.
+    let fresh = Store::open(&tmp.path("fresh.sqlite3"))
+        .unwrap()
+        .load_decode_usuals()
+        .unwrap();
+    assert_eq!(
+        fresh.judge(&at(12.0, "0.32.13"), &Evidence::default()),
+        None
+    );
+}
+
 // ---------------------------------------------------------------- models
 
 #[test]
@@ -713,6 +820,12 @@ fn models_medians_and_p90_match_hand_computed_values() {
         prefill_tokens: Some(4_000),
         ..TtftBreakdown::default()
     });
+    // Three ok calls reasoned (one counted by speedtap's estimate); the
+    // abandoned one's reasoning is not an answer's.
+    for (i, tokens) in [(0, 1_800), (1, 600), (2, 1_200), (5, 9_000)] {
+        calls[i].details.reasoning_tokens = Some(tokens);
+    }
+    calls[1].details.reasoning_tokens_estimated = true;
     store.insert_calls(&calls).unwrap();
 
     let models = store.models(&HistoryFilter::default()).unwrap();
@@ -736,6 +849,9 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 cold_ttft_ms_p50: None,
                 queued_calls: 0,
                 prefill_tps_p50: None,
+                reasoning_tokens_p50: None,
+                reasoning_calls: 0,
+                reasoning_tokens_estimated: false,
                 last_seen: ms_to_rfc3339(T0 + 6),
             },
             ModelSummary {
@@ -758,6 +874,10 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 queued_calls: 0,
                 // Prefill sorted [100, 250, 400]: p50 = 250.
                 prefill_tps_p50: Some(250.0),
+                // Reasoning of the ok calls sorted [600, 1200, 1800]: p50 1200.
+                reasoning_tokens_p50: Some(1_200.0),
+                reasoning_calls: 3,
+                reasoning_tokens_estimated: true,
                 // The newest call, even though it failed.
                 last_seen: ms_to_rfc3339(T0 + 70),
             },
@@ -775,6 +895,9 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 cold_ttft_ms_p50: None,
                 queued_calls: 0,
                 prefill_tps_p50: None,
+                reasoning_tokens_p50: None,
+                reasoning_calls: 0,
+                reasoning_tokens_estimated: false,
                 last_seen: ms_to_rfc3339(T0 + 1),
             },
         ]
@@ -802,6 +925,15 @@ fn models_medians_and_p90_match_hand_computed_values() {
         (Some(30.5), Some(38.9))
     );
     assert_eq!(recent[0].prefill_tps_p50, Some(400.0));
+    // a3 alone reasoned among them, counted by the server.
+    assert_eq!(
+        (
+            recent[0].reasoning_tokens_p50,
+            recent[0].reasoning_calls,
+            recent[0].reasoning_tokens_estimated
+        ),
+        (Some(1_200.0), 1, false)
+    );
 
     let json = serde_json::to_value(&models[2]).unwrap();
     assert_eq!(

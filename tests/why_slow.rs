@@ -8,6 +8,10 @@
 //! server has been silent for it (`wait.silent_ms`): through the proxy and
 //! through the capture.
 //!
+//! A model's usual decode rate survives a restart on the same store, and
+//! `GET /api/v1/servers` lists each loaded model with when it unloads,
+//! its share off the GPU and the route's usual load time.
+//!
 //! Real time, since the engine runs its own actor system: every wait is on
 //! a settled call with a deadline, never a sleep.
 
@@ -417,6 +421,43 @@ async fn a_model_usually_at_40_tok_s_then_at_12_with_29_percent_on_the_cpu_is_a_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowdown_right_after_a_restart_is_judged_against_the_usual_learned_before_it() {
+    let dir = crate::util::process::scratch("why_slow", "restart_usual");
+    let db = dir.join("calls.sqlite3");
+    let sim = sim_at("127.0.0.1:0", "0.32.13").await;
+    let with_store = |o: &mut speedtap::host::EngineOptions| {
+        o.telemetry = true;
+        o.store = Some(speedtap::store::Store::open(&db).unwrap());
+    };
+    let before = engine_with(&sim.base_url(), with_store).await;
+    let addr = before.routes[0].listen;
+    for n in 1..=5 {
+        let call = call_at(&before, addr, 40.0, n).await;
+        assert_eq!(call.details.slowdown, None, "call {n}: {call:?}");
+    }
+    before.shutdown(Duration::from_secs(1)).await;
+
+    // A new engine on the same file: its first call is judged at once.
+    let after = engine_with(&sim.base_url(), with_store).await;
+    let addr = after.routes[0].listen;
+    let first = call_at(&after, addr, 12.0, 1).await;
+    let slow = first
+        .details
+        .slowdown
+        .clone()
+        .unwrap_or_else(|| panic!("no slowdown after the restart: {first:#?}"));
+    assert!(
+        (36.0..=44.0).contains(&slow.usual_tps),
+        "usual {}",
+        slow.usual_tps
+    );
+    assert!((0.27..=0.33).contains(&slow.ratio), "ratio {}", slow.ratio);
+    assert_eq!(slow.causes, [SlowdownCause::Unknown], "{slow:?}");
+    after.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_calls_streaming_at_once_below_the_usual_each_name_the_other() {
     let sim = sim_at("127.0.0.1:0", "0.32.13").await;
     let engine = engine_with(&sim.base_url(), |o| o.telemetry = true).await;
@@ -473,6 +514,85 @@ async fn a_captured_call_at_12_tok_s_with_29_percent_on_the_cpu_is_a_cpu_offload
         [SlowdownCause::CpuOffload { cpu_share: 0.29 }],
         "{slow:?}"
     );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+/// Wall-clock unix ms now.
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_list_each_loaded_model_with_when_it_unloads_its_cpu_share_and_its_usual_load()
+{
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            ttft: Duration::from_millis(300),
+            tokens: 10,
+            load_time: Duration::from_millis(1_500),
+            keep_alive: Some(Duration::from_secs(300)),
+            vram_fraction: 0.71,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = engine_with(&sim.base_url(), |o| o.telemetry = true).await;
+    let addr = engine.routes[0].listen;
+    assert_eq!(
+        engine.handle.servers().await.loaded,
+        [],
+        "nothing loaded yet"
+    );
+
+    let chat = r#"{"model":"qwen3:32b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let got = send(addr, "POST", "/api/chat", chat).await;
+    assert_eq!(got.status, 200);
+    let ended = unix_ms_now();
+    let call = settled(&engine, 1).await;
+    assert_eq!(
+        call.details.start,
+        Some(speedtap::model::StartKind::Cold),
+        "{call:?}"
+    );
+
+    // The call ended: the model unloads keep_alive later, read anew from
+    // /api/ps (Ollama sets expires_at when a model's last call ends).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let model = loop {
+        let doc = engine.handle.servers().await;
+        let found = doc.loaded.iter().find(|m| m.model == "qwen3:32b").cloned();
+        match found {
+            Some(m) if m.usual_load_ms.is_some() => break m,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "no loaded model with its usual load: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(model.route, "t");
+    let unloads = model
+        .expires_at
+        .as_deref()
+        .and_then(speedtap::model::time::rfc3339_to_ms)
+        .unwrap_or_else(|| panic!("no expires_at: {model:?}"));
+    assert!(
+        unloads.abs_diff(ended + 300_000) <= 2_000,
+        "unloads {} ms after the call ended",
+        unloads as i64 - ended as i64
+    );
+    assert_eq!(model.cpu_share, Some(0.29));
+    let load = model.usual_load_ms.unwrap();
+    assert!((1_400..=2_500).contains(&load), "usual load {load} ms");
+    let json = serde_json::to_value(engine.handle.servers().await).unwrap();
+    assert_eq!(json["loaded"][0]["model"], "qwen3:32b");
+    assert_eq!(json["loaded"][0]["cpu_share"], 0.29);
     engine.shutdown(Duration::from_secs(1)).await;
     sim.shutdown().await;
 }

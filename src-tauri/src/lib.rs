@@ -512,7 +512,10 @@ async fn follow_events<R: Runtime>(
         while let Some(event) = rx.recv().await {
             events::emit(&app, &event);
             match &event {
-                EngineEvent::Settled(call) => notifications.on_settled(call),
+                EngineEvent::Settled(call) => {
+                    notifications.on_settled(call);
+                    notifications.on_slowdown(call, tokio::time::Instant::now());
+                }
                 EngineEvent::PromptTruncated(cut) => notifications.on_prompt_truncated(
                     &cut.call.route,
                     cut.call.model.as_deref(),

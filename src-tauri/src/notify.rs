@@ -1,6 +1,9 @@
 //! Desktop notifications: a late first token (with why it waits, in the
 //! engine's words), a follow-up when that call settles (if the user asked
-//! for it), and a prompt the server cut short (once per route and model).
+//! for it), a prompt the server cut short (once per route and model), and
+//! a settled call that decoded slower than usual for a named cause (the
+//! headless engine's line, from the same `SlowdownNotices`: at most once
+//! per route, model and cause per hour).
 //!
 //! The engine decides *when* a first token is late and throttles per route
 //! (its `Notifier` calls our hook at most once per route per minute, and
@@ -21,8 +24,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use tokio::time::Instant;
+
 use speedtap::engine::notifier::SlowFirstTokenHook;
 use speedtap::host::EngineHandle;
+use speedtap::meter::slowdown_notice::SlowdownNotices;
 use speedtap::model::SettingsDoc;
 use speedtap::model::{Call, SlowFirstToken};
 
@@ -101,6 +107,8 @@ pub struct Notifications {
     /// (route, model) pairs whose cut prompt was notified: once is enough
     /// to learn that a context size is too small; every call would be noise.
     truncated: Mutex<HashSet<(String, Option<String>)>>,
+    /// When each route, model and slowdown cause was last told.
+    slowdowns: Mutex<SlowdownNotices>,
 }
 
 impl Notifications {
@@ -114,6 +122,7 @@ impl Notifications {
             fixed_settings: None,
             alarmed: Mutex::new(HashMap::new()),
             truncated: Mutex::new(HashSet::new()),
+            slowdowns: Mutex::new(SlowdownNotices::new()),
         })
     }
 
@@ -126,6 +135,7 @@ impl Notifications {
             fixed_settings: Some((notifications, notify_settled)),
             alarmed: Mutex::new(HashMap::new()),
             truncated: Mutex::new(HashSet::new()),
+            slowdowns: Mutex::new(SlowdownNotices::new()),
         })
     }
 
@@ -194,6 +204,25 @@ impl Notifications {
         }
     }
 
+    /// A call settled at `now`: its slowdown with a named cause, told in
+    /// the headless engine's words, at most once per route, model and
+    /// cause per hour. A slowdown silenced by the pause or the settings is
+    /// not counted as told, so the next one after resuming shows.
+    pub fn on_slowdown(&self, call: &Call, now: Instant) {
+        let (notifications, _) = self.settings();
+        if self.is_paused() || !notifications || call.identity.demo {
+            return;
+        }
+        let line = self
+            .slowdowns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .line(call, now);
+        if let Some(line) = line {
+            self.sink.show(slowdown_note(line));
+        }
+    }
+
     /// A call settled: the follow-up, if we alarmed about it and the user
     /// wants follow-ups.
     pub fn on_settled(&self, call: &Call) {
@@ -247,6 +276,16 @@ pub fn truncation_note(message: String) -> Note {
     }
 }
 
+/// The slowdown notification: the engine's line and where to look.
+pub fn slowdown_note(line: String) -> Note {
+    Note {
+        summary: line,
+        body: "Judged against this model's usual decode rate on this route at this context \
+               depth. The call's details in History show the evidence."
+            .to_owned(),
+    }
+}
+
 /// The settled follow-up: `qwen3:32b on ollama: first token after 7.2 s,
 /// 41.7 tok/s`. A call that ended without a first token says how it ended
 /// instead; a missing rate is left out rather than shown as 0.
@@ -287,7 +326,8 @@ pub fn settled_note(slow: &SlowFirstToken, call: &Call) -> Note {
 mod tests {
     use speedtap::model::ApiKind;
     use speedtap::model::{CallIdentity, CallStatus};
-    use speedtap::model::{Phase, Snapshot, TokenSource};
+    use speedtap::model::{Phase, Slowdown, SlowdownCause, Snapshot, TokenSource};
+    use std::time::Duration;
 
     use super::*;
 
@@ -504,6 +544,66 @@ mod tests {
         n.set_paused(false);
         n.on_slow_first_token(&slow("c-3"));
         assert_eq!(sink.summaries().len(), 2);
+    }
+
+    fn decoded_slowly(id: &str, tps: f64) -> Call {
+        let mut call = settled(id, Some(300), Some(tps), CallStatus::Ok);
+        call.details.slowdown = Some(Slowdown {
+            usual_tps: 35.0,
+            ratio: 0.34,
+            causes: vec![SlowdownCause::CpuOffload { cpu_share: 0.29 }],
+        });
+        call
+    }
+
+    #[test]
+    fn a_slowdown_is_notified_in_the_engines_words_once_per_hour() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, false);
+        let t0 = Instant::now();
+        n.on_slowdown(&decoded_slowly("c-1", 12.0), t0);
+        n.on_slowdown(
+            &decoded_slowly("c-2", 11.0),
+            t0 + Duration::from_secs(1_800),
+        );
+        n.on_slowdown(
+            &decoded_slowly("c-3", 12.0),
+            t0 + Duration::from_secs(3_599),
+        );
+        // A call that was not slow says nothing.
+        n.on_slowdown(&settled("c-4", Some(300), Some(40.0), CallStatus::Ok), t0);
+        assert_eq!(
+            sink.summaries(),
+            ["qwen3:32b on ollama decodes at 12 tok/s, usually 35: 29% of the model runs on the CPU"]
+        );
+        n.on_slowdown(
+            &decoded_slowly("c-5", 13.0),
+            t0 + Duration::from_secs(3_600),
+        );
+        assert_eq!(
+            sink.summaries()[1],
+            "qwen3:32b on ollama decodes at 13 tok/s, usually 35: 29% of the model runs on the CPU"
+        );
+    }
+
+    #[test]
+    fn a_slowdown_silenced_by_the_pause_is_notified_after_resuming() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, false);
+        let t0 = Instant::now();
+        n.set_paused(true);
+        n.on_slowdown(&decoded_slowly("c-1", 12.0), t0);
+        assert!(sink.summaries().is_empty());
+        n.set_paused(false);
+        n.on_slowdown(&decoded_slowly("c-2", 12.0), t0 + Duration::from_secs(60));
+        assert_eq!(sink.summaries().len(), 1);
+        let off = Notifications::with_settings(sink.clone(), false, false);
+        off.on_slowdown(&decoded_slowly("c-3", 12.0), t0);
+        assert_eq!(
+            sink.summaries().len(),
+            1,
+            "notifications off in the settings"
+        );
     }
 
     #[test]

@@ -98,6 +98,8 @@ pub fn create<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) -> tauri::R
             slow_ttft_ms: engine.settings_snapshot().slow_ttft_ms,
             // The watcher's first list comes as an event.
             servers: &[],
+            loaded: &[],
+            now_unix_ms: unix_ms_now(),
         },
     );
     let problem = add_app_entries(app, &mut view);
@@ -205,17 +207,23 @@ pub async fn refresh<R: Runtime>(app: &AppHandle<R>) {
     let engine = app.state::<Engine>();
     let paused = app.state::<Arc<Notifications>>().is_paused();
     let routes = engine.0.routes().await.routes;
-    let servers = engine.0.servers().await.servers;
+    let doc = engine.0.servers().await;
     let slow_ttft_ms = engine.0.settings_snapshot().slow_ttft_ms;
-    let mut view = lock(&tray.model).view(
-        Instant::now(),
-        &ViewInputs {
-            paused,
-            routes: &routes,
-            slow_ttft_ms,
-            servers: &servers,
-        },
-    );
+    let mut view = {
+        let mut model = lock(&tray.model);
+        model.set_unloads_shown(!doc.loaded.is_empty());
+        model.view(
+            Instant::now(),
+            &ViewInputs {
+                paused,
+                routes: &routes,
+                slow_ttft_ms,
+                servers: &doc.servers,
+                loaded: &doc.loaded,
+                now_unix_ms: unix_ms_now(),
+            },
+        )
+    };
     let problem = add_app_entries(app, &mut view);
     let mut drawn = tray.drawn.lock().await;
     if let Err(e) = draw(app, &tray.icon, &mut drawn, view, problem) {
@@ -330,4 +338,11 @@ fn copy_proxy_url<R: Runtime>(app: &AppHandle<R>, route: &str) {
             tracing::warn!("proxy URL not copied: {e}");
         }
     }
+}
+
+/// The wall clock, unix ms (loaded models unload at a date).
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

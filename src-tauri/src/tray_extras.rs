@@ -62,6 +62,8 @@ mod tests {
                 routes: &[],
                 slow_ttft_ms: 5000,
                 servers: &[],
+                loaded: &[],
+                now_unix_ms: 0,
             },
         )
     }

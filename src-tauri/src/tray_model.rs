@@ -31,13 +31,18 @@
 //! - The menu lists at most [`MAX_CALL_ENTRIES`] calls, longest-running
 //!   first, then a "… and N more" line, so a burst of parallel calls
 //!   cannot grow the menu off the screen.
+//! - Each model a server has loaded says whether the next call is warm or
+//!   cold: `qwen3:32b unloads in 3 min · next call cold: ~6 s` (the
+//!   route's usual load time, when a load was seen), `· 29% on CPU` when
+//!   part of it runs off the GPU. Counted against the wall clock passed
+//!   in ([`ViewInputs::now_unix_ms`]), since `expires_at` is a date.
 
 use std::collections::{BTreeMap, HashSet};
 
 use serde::Deserialize;
 use speedtap::model::Stats;
 use speedtap::model::{Call, CallIdentity, EngineEvent};
-use speedtap::model::{FollowedServer, FollowedState, RouteInfo};
+use speedtap::model::{FollowedServer, FollowedState, LoadedModelDoc, RouteInfo};
 use speedtap::model::{Phase, Snapshot, TokenSource};
 use tokio::time::Instant;
 
@@ -60,6 +65,12 @@ pub const ID_COPY_PREFIX: &str = "copy:";
 pub const ID_QUIT: &str = "quit";
 /// One followed model server (`server:NAME`), with how it is measured.
 pub const ID_SERVER_PREFIX: &str = "server:";
+/// One loaded model (`loaded:ROUTE/MODEL`): warm or cold next time.
+pub const ID_LOADED_PREFIX: &str = "loaded:";
+
+/// An unload further away than this is "stays loaded" (Ollama's
+/// `keep_alive: -1` shows a date centuries away).
+pub const FOREVER_MS: u64 = 365 * 86_400_000;
 
 /// At most this many calls get their own menu line.
 pub const MAX_CALL_ENTRIES: usize = 8;
@@ -158,6 +169,11 @@ pub struct ViewInputs<'a> {
     pub slow_ttft_ms: u64,
     /// The model servers followed on this machine, in the order found.
     pub servers: &'a [FollowedServer],
+    /// The models the servers have loaded (`GET /api/v1/servers` `loaded`).
+    pub loaded: &'a [LoadedModelDoc],
+    /// The wall clock now, unix ms: when each loaded model unloads is a
+    /// date.
+    pub now_unix_ms: u64,
 }
 
 /// Why a call waits for its first token, as far as the tray shows it: the
@@ -252,6 +268,9 @@ pub struct TrayModel {
     /// Calls the engine raised the slow-first-token alarm for.
     alarmed: HashSet<String>,
     stats: Stats,
+    /// The menu shows when loaded models unload: each reading redraws, so
+    /// the time left counts down while nothing else happens.
+    unloads_shown: bool,
 }
 
 impl Default for TrayModel {
@@ -266,7 +285,13 @@ impl TrayModel {
             active: BTreeMap::new(),
             alarmed: HashSet::new(),
             stats: Stats::default(),
+            unloads_shown: false,
         }
+    }
+
+    /// Whether the menu drawn last shows loaded models' unload times.
+    pub fn set_unloads_shown(&mut self, shown: bool) {
+        self.unloads_shown = shown;
     }
 
     /// Starts over from a list of calls (after (re)subscribing, when events
@@ -311,7 +336,7 @@ impl TrayModel {
                 if changed {
                     self.stats = stats.clone();
                 }
-                changed || !self.active.is_empty()
+                changed || !self.active.is_empty() || self.unloads_shown
             }
             EngineEvent::SlowFirstToken(slow) => {
                 if self.active.contains_key(&slow.call.id) {
@@ -497,6 +522,16 @@ impl TrayModel {
                 server_line(server),
             ));
         }
+        if !inputs.loaded.is_empty() {
+            menu.push(MenuEntry::separator(4));
+        }
+        for model in inputs.loaded {
+            menu.push(MenuEntry::new(
+                format!("{ID_LOADED_PREFIX}{}/{}", model.route, model.model),
+                EntryKind::Info,
+                loaded_line(model, inputs.now_unix_ms),
+            ));
+        }
         menu.push(MenuEntry::separator(1));
         menu.push(MenuEntry::new(ID_OPEN, EntryKind::Action, "Open speedtap"));
         menu.push(MenuEntry::new(
@@ -622,6 +657,51 @@ fn server_line(server: &FollowedServer) -> String {
         FollowedState::Ignored => "ignored".to_owned(),
     };
     format!("{}: {how}", server.name)
+}
+
+/// One loaded model, warm or cold next time: `qwen3:32b unloads in 3 min
+/// · next call cold: ~6 s`, `… · 29% on CPU`; `stays loaded` for a model
+/// kept (almost) forever, `unloaded` once its time has passed, `loaded`
+/// when the server gave no time. The cold cost only with a usual load
+/// time; the CPU share only when part of the model is off the GPU.
+pub fn loaded_line(model: &LoadedModelDoc, now_unix_ms: u64) -> String {
+    let unloads = model
+        .expires_at
+        .as_deref()
+        .and_then(speedtap::model::time::rfc3339_offset_to_ms);
+    let when = match unloads {
+        Some(at) if at <= now_unix_ms => "unloaded".to_owned(),
+        Some(at) if at - now_unix_ms >= FOREVER_MS => "stays loaded".to_owned(),
+        Some(at) => format!("unloads in {}", time_left(at - now_unix_ms)),
+        None => "loaded".to_owned(),
+    };
+    let mut line = format!("{} {when}", model.model);
+    if let Some(ms) = model.usual_load_ms {
+        line.push_str(&format!(" · next call cold: ~{}", load_time(ms)));
+    }
+    if let Some(share) = model.cpu_share.filter(|s| *s >= 0.01) {
+        line.push_str(&format!(" · {:.0}% on CPU", share * 100.0));
+    }
+    line
+}
+
+/// Time left, whole units rounded down: `3 min`, `45 s`, `2 h`.
+fn time_left(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=7_199 => format!("{} min", s / 60),
+        _ => format!("{} h", s / 3600),
+    }
+}
+
+/// A usual load time: `6 s` (whole seconds, rounded), `0.4 s` under one.
+fn load_time(ms: u64) -> String {
+    if ms < 1_000 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else {
+        format!("{} s", (ms + 500) / 1000)
+    }
 }
 
 /// `3.2 s`, one decimal.
@@ -799,11 +879,117 @@ mod tests {
         assert!(!without.menu.iter().any(|e| e.id == "sep-3"));
     }
 
+    fn loaded(
+        model: &str,
+        expires_at: Option<&str>,
+        usual_load_ms: Option<u64>,
+        cpu_share: Option<f64>,
+    ) -> LoadedModelDoc {
+        LoadedModelDoc {
+            route: "ollama".into(),
+            model: model.into(),
+            expires_at: expires_at.map(Into::into),
+            cpu_share,
+            usual_load_ms,
+        }
+    }
+
+    #[test]
+    fn a_loaded_model_says_when_it_unloads_and_what_the_next_call_costs_cold() {
+        // 2026-11-30T10:42:07Z.
+        let now = speedtap::model::time::rfc3339_to_ms("2026-11-30T10:42:07Z").unwrap();
+        let at = |text: &str| loaded("qwen3:32b", Some(text), Some(6_200), None);
+        assert_eq!(
+            loaded_line(&at("2026-11-30T10:45:37.5Z"), now),
+            "qwen3:32b unloads in 3 min · next call cold: ~6 s"
+        );
+        // Ollama writes its local time with the offset: the same instant.
+        assert_eq!(
+            loaded_line(&at("2026-11-30T11:45:37.5+01:00"), now),
+            "qwen3:32b unloads in 3 min · next call cold: ~6 s"
+        );
+        assert_eq!(
+            loaded_line(&at("2026-11-30T10:42:52Z"), now),
+            "qwen3:32b unloads in 45 s · next call cold: ~6 s"
+        );
+        // The same model a minute later: the time left counts down with
+        // the clock passed in.
+        assert_eq!(
+            loaded_line(&at("2026-11-30T10:45:37.5Z"), now + 60_000),
+            "qwen3:32b unloads in 2 min · next call cold: ~6 s"
+        );
+        assert_eq!(
+            loaded_line(&at("2026-11-30T10:42:07Z"), now),
+            "qwen3:32b unloaded · next call cold: ~6 s"
+        );
+        assert_eq!(
+            loaded_line(&at("2318-01-01T00:00:00Z"), now),
+            "qwen3:32b stays loaded · next call cold: ~6 s"
+        );
+        // No load seen on the route: no cold cost; part on the CPU: said.
+        assert_eq!(
+            loaded_line(
+                &loaded("gemma3", Some("2026-11-30T10:47:07Z"), None, Some(0.29)),
+                now
+            ),
+            "gemma3 unloads in 5 min · 29% on CPU"
+        );
+        assert_eq!(
+            loaded_line(&loaded("tiny", None, Some(400), Some(0.0)), now),
+            "tiny loaded · next call cold: ~0.4 s"
+        );
+    }
+
+    #[test]
+    fn the_menu_lists_each_loaded_model_below_the_servers_and_counts_down_while_idle() {
+        let now = speedtap::model::time::rfc3339_to_ms("2026-11-30T10:42:07Z").unwrap();
+        let models = [
+            loaded("qwen3:32b", Some("2026-11-30T10:45:37Z"), Some(6_000), None),
+            loaded("gemma3", Some("2026-11-30T10:43:07Z"), None, None),
+        ];
+        let inputs = ViewInputs {
+            loaded: &models,
+            now_unix_ms: now,
+            ..INPUTS
+        };
+        let mut m = TrayModel::new();
+        let view = m.view(Instant::now(), &inputs);
+        let lines: Vec<(&str, &str)> = view
+            .menu
+            .iter()
+            .filter(|e| e.id.starts_with(ID_LOADED_PREFIX))
+            .map(|e| (e.id.as_str(), e.text.as_str()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                (
+                    "loaded:ollama/qwen3:32b",
+                    "qwen3:32b unloads in 3 min · next call cold: ~6 s"
+                ),
+                ("loaded:ollama/gemma3", "gemma3 unloads in 1 min"),
+            ]
+        );
+        assert!(!m
+            .view(Instant::now(), &INPUTS)
+            .menu
+            .iter()
+            .any(|e| e.id == "sep-4"));
+        // An idle engine's repeated reading redraws only while unload
+        // times are shown.
+        let idle = EngineEvent::Stats(Stats::default());
+        assert!(!m.apply(&idle, Instant::now()));
+        m.set_unloads_shown(true);
+        assert!(m.apply(&idle, Instant::now()));
+    }
+
     const INPUTS: ViewInputs<'static> = ViewInputs {
         paused: false,
         routes: &[],
         slow_ttft_ms: 5000,
         servers: &[],
+        loaded: &[],
+        now_unix_ms: 0,
     };
 
     #[test]
@@ -1372,6 +1558,8 @@ mod tests {
             routes: &routes,
             slow_ttft_ms: 5000,
             servers: &[],
+            loaded: &[],
+            now_unix_ms: 0,
         };
         let v = TrayModel::new().view(t0, &inputs);
         let texts: Vec<&str> = v

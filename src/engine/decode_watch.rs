@@ -28,6 +28,14 @@ impl DecodeWatch {
         DecodeWatch::default()
     }
 
+    /// A watch starting from `usuals` (the store's, rebuilt at start).
+    pub fn with_usuals(usuals: DecodeUsuals) -> DecodeWatch {
+        DecodeWatch {
+            usuals: RwLock::new(usuals),
+            ..DecodeWatch::default()
+        }
+    }
+
     fn streaming(&self) -> MutexGuard<'_, HashMap<String, HashMap<u64, u32>>> {
         self.streaming
             .lock()

@@ -29,6 +29,7 @@ use super::messages::{FirstTokenLate, RelayLeg};
 use super::proxy::limits::ProxyLimits;
 use super::relay::RelayJudge;
 use super::supervisor::Supervisor;
+use super::telemetry::server::LoadedModel;
 use super::telemetry::TelemetryPoller;
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::normals::Normals;
@@ -309,6 +310,27 @@ impl EngineLink {
         });
         pollers.insert(key, poller.downgrade());
         Some(poller)
+    }
+
+    /// The models each live poller's server has loaded now, by route
+    /// (Ollama `/api/ps`; see [`LoadedNow`](super::telemetry::LoadedNow)),
+    /// in route order. A poller that stopped answering gives none.
+    pub async fn loaded_models(&self) -> Vec<(String, Vec<LoadedModel>)> {
+        let mut live: Vec<(String, Addr<TelemetryPoller>)> = {
+            let pollers = self.pollers.lock().unwrap_or_else(PoisonError::into_inner);
+            pollers
+                .iter()
+                .filter_map(|((route, _), poller)| Some((route.clone(), poller.upgrade()?)))
+                .collect()
+        };
+        live.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut loaded = Vec::with_capacity(live.len());
+        for (route, poller) in live {
+            if let Ok(models) = poller.send(super::telemetry::LoadedNow).await {
+                loaded.push((route, models));
+            }
+        }
+        loaded
     }
 
     /// The metering arbiter for the next call actor, round robin.

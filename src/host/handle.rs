@@ -284,7 +284,19 @@ impl EngineQueries for EngineHandle {
     }
 
     async fn servers(&self) -> crate::model::ServersDoc {
-        read(&self.shared.followed).clone()
+        let mut doc = read(&self.shared.followed).clone();
+        let loaded = self.shared.link.loaded_models().await;
+        let normals = self
+            .shared
+            .link
+            .normals
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        doc.loaded = loaded
+            .iter()
+            .flat_map(|(route, models)| models.iter().map(|m| loaded_doc(route, m, &normals)))
+            .collect();
+        doc
     }
 
     async fn ignore_server(&self, name: String) -> Result<crate::model::ServersDoc, QueryError> {
@@ -614,4 +626,33 @@ fn route_stop(shared: &Arc<Shared>, name: &str) -> watch::Receiver<bool> {
         .unwrap_or_else(|p| p.into_inner())
         .insert(name.to_owned(), tx);
     rx
+}
+
+/// One loaded model as `GET /api/v1/servers` lists it: when it unloads,
+/// how much of it is off the GPU, and the route's usual load time for it
+/// (under the name the server lists, else the name without `:latest`,
+/// as requests often name it).
+fn loaded_doc(
+    route: &str,
+    model: &crate::engine::telemetry::server::LoadedModel,
+    normals: &crate::meter::normals::Normals,
+) -> crate::model::LoadedModelDoc {
+    let cpu_share = match (model.size, model.size_vram) {
+        (Some(size), Some(vram)) if size > 0 => {
+            let share = 1.0 - vram.min(size) as f64 / size as f64;
+            Some((share * 100.0).round() / 100.0)
+        }
+        _ => None,
+    };
+    let usual_load_ms = normals.usual_load_ms(route, &model.name).or_else(|| {
+        let bare = model.name.strip_suffix(":latest")?;
+        normals.usual_load_ms(route, bare)
+    });
+    crate::model::LoadedModelDoc {
+        route: route.to_owned(),
+        model: model.name.clone(),
+        expires_at: model.expires_at_ms.map(crate::model::time::ms_to_rfc3339),
+        cpu_share,
+        usual_load_ms,
+    }
 }

@@ -144,6 +144,7 @@ async fn bind_all(options: &EngineOptions) -> Result<Listeners, EngineError> {
 struct Saved {
     calibration: CalibrationTable,
     normals: crate::meter::normals::Normals,
+    decode_usuals: crate::meter::slowdown::DecodeUsuals,
     reader: Option<Arc<std::sync::Mutex<Store>>>,
 }
 
@@ -153,6 +154,7 @@ fn load_saved(store: Option<&Store>, calibration: CalibrationTable) -> Saved {
     let mut saved = Saved {
         calibration,
         normals: crate::meter::normals::Normals::new(),
+        decode_usuals: crate::meter::slowdown::DecodeUsuals::new(),
         reader: None,
     };
     let Some(s) = store else { return saved };
@@ -164,6 +166,10 @@ fn load_saved(store: Option<&Store>, calibration: CalibrationTable) -> Saved {
     match s.load_normals() {
         Ok(normals) => saved.normals = normals,
         Err(e) => tracing::warn!("store: the routes' normals start afresh: {e}"),
+    }
+    match s.load_decode_usuals() {
+        Ok(usuals) => saved.decode_usuals = usuals,
+        Err(e) => tracing::warn!("store: the usual decode rates start afresh: {e}"),
     }
     match s.path().map(Store::open) {
         Some(Ok(r)) => saved.reader = Some(Arc::new(std::sync::Mutex::new(r))),
@@ -196,7 +202,9 @@ fn share_state(
         own_connections: std::sync::OnceLock::new(),
         own_sockets: Default::default(),
         normals: Arc::new(RwLock::new(saved.normals)),
-        decode_watch: Default::default(),
+        decode_watch: Arc::new(crate::engine::decode_watch::DecodeWatch::with_usuals(
+            saved.decode_usuals,
+        )),
         telemetry: options.telemetry,
         pollers: Default::default(),
         demo_routes: Default::default(),

@@ -78,6 +78,16 @@ pub struct ModelSummary {
     /// prompts of at least 512 tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_tps_p50: Option<f64>,
+    /// Median reasoning tokens per answer, over the `ok` calls that
+    /// reasoned (`reasoning_tokens` above 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens_p50: Option<f64>,
+    /// `ok` calls that reasoned: the sample of `reasoning_tokens_p50`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_calls: u64,
+    /// Some of those counts are speedtap's estimates, not the server's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reasoning_tokens_estimated: bool,
     /// `started_at` of the newest call in the group (RFC 3339).
     pub last_seen: String,
 }

@@ -59,8 +59,29 @@ pub struct FollowedServer {
     pub last_seen: u64,
 }
 
+/// One model a server has loaded now, and what its next call would cost:
+/// warm until `expires_at`, then a cold start of about `usual_load_ms`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadedModelDoc {
+    /// The route whose server loaded it.
+    pub route: String,
+    /// The model's name as the server lists it (`qwen3:32b`).
+    pub model: String,
+    /// When the server unloads it unless a call uses it, RFC 3339 UTC with
+    /// milliseconds (Ollama `/api/ps` `expires_at`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// The share of the model off the GPU, 0..1, two decimals (Ollama
+    /// `1 - size_vram / size`), where the server reports placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_share: Option<f64>,
+    /// This route's usual load time for the model, once a load was seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usual_load_ms: Option<u64>,
+}
+
 /// `GET /api/v1/servers`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServersDoc {
     /// Whether the machine is being followed at all (off in embedded
     /// engines and tests that don't ask for it).
@@ -70,4 +91,9 @@ pub struct ServersDoc {
     pub watch_ports: Vec<u16>,
     /// Every server found, in the order found.
     pub servers: Vec<FollowedServer>,
+    /// The models loaded now on the servers the routes and the capture
+    /// measure (only in `GET /api/v1/servers`, never in the `servers`
+    /// event).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loaded: Vec<LoadedModelDoc>,
 }

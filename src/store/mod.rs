@@ -6,7 +6,8 @@
 //! - [`Store`]: one SQLite connection; opening runs the [`schema`]
 //!   migrations. Writes ([`Store::insert_calls`], [`Store::save_calibration`],
 //!   [`Store::prune`]) and reads ([`Store::history`], [`Store::models`],
-//!   [`export::export`], [`Store::load_normals`]).
+//!   [`export::export`], [`Store::load_normals`],
+//!   [`Store::load_decode_usuals`]).
 //! - [`StoreWriter`]: the thread that owns the writing `Store`, so the proxy
 //!   path never touches the disk: calls are batched into one transaction per
 //!   [`writer::BATCH_WINDOW`] or [`writer::BATCH_MAX`] calls, and reported
@@ -30,6 +31,7 @@
 //! `-shm` files inherit that mode from it) in a directory created 0700.
 
 mod calibration;
+pub mod decode_usuals;
 pub mod export;
 pub mod normals;
 mod prune;
@@ -47,6 +49,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use crate::meter::calibration::CalibrationTable;
 use crate::meter::normals::Normals;
+use crate::meter::slowdown::DecodeUsuals;
 use crate::model::Call;
 
 pub use export::{export, parse_export};
@@ -330,6 +333,14 @@ impl Store {
     pub fn load_normals(&self) -> Result<Normals, StoreError> {
         normals::load(&self.conn)
             .map_err(|source| self.db.err("cannot rebuild the routes' normals", source))
+    }
+
+    /// Each route's usual decode rates, rebuilt from the stored calls
+    /// ([`decode_usuals`]), so the slowdown rule judges the first calls
+    /// after a restart.
+    pub fn load_decode_usuals(&self) -> Result<DecodeUsuals, StoreError> {
+        decode_usuals::load(&self.conn)
+            .map_err(|source| self.db.err("cannot rebuild the usual decode rates", source))
     }
 
     /// How many calls are stored.

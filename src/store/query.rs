@@ -197,6 +197,10 @@ struct Group {
     queued_calls: u64,
     tps: Vec<f64>,
     prefill_tps: Vec<f64>,
+    /// Reasoning tokens of the calls that reasoned.
+    reasoning: Vec<f64>,
+    /// Some of those are speedtap's estimates.
+    reasoning_estimated: bool,
     last_seen_ms: i64,
     last_seen: String,
 }
@@ -214,6 +218,9 @@ impl Group {
             cold_ttft_ms_p50: pct(&mut self.cold_ttft, 0.5),
             queued_calls: self.queued_calls,
             prefill_tps_p50: pct(&mut self.prefill_tps, 0.5),
+            reasoning_calls: self.reasoning.len() as u64,
+            reasoning_tokens_p50: pct(&mut self.reasoning, 0.5),
+            reasoning_tokens_estimated: self.reasoning_estimated,
             model: self.model,
             route: self.route,
             calls: self.calls,
@@ -247,6 +254,10 @@ impl Group {
             self.prefill_tps
                 .extend(row.get::<_, Option<f64>>(5)?.filter(|v| v.is_finite()));
         }
+        if let Some(tokens) = row.get::<_, Option<i64>>(11)?.filter(|n| *n > 0) {
+            self.reasoning.push(tokens as f64);
+            self.reasoning_estimated |= row.get::<_, i64>(12)? != 0;
+        }
         Ok(())
     }
 }
@@ -258,7 +269,7 @@ fn models(conn: &Connection, filter: &HistoryFilter) -> rusqlite::Result<Vec<Mod
     let sql = format!(
         "SELECT coalesce(model, ''), route, status, ttft_ms, output_tokens_per_second,
                 prefill_tokens_per_second, started_at_ms, started_at, start, queued_ms,
-                prefill_tokens
+                prefill_tokens, reasoning_tokens, reasoning_tokens_estimated
          FROM calls{where_sql} ORDER BY coalesce(model, ''), route"
     );
     let mut stmt = conn.prepare(&sql)?;

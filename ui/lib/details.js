@@ -18,7 +18,7 @@ import {
   sourceBadge,
   statusLabel,
 } from "./format.js";
-import { stalledText, waitView } from "./present.js";
+import { slowdownView, stalledText, waitView } from "./present.js";
 
 /** Settled rates need this many tokens (docs/metering.md). */
 export const MIN_FINAL_RATE_TOKENS = 20;
@@ -175,6 +175,7 @@ export function callDetails(call, { timeZone } = {}) {
       { label: "Model", value: call.model },
       { label: "API", value: call.api ? apiLabel(call.api) : null, title: call.api },
       { label: "Client", value: call.client, title: "The app that made the call, from its User-Agent" },
+      { label: "Server version", value: call.server_version, title: "The model server's version as it publishes it, read when it was found or restarted" },
       { label: "Started", value: when(call.started_at), title: call.started_at },
       { label: "Settled", value: when(call.settled_at), title: call.settled_at },
     ]),
@@ -201,6 +202,8 @@ export function callDetails(call, { timeZone } = {}) {
     // A live call that streamed and went silent past its stall threshold.
     stalled: status === "in_flight" ? stalledText(speed) : null,
     truncation: truncationWarning(call.prompt_truncated),
+    // Decoded below the usual rate of its route, model and context depth.
+    slowdown: slowdownView(call.slowdown, speed?.output_tokens_per_second),
     facts: callFacts(call),
   };
 }

@@ -184,6 +184,12 @@ export function comparisonRows(models, { now, timeZone } = {}) {
     // The slow tail, in the same sense as TTFT p90.
     tpsP10: formatRate(m.tps_p10),
     prefillP50: formatRate(m.prefill_tps_p50),
+    // Median reasoning tokens per answer, "~" on speedtap's estimate.
+    reasoningP50: reasoningText(m),
+    reasoningTitle:
+      m.reasoning_calls > 0
+        ? `Median reasoning tokens per answer over the ${formatCount(m.reasoning_calls)} ok ${m.reasoning_calls === 1 ? "call" : "calls"} that reasoned${m.reasoning_tokens_estimated ? " (some counts are speedtap's estimates)" : ""}`
+        : "No call of this model reasoned",
     // Cold starts are kept out of the TTFT figures and shown apart.
     cold: m.cold_calls > 0 ? `p50 ${formatMs(m.cold_ttft_ms_p50)}, ${formatCount(m.cold_calls)} ${m.cold_calls === 1 ? "call" : "calls"}` : DASH,
     ttftTitle:
@@ -199,7 +205,49 @@ export function comparisonRows(models, { now, timeZone } = {}) {
   }));
 }
 
+/**
+ * A model's median reasoning tokens per answer, compact: "640", "1.8k",
+ * "~1.8k" when some counts are speedtap's estimates; DASH when none
+ * reasoned.
+ */
+export function reasoningText(m) {
+  const n = m?.reasoning_tokens_p50;
+  if (!isShowable(n)) return DASH;
+  const text = n >= 1000 ? `${Number((n / 1000).toFixed(1))}k` : formatCount(Math.round(n));
+  return `${m.reasoning_tokens_estimated ? "~" : ""}${text}`;
+}
+
 // ---- rate over time ----------------------------------------------------------
+
+/**
+ * Where the decode chart marks a server version change: the first charted
+ * call (ok, with a settled rate, as in `rateSeries`) of a route whose
+ * `server_version` differs from the route's previous charted call's.
+ * Calls with no version neither mark nor reset. `[{x, route, from, to,
+ * label}]`, x in unix seconds, ascending; `label` "ollama: 0.32.13 →
+ * 0.33.2".
+ */
+export function versionMarks(calls) {
+  const points = [];
+  for (const c of Array.isArray(calls) ? calls : []) {
+    if (!c || c.status !== "ok" || c.speed?.is_final !== true || !isShowable(c.speed?.output_tokens_per_second)) continue;
+    if (typeof c.server_version !== "string" || c.server_version === "") continue;
+    const t = parseTime(c.settled_at) ?? parseTime(c.started_at);
+    if (t === null) continue;
+    points.push({ t, route: c.route ?? "", version: c.server_version, id: c.id });
+  }
+  points.sort((a, b) => a.t - b.t || String(a.id).localeCompare(String(b.id), "en", { numeric: true }));
+  const last = new Map();
+  const marks = [];
+  for (const p of points) {
+    const from = last.get(p.route);
+    if (from !== undefined && from !== p.version) {
+      marks.push({ x: p.t / 1000, route: p.route, from, to: p.version, label: `${p.route}: ${from} → ${p.version}` });
+    }
+    last.set(p.route, p.version);
+  }
+  return marks;
+}
 
 /**
  * The chart of decode tok/s over time, one series per model, in uPlot's

@@ -49,6 +49,8 @@ export function callRow(call, { slow, now, timeZone } = {}) {
     stalled: status === "in_flight" ? stalledText(speed) : null,
     // The server read less of the prompt than was sent (settled calls).
     truncated: truncationBadge(call.prompt_truncated),
+    // Decoded below its usual rate (settled calls): "0.3× usual".
+    slowdown: slowdownView(call.slowdown, speed?.output_tokens_per_second),
     ttft: formatMs(speed?.time_to_first_token_ms),
     rate: formatRate(speed?.output_tokens_per_second),
     tokens: speed ? formatCount(speed.output_tokens) : DASH,
@@ -232,5 +234,54 @@ export function truncationBadge(t) {
   return {
     text: "prompt cut",
     title: `The server read ${formatCount(t.server_tokens)} of the ${formatCount(t.request_tokens)} prompt tokens sent${isShowable(t.context_size) ? ` (context ${formatCount(t.context_size)})` : ""}`,
+  };
+}
+
+/**
+ * One slowdown cause in words, as the engine's notification says it
+ * (`meter::slowdown_notice`): "29% of the model runs on the CPU", "since
+ * the server went from 0.32.13 to 0.33.2", "2 other calls streamed beside
+ * it"; `unknown` (no evidence) reads "no cause seen". A kind this page
+ * does not know shows as itself.
+ */
+export function slowdownCause(cause) {
+  if (!cause || typeof cause !== "object" || typeof cause.kind !== "string") return null;
+  switch (cause.kind) {
+    case "cpu_offload":
+      return isShowable(cause.cpu_share) ? `${formatPercent(cause.cpu_share)} of the model runs on the CPU` : "part of the model runs on the CPU";
+    case "server_changed":
+      return typeof cause.from === "string" && typeof cause.to === "string"
+        ? `since the server went from ${cause.from} to ${cause.to}`
+        : "since the server's version changed";
+    case "concurrent":
+      return isShowable(cause.calls) ? `${formatCount(cause.calls)} other ${cause.calls === 1 ? "call" : "calls"} streamed beside it` : "other calls streamed beside it";
+    case "unknown":
+      return "no cause seen";
+    default:
+      return cause.kind.replace(/_/g, " ");
+  }
+}
+
+/**
+ * A settled call's `slowdown` (docs/api.md, Slowdown) as shown, or null:
+ * - `badge`: "0.3× usual" (the History row and the live table);
+ * - `sentence`: "Decoded at 12 tok/s, 0.3× the usual 40 tok/s";
+ * - `causes`: each cause in words;
+ * - `title`: the sentence and its causes in one line.
+ * `rate` is the call's settled tok/s (left out of the sentence when absent).
+ */
+export function slowdownView(slowdown, rate) {
+  if (!slowdown || typeof slowdown !== "object" || !isShowable(slowdown.usual_tps) || !isShowable(slowdown.ratio)) return null;
+  const ratio = `${Number(slowdown.ratio.toFixed(2))}×`;
+  const usual = `${formatRate(slowdown.usual_tps)} tok/s`;
+  const sentence = isShowable(rate)
+    ? `Decoded at ${formatRate(rate)} tok/s, ${ratio} the usual ${usual}`
+    : `Decoded at ${ratio} the usual ${usual}`;
+  const causes = (Array.isArray(slowdown.causes) ? slowdown.causes : []).map(slowdownCause).filter((c) => c);
+  return {
+    badge: `${ratio} usual`,
+    sentence,
+    causes,
+    title: causes.length ? `${sentence}: ${causes.join("; ")}` : sentence,
   };
 }

@@ -165,3 +165,18 @@ test("rate explanation follows the source and why a rate is missing", () => {
   assert.match(rateExplanation({ status: "in_flight", speed: { is_final: false, output_tokens_per_second: 12 } }), /^Live: the rate over the last 2 seconds/);
   assert.equal(rateExplanation({ status: "unmetered" }), "");
 });
+
+test("the details of a slow call say how slow, against what, and why; and its server's version", () => {
+  const d = callDetails({
+    ...ollama,
+    server_version: "0.33.2",
+    speed: { ...ollama.speed, output_tokens_per_second: 12 },
+    slowdown: { usual_tps: 35, ratio: 0.34, causes: [{ kind: "server_changed", from: "0.32.13", to: "0.33.2" }] },
+  });
+  assert.equal(d.slowdown.sentence, "Decoded at 12.0 tok/s, 0.34× the usual 35.0 tok/s");
+  assert.deepEqual(d.slowdown.causes, ["since the server went from 0.32.13 to 0.33.2"]);
+  assert.equal(d.identity.find((r) => r.label === "Server version").value, "0.33.2");
+  const fine = callDetails(ollama);
+  assert.equal(fine.slowdown, null);
+  assert.equal(fine.identity.find((r) => r.label === "Server version"), undefined, "absent, not a dash");
+});

@@ -21,6 +21,8 @@ import {
   rangeSince,
   rateRange,
   rateSeries,
+  reasoningText,
+  versionMarks,
 } from "../lib/history.js";
 
 const NOW = Date.parse("2026-11-30T12:00:00.000Z");
@@ -295,4 +297,40 @@ test("the fitted line is never drawn below 0 tok/s, nor without a fit", () => {
   assert.equal(depthSeries({ points: [{ context_tokens: 1, tokens_per_second: 1 }], fit: { a: 1, b: 0, kind: "power" } }).fitText, "", "an unknown kind is not drawn");
   assert.match(depthSeries({ points: [{ context_tokens: 1, tokens_per_second: 1 }], fit: { a: 30, b: 0.00001, kind: "linear" } }).fitText, /about the same at every depth/);
   assert.equal(depthSeries(null).count, 0);
+});
+
+test("a model's median reasoning per answer reads compact, ~ on an estimate, a dash when none reasoned", () => {
+  const row = (m) => comparisonRows([{ model: "qwen3:8b", route: "ollama", calls: 4, ok_calls: 4, last_seen: "", ...m }], { now: NOW })[0];
+  const thinker = row({ reasoning_tokens_p50: 1_840, reasoning_calls: 3 });
+  assert.equal(thinker.reasoningP50, "1.8k");
+  assert.equal(thinker.reasoningTitle, "Median reasoning tokens per answer over the 3 ok calls that reasoned");
+  const estimated = row({ reasoning_tokens_p50: 640, reasoning_calls: 1, reasoning_tokens_estimated: true });
+  assert.equal(estimated.reasoningP50, "~640");
+  assert.match(estimated.reasoningTitle, /1 ok call that reasoned \(some counts are speedtap's estimates\)/);
+  assert.equal(row({}).reasoningP50, DASH);
+  assert.equal(reasoningText({ reasoning_tokens_p50: 2_000 }), "2k");
+});
+
+test("the decode chart marks each route's server version change at the first call on the new version", () => {
+  const call = (id, route, at, version, extra = {}) => ({
+    id, route, model: "qwen3:32b", status: "ok", server_version: version,
+    started_at: at, settled_at: at,
+    speed: { is_final: true, output_tokens_per_second: 40 },
+    ...extra,
+  });
+  const marks = versionMarks([
+    call("c-4", "ollama", "2026-11-30T10:03:00Z", "0.33.2"),
+    call("c-1", "ollama", "2026-11-30T10:00:00Z", "0.32.13"),
+    call("c-2", "lab", "2026-11-30T10:01:00Z", "b5902"),
+    // No version read: neither a change nor a reset.
+    call("c-3", "ollama", "2026-11-30T10:02:00Z", undefined),
+    call("c-5", "ollama", "2026-11-30T10:04:00Z", "0.33.2"),
+    // A failed call is not charted, so it marks nothing.
+    call("c-6", "lab", "2026-11-30T10:05:00Z", "b6000", { status: "upstream_error" }),
+    call("c-7", "lab", "2026-11-30T10:06:00Z", "b5902"),
+  ]);
+  assert.deepEqual(marks, [
+    { x: Date.parse("2026-11-30T10:03:00Z") / 1000, route: "ollama", from: "0.32.13", to: "0.33.2", label: "ollama: 0.32.13 → 0.33.2" },
+  ]);
+  assert.deepEqual(versionMarks(undefined), []);
 });

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { DASH } from "../lib/format.js";
-import { callRow, globalPanel, stalledText, waitView } from "../lib/present.js";
+import { callRow, globalPanel, slowdownCause, slowdownView, stalledText, waitView } from "../lib/present.js";
 
 const settled = {
   id: "c-000042",
@@ -153,4 +153,41 @@ test("a live wait says how long the server has been silent; a past one does not"
   const live = waitView(wait);
   assert.deepEqual(live.facts.find((f) => f.label === "Server silent")?.value, "400 ms");
   assert.equal(waitView(wait, { past: true }).facts.find((f) => f.label === "Server silent"), undefined);
+});
+
+test("a slowdown's causes read as the engine's notification says them", () => {
+  assert.equal(slowdownCause({ kind: "cpu_offload", cpu_share: 0.29 }), "29% of the model runs on the CPU");
+  assert.equal(slowdownCause({ kind: "server_changed", from: "0.32.13", to: "0.33.2" }), "since the server went from 0.32.13 to 0.33.2");
+  assert.equal(slowdownCause({ kind: "concurrent", calls: 1 }), "1 other call streamed beside it");
+  assert.equal(slowdownCause({ kind: "concurrent", calls: 2 }), "2 other calls streamed beside it");
+  assert.equal(slowdownCause({ kind: "unknown" }), "no cause seen");
+  assert.equal(slowdownCause({ kind: "draft_acceptance" }), "draft acceptance");
+  assert.equal(slowdownCause(null), null);
+});
+
+test("a slow settled call's row shows its ratio to the usual, with the causes in its title", () => {
+  const slow = {
+    ...settled,
+    speed: { ...settled.speed, output_tokens_per_second: 12 },
+    slowdown: { usual_tps: 40, ratio: 0.3, causes: [{ kind: "cpu_offload", cpu_share: 0.29 }] },
+  };
+  const row = callRow(slow);
+  assert.equal(row.slowdown.badge, "0.3× usual");
+  assert.equal(row.slowdown.title, "Decoded at 12.0 tok/s, 0.3× the usual 40.0 tok/s: 29% of the model runs on the CPU");
+  assert.equal(callRow(settled).slowdown, null, "a call that was not slow has no badge");
+});
+
+test("a slowdown with several causes lists each; one without a rate still says the ratio", () => {
+  const v = slowdownView({
+    usual_tps: 35,
+    ratio: 0.34,
+    causes: [
+      { kind: "cpu_offload", cpu_share: 0.29 },
+      { kind: "server_changed", from: "0.32.13", to: "0.33.2" },
+    ],
+  });
+  assert.equal(v.sentence, "Decoded at 0.34× the usual 35.0 tok/s");
+  assert.deepEqual(v.causes, ["29% of the model runs on the CPU", "since the server went from 0.32.13 to 0.33.2"]);
+  assert.equal(slowdownView({ usual_tps: 35 }), null, "no ratio, nothing shown");
+  assert.equal(slowdownView(undefined), null);
 });

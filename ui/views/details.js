@@ -161,6 +161,16 @@ export function mountDetails({ onClose } = {}, doc = document) {
         ),
       );
     }
+    if (d.slowdown) {
+      parts.push(
+        section(
+          "Slower than usual",
+          "slowdown",
+          h("p", { class: "slowdown-sentence", id: "details-slowdown" }, d.slowdown.sentence),
+          h("ul", { class: "slowdown-causes" }, d.slowdown.causes.map((c) => h("li", {}, c))),
+        ),
+      );
+    }
     if (d.facts.length) parts.push(factsSection(d.facts));
     if (d.flags.length) {
       parts.push(

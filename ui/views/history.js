@@ -190,6 +190,7 @@ export function mountHistory(source, { onSelect }, doc = document) {
           td("tps_p50", r.tpsP50, `num strong${r.best.tps ? " best" : ""}`, { title: r.best.tps ? "Fastest median decode rate" : undefined }),
           td("tps_p10", r.tpsP10, "num"),
           td("prefill_p50", r.prefillP50, "num"),
+          td("reasoning_p50", r.reasoningP50, "num", { title: r.reasoningTitle }),
           td("last_seen", r.lastSeen, "muted", { title: r.lastSeenRaw }),
         );
       }),
@@ -222,7 +223,12 @@ export function mountHistory(source, { onSelect }, doc = document) {
           td("client", v.client, "client"),
           h("td", { "data-col": "api", class: "api", title: v.apiRaw }, v.api),
           td("ttft", v.ttft, "num"),
-          td("rate", v.rate, "num strong"),
+          h(
+            "td",
+            { "data-col": "rate", class: "num strong" },
+            v.rate,
+            v.slowdown ? h("span", { class: "badge slowdown", title: v.slowdown.title }, v.slowdown.badge) : null,
+          ),
           td("tokens", v.tokens, "num"),
           h("td", { "data-col": "source" }, src),
           h(

@@ -1,9 +1,11 @@
 // Decode tok/s over time, one uPlot series per model (History view). Each
-// settled call is a point; a model's points are joined by a thin line.
+// settled call is a point; a model's points are joined by a thin line. A
+// server's version change is a dashed vertical line with the new version,
+// listed under the chart too.
 
 import uPlot from "../vendor/uPlot.esm.js";
 import { formatRate } from "../lib/format.js";
-import { rateRange, rateSeries } from "../lib/history.js";
+import { rateRange, rateSeries, versionMarks } from "../lib/history.js";
 import { h } from "./dom.js";
 
 const HEIGHT = 220;
@@ -25,8 +27,34 @@ export function mountHistoryChart({ container, empty, note }) {
   let plot = null;
   let labels = null;
   let last = { calls: [], range: "day", now: Date.now() };
+  /** The version changes drawn (see versionMarks). */
+  let marks = [];
   const legend = h("ul", { class: "series-legend", "aria-label": "Models" });
-  container.after(legend);
+  const changes = h("ul", { class: "version-marks small muted", "aria-label": "Server version changes" });
+  container.after(legend, changes);
+
+  /** Each version change as a dashed line across the plot, its new version at the top. */
+  function drawMarks(u) {
+    if (marks.length === 0) return;
+    const ratio = window.devicePixelRatio || 1;
+    const { ctx, bbox } = u;
+    ctx.save();
+    ctx.strokeStyle = cssVar("--muted", "#6b7280");
+    ctx.fillStyle = ctx.strokeStyle;
+    ctx.lineWidth = ratio;
+    ctx.setLineDash([4 * ratio, 3 * ratio]);
+    ctx.font = `${10 * ratio}px system-ui, sans-serif`;
+    for (const m of marks) {
+      const x = Math.round(u.valToPos(m.x, "x", true));
+      if (x < bbox.left || x > bbox.left + bbox.width) continue;
+      ctx.beginPath();
+      ctx.moveTo(x, bbox.top);
+      ctx.lineTo(x, bbox.top + bbox.height);
+      ctx.stroke();
+      ctx.fillText(m.to, x + 3 * ratio, bbox.top + 10 * ratio);
+    }
+    ctx.restore();
+  }
 
   function color(i) {
     const p = dark() ? PALETTE.dark : PALETTE.light;
@@ -56,6 +84,7 @@ export function mountHistoryChart({ container, empty, note }) {
         })),
       ],
       hooks: {
+        draw: [drawMarks],
         setCursor: [
           (u) => {
             const i = u.cursor.idx;
@@ -80,6 +109,7 @@ export function mountHistoryChart({ container, empty, note }) {
 
   function draw() {
     const series = rateSeries(last.calls);
+    marks = versionMarks(last.calls);
     const same = labels && labels.length === series.labels.length && labels.every((l, i) => l === series.labels[i]);
     if (!plot || !same) build(series);
     else plot.setData(series.data, false);
@@ -99,6 +129,7 @@ export function mountHistoryChart({ container, empty, note }) {
         );
       }),
     );
+    changes.replaceChildren(...marks.map((m) => h("li", { "data-route": m.route }, `${m.label} at ${TIME.format(new Date(m.x * 1000))}`)));
   }
 
   new ResizeObserver(() => {

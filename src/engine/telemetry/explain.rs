@@ -938,6 +938,7 @@ mod tests {
             size: Some(100),
             size_vram: Some(50),
             context_length: Some(2048),
+            expires_at_ms: None,
         }
     }
 

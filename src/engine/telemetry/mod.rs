@@ -19,6 +19,11 @@
 //!   is known to publish nothing, a dispatch asks nothing and the rules
 //!   run at most once per [`POLL_INTERVAL`] (each pass walks every
 //!   tracked call).
+//! - **Loaded models, on request.** `GET /api/v1/servers` asks each
+//!   poller for the server's loaded models ([`LoadedNow`]): its last
+//!   `/api/ps` reading, read anew (one request) only when a call on the
+//!   route ended since, as Ollama sets a model's `expires_at` when its
+//!   last call ends. That reading is not given to the rules.
 //! - **Never on the proxy's path.** The poller runs on a metering arbiter
 //!   with its own HTTP client and connections; each request has a
 //!   [`REQUEST_TIMEOUT`] and a body cap. Call actors talk to it with
@@ -189,6 +194,20 @@ pub struct Untrack {
     pub unreachable: bool,
 }
 
+// === Host -> TelemetryPoller ===
+
+/// The models the server has loaded now (Ollama `/api/ps`), for `GET
+/// /api/v1/servers`: the last reading when no call ended since it was
+/// taken, else a new one (one request, within [`LOADED_ANSWER_WITHIN`]; a
+/// server too slow gets the last reading). Empty for a server that does
+/// not publish them.
+#[derive(Message)]
+#[rtype(result = "Vec<server::LoadedModel>")]
+pub struct LoadedNow;
+
+/// How long [`LoadedNow`] waits for a new `/api/ps` reading.
+pub const LOADED_ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
 // === TelemetryPoller -> CallActor ===
 
 /// The latest explanation of a call's wait (absent once it no longer
@@ -239,6 +258,14 @@ pub struct TelemetryPoller {
     /// reach the server: the next answer may be a restarted server, whose
     /// version is asked again.
     unreachable: bool,
+    /// A call ended since the last `/api/ps` reading: Ollama sets a
+    /// model's `expires_at` when its last call ends, so that reading's is
+    /// old ([`LoadedNow`] reads again).
+    ps_stale: bool,
+    /// The latest `/api/ps` reading, from a look or from [`LoadedNow`].
+    loaded: Option<Vec<server::LoadedModel>>,
+    /// When [`LoadedNow`] last asked the server itself.
+    loaded_asked_at: Option<Instant>,
 }
 
 impl TelemetryPoller {
@@ -267,6 +294,9 @@ impl TelemetryPoller {
             version_available: [true; 2],
             version_asking: false,
             unreachable: false,
+            ps_stale: false,
+            loaded: None,
+            loaded_asked_at: None,
         }
     }
 
@@ -461,7 +491,9 @@ impl TelemetryPoller {
         // (a server still loading answers 503, which is tried again).
         let published = match endpoint {
             Endpoint::Ps => server::parse_ps(&body).map(|ps| {
+                self.loaded = Some(ps.clone());
                 self.view.read_ps(ps, self.look_began);
+                self.ps_stale = false;
             }),
             Endpoint::Slots => server::parse_slots(&body).map(|slots| {
                 self.view.slots = Some(slots);
@@ -673,12 +705,56 @@ impl Handler<Untrack> for TelemetryPoller {
     fn handle(&mut self, msg: Untrack, ctx: &mut Self::Context) {
         self.pace.forget(msg.seq);
         self.tracker.untrack(msg.seq, Instant::now());
+        self.ps_stale = true;
         if msg.unreachable {
             self.unreachable = true;
         }
         self.actors.remove(&msg.seq);
         self.last_sent.remove(&msg.seq);
         self.idle_unless_waiting(ctx);
+    }
+}
+
+impl Handler<LoadedNow> for TelemetryPoller {
+    type Result = actix::ResponseActFuture<Self, Vec<server::LoadedModel>>;
+    fn handle(&mut self, _: LoadedNow, _: &mut Self::Context) -> Self::Result {
+        let ps_index = Endpoint::ALL
+            .iter()
+            .position(|e| *e == Endpoint::Ps)
+            .unwrap_or(0);
+        let last = self.loaded.clone().unwrap_or_default();
+        let fresh = self.loaded.is_some() && !self.ps_stale;
+        // Never beside a look (Ollama holds `/api/ps` through a whole
+        // load: the look's answer will do), and at most once per
+        // [`POLL_INTERVAL`] however often it is asked (a server that is
+        // down stays stale).
+        let now = Instant::now();
+        let asked_lately = self
+            .loaded_asked_at
+            .is_some_and(|at| now.saturating_duration_since(at) < POLL_INTERVAL);
+        if fresh || self.polling || asked_lately || !self.available[ps_index] {
+            return Box::pin(actix::fut::ready(last));
+        }
+        self.loaded_asked_at = Some(now);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let (client, upstream) = (self.client.clone(), self.upstream.clone());
+        let read = async move {
+            let answer = fetch(&client, &upstream, Endpoint::Ps.path());
+            match tokio::time::timeout(LOADED_ANSWER_WITHIN, answer).await {
+                Ok(Answer::Body(body)) => server::parse_ps(&body),
+                _ => None,
+            }
+        };
+        Box::pin(read.into_actor(self).map(move |read, act, _| match read {
+            Some(models) => {
+                // Not given to the rules: they read `/api/ps` from their
+                // own looks, each with when it began.
+                act.ps_stale = false;
+                act.loaded = Some(models.clone());
+                models
+            }
+            None => last,
+        }))
     }
 }
 

@@ -22,6 +22,10 @@ pub struct LoadedModel {
     pub size_vram: Option<u64>,
     /// The context length it was loaded with.
     pub context_length: Option<u64>,
+    /// `expires_at`: when it unloads unless a call uses it, unix ms (Ollama
+    /// writes its local time with its offset; a model kept forever shows
+    /// a date centuries away).
+    pub expires_at_ms: Option<u64>,
 }
 
 /// One llama-server slot.
@@ -90,6 +94,10 @@ pub fn parse_ps(body: &[u8]) -> Option<Vec<LoadedModel>> {
                     size: count(m.get("size")),
                     size_vram: count(m.get("size_vram")),
                     context_length: count(m.get("context_length")),
+                    expires_at_ms: m
+                        .get("expires_at")
+                        .and_then(Value::as_str)
+                        .and_then(crate::model::time::rfc3339_offset_to_ms),
                 })
             })
             .collect(),
@@ -213,7 +221,8 @@ mod tests {
                 name: "qwen3:8b".into(),
                 size: Some(6000),
                 size_vram: Some(3000),
-                context_length: Some(4096)
+                context_length: Some(4096),
+                expires_at_ms: crate::model::time::rfc3339_to_ms("2026-01-01T00:00:00Z"),
             }]
         );
         assert_eq!(parse_ps(br#"{"models":[]}"#), Some(vec![]));

@@ -313,6 +313,8 @@ impl Watcher {
             watching: true,
             watch_ports: self.options.watch_ports.clone(),
             servers: route::documents(self.follow.servers(), &self.routed),
+            // Read from the pollers on request, never in the event.
+            loaded: Vec::new(),
         };
         *self.doc.write().unwrap_or_else(|p| p.into_inner()) = doc.clone();
         self.handle
