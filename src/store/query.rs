@@ -183,8 +183,9 @@ fn depth_points(conn: &rusqlite::Connection, q: &DepthQuery) -> rusqlite::Result
     Ok(points)
 }
 
-/// The shortest prompt whose prefill rate enters `prefill_tps_p50`.
-pub const MIN_PREFILL_TOKENS: u64 = 512;
+/// The shortest prompt whose prefill rate enters `prefill_tps_p50`: the
+/// one the normals learn from.
+pub use crate::meter::normals::MIN_PREFILL_TOKENS;
 
 /// The samples of one (model, route) group while scanning.
 #[derive(Default)]
