@@ -334,6 +334,17 @@ async fn demo_traffic_leaves_history_and_notifications_untouched() {
     }
     let real_call = calls.iter().find(|c| c.identity.route == "real").unwrap();
     assert!(!real_call.identity.demo);
+    // The routes as hosts offer them (the tray's copy entries): the demo's
+    // marked, the real one not.
+    let marked: Vec<(String, bool)> = h
+        .route_infos()
+        .into_iter()
+        .map(|r| (r.name, r.demo))
+        .collect();
+    assert_eq!(
+        marked,
+        vec![("real".to_owned(), false), ("demo".to_owned(), true)]
+    );
     // History holds the real call only.
     let history = h.history(HistoryFilter::default()).await.unwrap();
     let routes: Vec<&str> = history.iter().map(|c| c.identity.route.as_str()).collect();

@@ -848,6 +848,7 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 cold_calls: 0,
                 cold_ttft_ms_p50: None,
                 queued_calls: 0,
+                queued_ttft_ms_p50: None,
                 prefill_tps_p50: None,
                 reasoning_tokens_p50: None,
                 reasoning_calls: 0,
@@ -872,6 +873,7 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 cold_calls: 0,
                 cold_ttft_ms_p50: None,
                 queued_calls: 0,
+                queued_ttft_ms_p50: None,
                 // Prefill sorted [100, 250, 400]: p50 = 250.
                 prefill_tps_p50: Some(250.0),
                 // Reasoning of the ok calls sorted [600, 1200, 1800]: p50 1200.
@@ -894,6 +896,7 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 cold_calls: 0,
                 cold_ttft_ms_p50: None,
                 queued_calls: 0,
+                queued_ttft_ms_p50: None,
                 prefill_tps_p50: None,
                 reasoning_tokens_p50: None,
                 reasoning_calls: 0,
@@ -970,6 +973,13 @@ fn history_compares_like_with_like_queued_and_cold_calls_apart_long_prompts_only
         c.details.queue_position = Some(1 + i as u32);
         calls.push(c);
     }
+    // A call that queued while the model loaded is a cold start: counted
+    // once, with the cold ones.
+    let mut both = warm("cold-queued", T0 + 30, 9_000);
+    both.details.start = Some(StartKind::Cold);
+    both.details.queued_ms = Some(2_000);
+    both.details.queue_position = Some(1);
+    calls.push(both);
     // Prefill rates: a 30-token prompt's 33 tok/s is overhead, not speed.
     for (c, (tokens, rate)) in calls
         .iter_mut()
@@ -984,15 +994,18 @@ fn history_compares_like_with_like_queued_and_cold_calls_apart_long_prompts_only
     store.insert_calls(&calls).unwrap();
     let models = store.models(&HistoryFilter::default()).unwrap();
     let m = &models[0];
-    assert_eq!(m.ok_calls, 8);
+    assert_eq!(m.ok_calls, 9);
     assert_eq!((m.ttft_ms_p50, m.ttft_ms_p90), (Some(900.0), Some(980.0)));
-    assert_eq!((m.cold_calls, m.cold_ttft_ms_p50), (3, Some(7_000.0)));
-    assert_eq!(m.queued_calls, 2);
+    // Cold: 6,500, 7,000, 7,500 and 9,000; the median of the middle two.
+    assert_eq!((m.cold_calls, m.cold_ttft_ms_p50), (4, Some(7_250.0)));
+    // Queued, not cold: 8,800 and 22,000.
+    assert_eq!((m.queued_calls, m.queued_ttft_ms_p50), (2, Some(15_400.0)));
     // The median of 3,352 and 3,000.
     assert_eq!(m.prefill_tps_p50, Some(3_176.0));
     let json = serde_json::to_value(m).unwrap();
-    assert_eq!(json["cold_calls"], 3);
+    assert_eq!(json["cold_calls"], 4);
     assert_eq!(json["queued_calls"], 2);
+    assert_eq!(json["queued_ttft_ms_p50"], 15_400.0);
     assert_eq!(json["tps_p10"], 40.0);
 }
 

@@ -2,7 +2,9 @@
 //! of the simulator behaving like Ollama (models that load, then expire)
 //! and llama-server (one slot, `/slots` prefill progress, a context size
 //! that cuts or refuses). Each test reads the live snapshots the engine
-//! publishes (`EngineEvent::Speed`) and the settled call's details.
+//! publishes (`EngineEvent::Speed`) and the settled call's details; the
+//! slow rule's test reads the alarms (`EngineEvent::SlowFirstToken`),
+//! each cause of a wait judged against its own normal.
 //!
 //! Real time, since the engine runs its own actor system: every wait is on
 //! an engine event with a deadline, never a sleep, except where the test
@@ -250,6 +252,117 @@ async fn a_model_load_is_explained_whether_api_ps_hides_the_model_or_holds_its_a
     for mode in [PsWhileLoading::Hidden, PsWhileLoading::Blocks] {
         cold_then_warm(mode).await;
     }
+}
+
+/// One Ollama chat through `addr` whose model, when it finds it unloaded,
+/// loads in `load_ms`; `keep_alive` 0 unloads it after the call, else it
+/// stays. Returns the slow-first-token alarms raised while call `id`
+/// waited, and the settled call.
+async fn chat_with_load(
+    addr: std::net::SocketAddr,
+    rx: &mut tokio::sync::mpsc::Receiver<EngineEvent>,
+    id: &str,
+    load_ms: &str,
+    keep_alive: u64,
+) -> (Vec<speedtap::model::SlowFirstToken>, Call) {
+    let body = serde_json::json!({
+        "model": "m", "stream": true, "keep_alive": keep_alive,
+        "messages": [{"role": "user", "content": "hi"}]
+    });
+    let got = send_with(
+        addr,
+        "POST",
+        "/api/chat",
+        Bytes::from(body.to_string()),
+        &[("x-sim-load-ms", load_ms), ("x-sim-ttft-ms", "50")],
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    let mut alarms = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{id} did not settle"))
+            .expect("engine events")
+        {
+            EngineEvent::SlowFirstToken(slow) => alarms.push(slow),
+            EngineEvent::Settled(call) if call.identity.id == id => return (alarms, call),
+            _ => {}
+        }
+    }
+}
+
+/// Rule "slow means slow for this route and model", through the proxy: a
+/// model that usually loads in 1 s. With a 300 ms threshold, a cold call
+/// whose load takes its usual time raises nothing (judged as one, the
+/// wait would be 3x the threshold); one whose load takes 3 s (three times
+/// its usual: a load is late after twice its usual, on top of the warm
+/// part's own allowance) raises the alarm, and the alarm names the load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_that_takes_its_usual_time_raises_nothing_and_one_three_times_as_long_names_the_load(
+) {
+    let dir = crate::util::process::scratch("wait", "load_normal");
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            tokens: 8,
+            tokens_per_second: 400.0,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    // Taught with alarms out of reach, so the notifier's one alarm a
+    // minute per route is still free for the calls judged below.
+    let engine = engine_with(&sim.base_url(), |o| {
+        o.telemetry = true;
+        o.slow_ttft = Duration::from_secs(60);
+        o.config_path = Some(dir.join("speedtap.toml"));
+    })
+    .await;
+    let addr = engine.routes[0].listen;
+    let mut rx = engine.handle.subscribe().await;
+    // The route learns: one load of 1 s, then three warm calls (50 ms).
+    let (_, first) = chat_with_load(addr, &mut rx, "c-000001", "1000", 300_000).await;
+    assert_eq!(first.details.start, Some(StartKind::Cold), "{first:#?}");
+    for n in 2..=4 {
+        let keep = if n == 4 { 0 } else { 300_000 };
+        let (_, warm) = chat_with_load(addr, &mut rx, &format!("c-{n:06}"), "1000", keep).await;
+        assert_eq!(warm.details.start, Some(StartKind::Warm), "{warm:#?}");
+    }
+    until_unloaded(&sim).await;
+    let mut settings = engine.handle.get_settings().await.unwrap();
+    settings.slow_ttft_ms = 300;
+    engine.handle.save_settings(settings).await.unwrap();
+
+    // A load of its usual second: no alarm, though past the threshold.
+    let (alarms, usual) = chat_with_load(addr, &mut rx, "c-000005", "1000", 0).await;
+    assert_eq!(usual.details.start, Some(StartKind::Cold), "{usual:#?}");
+    let ttft = usual.speed.and_then(|s| s.time_to_first_token_ms).unwrap();
+    assert!(ttft >= 1_000, "{ttft}");
+    assert!(alarms.is_empty(), "a usual load alarmed: {alarms:?}");
+    until_unloaded(&sim).await;
+
+    // A load of 3 s: late for a load of this model, and said so.
+    let (alarms, late) = chat_with_load(addr, &mut rx, "c-000006", "3000", 0).await;
+    assert_eq!(late.details.start, Some(StartKind::Cold), "{late:#?}");
+    assert_eq!(alarms.len(), 1, "{alarms:?}");
+    let alarm = &alarms[0];
+    let reason = alarm.reason.as_ref().map(|w| w.reason);
+    assert_eq!(reason, Some(WaitReason::LoadingModel), "{alarm:?}");
+    // The limit: the warm part's (its usual plus 300 ms) and twice the
+    // usual load.
+    assert!((2_000..3_000).contains(&alarm.threshold_ms), "{alarm:?}");
+    assert!(alarm.waited_ms >= alarm.threshold_ms, "{alarm:?}");
+    let message = alarm.message();
+    assert!(
+        message.starts_with("m on t: no first token after ")
+            && message.contains(", loading the model (usually 1.0 s)"),
+        "{message}"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

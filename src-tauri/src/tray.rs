@@ -85,11 +85,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub fn create<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) -> tauri::Result<()> {
     let model = TrayModel::new();
     let notifications = app.state::<Arc<Notifications>>();
-    let routes: Vec<_> = engine
-        .bound_routes()
-        .iter()
-        .map(speedtap::model::RouteInfo::from)
-        .collect();
+    let routes = engine.route_infos();
     let mut view = model.view(
         Instant::now(),
         &ViewInputs {
@@ -312,11 +308,12 @@ fn on_menu_event<R: Runtime>(app: &AppHandle<R>, event: MenuEvent) {
 
 fn copy_proxy_url<R: Runtime>(app: &AppHandle<R>, route: &str) {
     let engine = app.state::<Engine>();
+    // Never the demo's: its proxy feeds its own simulator.
     let Some(bound) = engine
         .0
-        .bound_routes()
+        .route_infos()
         .into_iter()
-        .find(|r| r.name == route)
+        .find(|r| r.name == route && !r.demo)
     else {
         return;
     };
@@ -334,7 +331,7 @@ fn copy_proxy_url<R: Runtime>(app: &AppHandle<R>, route: &str) {
         }
     }
     if let Some(c) = clipboard.as_mut() {
-        if let Err(e) = c.set_text(bound.proxy_url()) {
+        if let Err(e) = c.set_text(bound.proxy_url) {
             tracing::warn!("proxy URL not copied: {e}");
         }
     }

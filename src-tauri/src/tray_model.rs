@@ -539,7 +539,9 @@ impl TrayModel {
             EntryKind::Check(inputs.paused),
             "Pause notifications",
         ));
-        for route in inputs.routes {
+        // The demo's route feeds its own simulator: never a URL to give
+        // clients.
+        for route in inputs.routes.iter().filter(|r| !r.demo) {
             menu.push(MenuEntry::new(
                 format!("{ID_COPY_PREFIX}{}", route.name),
                 EntryKind::Action,
@@ -1535,7 +1537,7 @@ mod tests {
     }
 
     #[test]
-    fn menu_has_the_fixed_entries_and_one_copy_entry_per_route() {
+    fn menu_has_the_fixed_entries_and_one_copy_entry_per_route_but_none_for_the_demo() {
         let t0 = Instant::now();
         let routes = vec![
             RouteInfo {
@@ -1576,7 +1578,6 @@ mod tests {
                 "Open speedtap",
                 "Pause notifications",
                 "Copy proxy URL (ollama)",
-                "Copy proxy URL (demo)",
                 "Quit"
             ]
         );

@@ -132,6 +132,18 @@ impl EngineHandle {
         read(&self.shared.routes).clone()
     }
 
+    /// The routes bound now as `GET /api/v1/routes` lists them: the
+    /// demo's marked `demo`, so no host offers its proxy URL to clients.
+    pub fn route_infos(&self) -> Vec<RouteInfo> {
+        self.bound_routes()
+            .iter()
+            .map(|r| RouteInfo {
+                demo: self.shared.link.is_demo_route(&r.name),
+                ..RouteInfo::from(r)
+            })
+            .collect()
+    }
+
     /// The settings as they are now (for hosts deciding on notifications).
     pub fn settings_snapshot(&self) -> SettingsDoc {
         let live = read(&self.shared.settings).clone();
@@ -268,14 +280,7 @@ impl EngineQueries for EngineHandle {
 
     async fn routes(&self) -> RoutesDoc {
         RoutesDoc {
-            routes: self
-                .bound_routes()
-                .iter()
-                .map(|r| RouteInfo {
-                    demo: self.shared.link.is_demo_route(&r.name),
-                    ..RouteInfo::from(r)
-                })
-                .collect(),
+            routes: self.route_infos(),
         }
     }
 

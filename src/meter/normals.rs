@@ -11,8 +11,9 @@
 //! - the load time of cold starts (a decayed mean), and the server's
 //!   `load_duration` on warm starts (what "no load" looks like);
 //! - the queue wait per call ahead, from queued calls;
-//! - the prefill rate the server reported (a decayed mean), which gives
-//!   the slope when every call so far had the same prompt size;
+//! - the prefill rate the server reported (a decayed mean) for prompts of
+//!   at least [`MIN_PREFILL_TOKENS`], which gives the slope when every
+//!   call so far had the same prompt size, and the prefill ETAs;
 //! - the prompt calibration: the server's prompt count against the
 //!   request-body estimate, a fixed overhead plus a per-token factor
 //!   ([`super::prompt_fit`]).
@@ -39,6 +40,13 @@ pub const SLOW_MARGIN_MS: u64 = 2_000;
 /// A warm start's `load_duration` may exceed its normal by this much
 /// before it counts as a load (Ollama reports a few ms when warm).
 pub const LOAD_MARGIN_MS: f64 = 250.0;
+
+/// The shortest prompt whose server-reported prefill rate is learned (and
+/// enters History's prefill figure): a short prompt's rate is mostly the
+/// server's fixed overhead (33 tok/s on 30 tokens where 4,000 ran at
+/// 3,352), which would stretch a long prompt's usual and its ETA a
+/// hundredfold.
+pub const MIN_PREFILL_TOKENS: u64 = 512;
 
 /// What a waiting call is known to wait for, for the slow rule.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -174,7 +182,10 @@ impl Normal {
                 .add(o.prompt_tokens.unwrap_or(0) as f64, o.ttft_ms as f64);
             self.warm_observations += 1;
         }
-        if let Some((n, ms)) = o.prefill.filter(|(n, ms)| *n >= 16 && *ms > 0.0) {
+        if let Some((n, ms)) = o
+            .prefill
+            .filter(|(n, ms)| *n >= MIN_PREFILL_TOKENS && *ms > 0.0)
+        {
             self.prefill_per_ms.add(n as f64 / ms);
         }
         if let Some((raw, server)) = o.prompt_estimate {
@@ -529,6 +540,57 @@ mod tests {
         n.observe("r", "m", &with(10_000, 1_000));
         assert_eq!(n.calibrated_prompt("r", "m", 5_000), 6_000);
         assert_eq!(n.calibrated_prompt("r", "x", 5_000), 5_000);
+    }
+
+    #[test]
+    fn short_prompts_teach_no_prefill_rate_and_a_long_prefill_is_judged_against_its_size() {
+        let mut n = Normals::new();
+        // Three 30-token questions: 33 tok/s by the server's timings, all
+        // fixed overhead.
+        for _ in 0..3 {
+            n.observe(
+                "r",
+                "m",
+                &Observation {
+                    prefill: Some((30, 909.0)),
+                    ..warm(900, 30)
+                },
+            );
+        }
+        let normal = n.get("r", "m").unwrap();
+        assert_eq!(normal.prefill_tokens_per_ms(), None);
+        // A 4,000-token document at 3,352 tok/s.
+        n.observe(
+            "r",
+            "m",
+            &Observation {
+                prefill: Some((4_000, 4_000.0 / 3.352)),
+                ..warm(1_300, 4_000)
+            },
+        );
+        let rate = n.get("r", "m").unwrap().prefill_tokens_per_ms().unwrap();
+        assert!((rate - 3.352).abs() < 1e-9, "{rate}");
+
+        // Same-size prompts: the slope is the server's rate, so a prompt
+        // three times as long is allowed its longer prefill.
+        let mut n = Normals::new();
+        for _ in 0..3 {
+            n.observe(
+                "r",
+                "m",
+                &Observation {
+                    prefill: Some((4_000, 4_000.0 / 3.352)),
+                    ..warm(1_300, 4_000)
+                },
+            );
+        }
+        let judged = |tokens: u64| {
+            let l = n.slow_limit("r", Some("m"), Some(tokens), &Waited::default(), 5_000);
+            (l.limit_ms, l.usual_ms)
+        };
+        // 1,300 ms + 8,000 tokens at 3.352 per ms = 3,687 ms.
+        assert_eq!(judged(12_000), (7_374, Some(3_687)));
+        assert_eq!(judged(4_000), (3_300, Some(1_300)));
     }
 
     #[test]

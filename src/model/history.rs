@@ -70,10 +70,14 @@ pub struct ModelSummary {
     /// Median time to first token of those cold starts, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold_ttft_ms_p50: Option<f64>,
-    /// `ok` calls that waited in the server's queue, kept out of
-    /// `ttft_ms_*`.
+    /// `ok` calls that waited in the server's queue and were not cold
+    /// starts (those count as cold), kept out of `ttft_ms_*`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub queued_calls: u64,
+    /// Median time to first token of those queued calls, ms: queue wait
+    /// included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_ttft_ms_p50: Option<f64>,
     /// Prompt processing rate, from the server's TTFT breakdown, of
     /// prompts of at least 512 tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]

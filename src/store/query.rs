@@ -119,8 +119,11 @@ impl Store {
     ///   counts, with TTFT = time to the response, as docs/metering.md
     ///   defines it) that were neither queued nor cold (like with like:
     ///   a queue wait or a load is not the model's speed; cold starts are
-    ///   counted apart in `cold_calls` and `cold_ttft_ms_p50`, queued ones
-    ///   in `queued_calls`), `tps_*` over those with a settled decode rate
+    ///   counted apart in `cold_calls` and `cold_ttft_ms_p50`, the calls
+    ///   that queued and were not cold in `queued_calls` and
+    ///   `queued_ttft_ms_p50`: a call that queued for a load is a cold
+    ///   start, so the three groups never share a call), `tps_*` over those
+    ///   with a settled decode rate
     ///   (one-burst outputs have none; `tps_p10` is the slow tail),
     ///   `prefill_tps_p50` over those whose server reported a prefill rate
     ///   for a prompt of at least [`MIN_PREFILL_TOKENS`] tokens (a short
@@ -180,8 +183,9 @@ fn depth_points(conn: &rusqlite::Connection, q: &DepthQuery) -> rusqlite::Result
     Ok(points)
 }
 
-/// The shortest prompt whose prefill rate enters `prefill_tps_p50`.
-pub const MIN_PREFILL_TOKENS: u64 = 512;
+/// The shortest prompt whose prefill rate enters `prefill_tps_p50`: the
+/// one the normals learn from.
+pub use crate::meter::normals::MIN_PREFILL_TOKENS;
 
 /// The samples of one (model, route) group while scanning.
 #[derive(Default)]
@@ -194,7 +198,10 @@ struct Group {
     ttft: Vec<f64>,
     /// TTFTs of cold starts.
     cold_ttft: Vec<f64>,
+    /// Calls that queued and were not cold.
     queued_calls: u64,
+    /// TTFTs of those.
+    queued_ttft: Vec<f64>,
     tps: Vec<f64>,
     prefill_tps: Vec<f64>,
     /// Reasoning tokens of the calls that reasoned.
@@ -217,6 +224,7 @@ impl Group {
             cold_calls: self.cold_ttft.len() as u64,
             cold_ttft_ms_p50: pct(&mut self.cold_ttft, 0.5),
             queued_calls: self.queued_calls,
+            queued_ttft_ms_p50: pct(&mut self.queued_ttft, 0.5),
             prefill_tps_p50: pct(&mut self.prefill_tps, 0.5),
             reasoning_calls: self.reasoning.len() as u64,
             reasoning_tokens_p50: pct(&mut self.reasoning, 0.5),
@@ -235,14 +243,14 @@ impl Group {
     fn take_ok(&mut self, row: &rusqlite::Row<'_>) -> rusqlite::Result<()> {
         let cold = row.get::<_, Option<String>>(8)?.as_deref() == Some(StartKind::Cold.as_str());
         let queued = row.get::<_, Option<i64>>(9)?.is_some();
-        if queued {
+        if queued && !cold {
             self.queued_calls += 1;
         }
         if let Some(ttft) = row.get::<_, Option<i64>>(3)? {
             match (cold, queued) {
                 (true, _) => self.cold_ttft.push(ttft as f64),
                 (false, false) => self.ttft.push(ttft as f64),
-                (false, true) => {}
+                (false, true) => self.queued_ttft.push(ttft as f64),
             }
         }
         self.tps

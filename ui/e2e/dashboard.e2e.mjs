@@ -708,6 +708,16 @@ test("demo button: starts demo traffic and its calls appear live", async (t) => 
   await page.emulateMedia({ colorScheme: "dark" });
   await page.screenshot({ path: join(OUT, "demo-dark.png"), fullPage: true });
   await page.emulateMedia({ colorScheme: "light" });
+  // Get started never offers the demo's proxy as a URL to give clients:
+  // its route is listed by the API, marked, and absent from the page.
+  const { routes } = await getJson("/api/v1/routes");
+  const demoRoute = routes.find((r) => r.demo === true);
+  assert.ok(demoRoute, `the demo's route is listed and marked: ${JSON.stringify(routes)}`);
+  await page.click("#tab-start");
+  await page.waitForSelector('body[data-view="start"]', { timeout: SOON });
+  const offered = await page.evaluate(() => document.getElementById("view-start").textContent);
+  assert.ok(!offered.includes(demoRoute.proxy_url), `Get started offers the demo's ${demoRoute.proxy_url}`);
+  assert.equal(await page.$(`#routes [data-route="${demoRoute.name}"]`), null);
 });
 
 test("an engine without the newer endpoints: each feature says so, the live table still works", async () => {

@@ -30,6 +30,15 @@ export function isOllama(kindOrLabel) {
 }
 
 /**
+ * The routes whose proxy URL may be given to clients: every route from
+ * `/api/v1/routes` but the demo's (`demo: true`), which feeds its own
+ * simulator.
+ */
+export function routesForClients(routes) {
+  return (Array.isArray(routes) ? routes : []).filter((r) => r && typeof r === "object" && r.demo !== true);
+}
+
+/**
  * A route from `routes` (which has no kind): Ollama when it is named so or
  * forwards to Ollama's default port.
  */

@@ -148,6 +148,13 @@ export function optionLabel(kind, value) {
 
 // ---- model comparison --------------------------------------------------------
 
+/** A group kept apart from the TTFT figures: "p50 7.0 s, 3 calls", or DASH. */
+function apart(calls, ttftP50) {
+  if (!(calls > 0)) return DASH;
+  const median = isShowable(ttftP50) ? `p50 ${formatMs(ttftP50)}, ` : "";
+  return `${median}${formatCount(calls)} ${calls === 1 ? "call" : "calls"}`;
+}
+
 /**
  * The comparison table's rows from `/api/v1/models`, in the engine's order
  * (model, then route), as display strings; absent figures are DASH.
@@ -184,6 +191,7 @@ export function comparisonRows(models, { now, timeZone } = {}) {
     // The slow tail, in the same sense as TTFT p90.
     tpsP10: formatRate(m.tps_p10),
     prefillP50: formatRate(m.prefill_tps_p50),
+<<<<<<< HEAD
     // Median reasoning tokens per answer, "~" on speedtap's estimate.
     reasoningP50: reasoningText(m),
     reasoningTitle:
@@ -192,6 +200,16 @@ export function comparisonRows(models, { now, timeZone } = {}) {
         : "No call of this model reasoned",
     // Cold starts are kept out of the TTFT figures and shown apart.
     cold: m.cold_calls > 0 ? `p50 ${formatMs(m.cold_ttft_ms_p50)}, ${formatCount(m.cold_calls)} ${m.cold_calls === 1 ? "call" : "calls"}` : DASH,
+=======
+    // Cold starts and queued calls are kept out of the TTFT figures and
+    // shown apart, each with its own median.
+    cold: apart(m.cold_calls, m.cold_ttft_ms_p50),
+    queued: apart(m.queued_calls, m.queued_ttft_ms_p50),
+    // Absent unless a prompt of 512 tokens or more was seen: say so.
+    prefillTitle: isShowable(m.prefill_tps_p50)
+      ? "Median prompt processing rate of prompts of 512 tokens or more"
+      : "No prompt of 512 tokens or more with a server-reported rate: a short prompt's rate is mostly fixed overhead, so none is shown",
+>>>>>>> trust-26c
     ttftTitle:
       m.queued_calls > 0 || m.cold_calls > 0
         ? `Over the calls neither queued nor cold (${formatCount(m.queued_calls ?? 0)} queued and ${formatCount(m.cold_calls ?? 0)} cold left out)`

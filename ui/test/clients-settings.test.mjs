@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { baseUrl, clientHints, hostPort, isOllama, routeLooksLikeOllama } from "../lib/clients.js";
+import { baseUrl, clientHints, hostPort, isOllama, routeLooksLikeOllama, routesForClients } from "../lib/clients.js";
 import { errorField, parsePorts, portsText, savedMessage, settingsPayload } from "../lib/settings.js";
 
 test("client hints: the exact setting for OpenAI clients", () => {
@@ -108,4 +108,15 @@ test("settings payload: watched ports only where the engine follows the machine"
   const bad = settingsPayload({ ...form(), watch_ports: "0" });
   assert.deepEqual(bad.errors.map((e) => e.field), ["watch_ports"]);
   assert.equal(errorField("watch_ports: 0 is not a port (1 to 65535)"), "watch_ports");
+});
+
+test("the demo's route is never offered to clients; real routes are", () => {
+  const real = { name: "ollama", listen: "127.0.0.1:11435", upstream: "http://127.0.0.1:11434", proxy_url: "http://127.0.0.1:11435" };
+  const demo = { name: "demo", listen: "127.0.0.1:40000", upstream: "http://127.0.0.1:39999", proxy_url: "http://127.0.0.1:40000", demo: true };
+  assert.deepEqual(routesForClients([real, demo]), [real]);
+  // A route named demo by the user is a real route: only the flag counts.
+  const named = { ...real, name: "demo" };
+  assert.deepEqual(routesForClients([named]), [named]);
+  assert.deepEqual(routesForClients(null), []);
+  assert.deepEqual(routesForClients([null, 3, demo]), []);
 });

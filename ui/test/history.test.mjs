@@ -114,7 +114,7 @@ const summary = [
   {
     model: "llama3.2:3b", route: "ollama", calls: 12, ok_calls: 10, ttft_ms_p50: 180, ttft_ms_p90: 412.5,
     tps_p50: 61.5, tps_p90: 63.1, tps_p10: 48.2, prefill_tps_p50: 840.2, last_seen: "2026-11-30T11:59:58.100Z",
-    cold_calls: 3, cold_ttft_ms_p50: 7000, queued_calls: 2,
+    cold_calls: 3, cold_ttft_ms_p50: 7000, queued_calls: 2, queued_ttft_ms_p50: 15400,
   },
   {
     model: "qwen3:8b", route: "ollama", calls: 3, ok_calls: 3, ttft_ms_p50: 1250, ttft_ms_p90: 2400,
@@ -143,6 +143,12 @@ test("model comparison rows: formatted figures, absent ones as –, engine order
   // TTFT figures say which calls they are over.
   assert.equal(llama.tpsP10, "48.2");
   assert.equal(llama.cold, "p50 7.0 s, 3 calls");
+  assert.equal(llama.queued, "p50 15.4 s, 2 calls");
+  assert.equal(none.queued, DASH);
+  // The prefill rate comes from prompts of 512 tokens or more only; when
+  // absent, its cell says why instead of leaving a bare dash.
+  assert.match(llama.prefillTitle, /512 tokens or more/);
+  assert.match(qwen.prefillTitle, /^No prompt of 512 tokens or more/);
   assert.match(llama.ttftTitle, /neither queued nor cold \(2 queued and 3 cold left out\)/);
   assert.equal(none.cold, DASH);
   assert.equal(none.tpsP10, DASH);

@@ -187,9 +187,10 @@ export function mountHistory(source, { onSelect }, doc = document) {
           td("ttft_p50", r.ttftP50, `num${r.best.ttft ? " best" : ""}`, { title: r.best.ttft ? `Lowest median TTFT. ${r.ttftTitle}` : r.ttftTitle }),
           td("ttft_p90", r.ttftP90, "num", { title: r.ttftTitle }),
           td("cold", r.cold, "num"),
+          td("queued", r.queued, "num"),
           td("tps_p50", r.tpsP50, `num strong${r.best.tps ? " best" : ""}`, { title: r.best.tps ? "Fastest median decode rate" : undefined }),
           td("tps_p10", r.tpsP10, "num"),
-          td("prefill_p50", r.prefillP50, "num"),
+          td("prefill_p50", r.prefillP50, "num", { title: r.prefillTitle }),
           td("reasoning_p50", r.reasoningP50, "num", { title: r.reasoningTitle }),
           td("last_seen", r.lastSeen, "muted", { title: r.lastSeenRaw }),
         );

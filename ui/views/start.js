@@ -5,7 +5,7 @@
 // sees speedtap work at once.
 
 import { captureStatus } from "../lib/capture.js";
-import { clientHints, isOllama, routeLooksLikeOllama } from "../lib/clients.js";
+import { clientHints, isOllama, routeLooksLikeOllama, routesForClients } from "../lib/clients.js";
 import { WAITING, describeServer } from "../lib/servers.js";
 import { renderCaptureStatus } from "./capture.js";
 import { copyable, h } from "./dom.js";
@@ -52,7 +52,7 @@ export function mountStart(source, { onDemoStarted, onAddRoute }, doc = document
       const { routes: all = [] } = await source.routes();
       boundUrls = new Set(all.map((r) => r.proxy_url));
       // The demo's route feeds its own simulator: never a URL for clients.
-      const routes = all.filter((r) => !r.demo);
+      const routes = routesForClients(all);
       if (routes.length === 0) {
         message(routesBox, "No routes are bound. Add one in Settings, or start demo traffic.");
         return;
