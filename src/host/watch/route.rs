@@ -7,9 +7,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::discover::known::{process_kind, ProcessKind};
 use crate::discover::owner::Owner;
 use crate::discover::registry::{KnownServer, ServerState};
 use crate::discover::Discovered;
+use crate::engine::metrics::schema::UNKNOWN_PROVIDER;
 use crate::model::{CaptureState, FollowedServer, FollowedState, RouteSpec, Upstream};
 
 use super::super::handle::read;
@@ -77,11 +79,14 @@ pub(super) async fn measure(
         owner: candidate.owner.clone(),
         version: found.detail.clone(),
     };
+    let provider = provider_of(candidate, found);
     if let Some((route, seen_by)) = configured_route(handle, name, candidate.port) {
+        handle.shared.metrics.set_route_provider(&route, provider);
         routed.route = route;
         routed.seen_by = Some(seen_by);
         return routed;
     }
+    handle.shared.metrics.set_route_provider(name, provider);
     if read(&handle.shared.capture).state == CaptureState::On {
         match handle.capture_route(name, upstream.clone()) {
             Ok(applied) => {
@@ -104,6 +109,19 @@ pub(super) async fn measure(
         routed.seen_by = Some("proxy");
     }
     routed
+}
+
+/// What the metrics call the server (`gen_ai.provider.name`): its
+/// process's kind where that is read and is a server's own, else the kind
+/// its answers showed, else [`UNKNOWN_PROVIDER`].
+fn provider_of(candidate: &Candidate, found: &Discovered) -> &'static str {
+    candidate
+        .owner
+        .as_ref()
+        .and_then(process_kind)
+        .and_then(ProcessKind::provider_name)
+        .or_else(|| found.kind.provider_name())
+        .unwrap_or(UNKNOWN_PROVIDER)
 }
 
 /// The configured route (other than the server's own) already measuring
