@@ -35,7 +35,7 @@ use speedtap::engine::metrics::schema::{
 use speedtap::engine::metrics::{record_proxy_latency, Metrics};
 use speedtap::model::ApiKind;
 use speedtap::model::Stats;
-use speedtap::model::{Call, CallIdentity, CallStatus};
+use speedtap::model::{Call, CallDetails, CallIdentity, CallStatus};
 use speedtap::model::{Phase, Snapshot, TokenSource};
 
 fn call(
@@ -70,12 +70,17 @@ fn call(
             wait: None,
         }),
         input_tokens: Some(37),
-        details: Default::default(),
+        details: CallDetails {
+            // What the server's answer named, for the calls it answered.
+            response_model: (status == CallStatus::Ok).then(|| format!("{model}-q4_K_M")),
+            ..CallDetails::default()
+        },
     }
 }
 
-/// Three calls: two `ok` on qwen3:8b (TTFT 0.312 s and 0.9 s), one
-/// abandoned on llama3 after 4 tokens.
+/// Three calls: two `ok` on qwen3:8b (TTFT 0.312 s and 0.9 s) whose answers
+/// named `qwen3:8b-q4_K_M`, one abandoned on llama3 after 4 tokens, before
+/// its answer named a model.
 fn record_traffic(m: &Metrics) {
     m.record_settled(&call(
         1,
@@ -136,7 +141,7 @@ fn value(text: &str, prefix: &str) -> f64 {
     hits[0].rsplit(' ').next().unwrap().parse().unwrap()
 }
 
-const QWEN: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="ollama",speedtap_api="openai_chat",gen_ai_request_model="qwen3:8b",server_address="127.0.0.1",server_port="11434",route="ollama""#;
+const QWEN: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="ollama",speedtap_api="openai_chat",gen_ai_request_model="qwen3:8b",gen_ai_response_model="qwen3:8b-q4_K_M",server_address="127.0.0.1",server_port="11434",route="ollama""#;
 const LLAMA: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="ollama",speedtap_api="openai_chat",gen_ai_request_model="llama3",server_address="127.0.0.1",server_port="11434",route="ollama""#;
 
 #[test]
@@ -382,6 +387,18 @@ fn expected_attrs(model: &str, extra: &[(&str, &str)]) -> HashMap<String, String
     .collect()
 }
 
+/// [`expected_attrs`] of a call whose answer named `response_model`
+/// (`gen_ai.response.model`, recommended by the conventions).
+fn answered_attrs(
+    model: &str,
+    response_model: &str,
+    extra: &[(&str, &str)],
+) -> HashMap<String, String> {
+    let mut attrs = expected_attrs(model, extra);
+    attrs.insert("gen_ai.response.model".into(), response_model.into());
+    attrs
+}
+
 /// The histogram points of `metric`: (attributes, count, sum, bounds).
 type Point = (HashMap<String, String>, u64, f64, Vec<f64>);
 
@@ -511,15 +528,16 @@ async fn the_otlp_exporter_delivers_the_genai_metrics_to_a_collector() {
         assert_eq!(hits.len(), 1, "{name} {want:?} in {points:?}");
         (hits[0].1, hits[0].2)
     };
-    let qwen = expected_attrs("qwen3:8b", &[]);
+    let qwen = answered_attrs("qwen3:8b", "qwen3:8b-q4_K_M", &[]);
     let (count, sum) = find("gen_ai.server.time_to_first_token", &qwen);
     assert_eq!(count, 2);
     assert!((sum - 1.212).abs() < 1e-9, "{sum}");
     // Failed calls: only in the duration metrics, with error.type. The
-    // failed model's TTFT series exists all the same, at zero.
+    // failed model's TTFT series exists all the same, at zero, and so does
+    // the answered model's without a response model.
     assert_eq!(
         histogram_points(by_name["gen_ai.server.time_to_first_token"]).len(),
-        2
+        3
     );
     assert_eq!(
         find(
@@ -541,27 +559,40 @@ async fn the_otlp_exporter_delivers_the_genai_metrics_to_a_collector() {
     assert_eq!(
         find(
             "gen_ai.client.token.usage",
-            &expected_attrs("qwen3:8b", &[("gen_ai.token.type", "input")])
+            &answered_attrs(
+                "qwen3:8b",
+                "qwen3:8b-q4_K_M",
+                &[("gen_ai.token.type", "input")]
+            )
         ),
         (2, 74.0)
     );
     assert_eq!(
         find(
             "gen_ai.client.token.usage",
-            &expected_attrs("qwen3:8b", &[("gen_ai.token.type", "output")])
+            &answered_attrs(
+                "qwen3:8b",
+                "qwen3:8b-q4_K_M",
+                &[("gen_ai.token.type", "output")]
+            )
         ),
         (2, 251.0)
     );
 
     // Every series a route and model can feed exists from its first call,
     // at zero until fed, as in the scrape: here each error type of a model
-    // that only ever succeeded, each token type of one that only failed.
+    // that only ever succeeded, with the model its answers named and
+    // without (a failure before any answer names none), each token type of
+    // one that only failed.
     for (kind, name) in [
         (GenAiHistogram::ServerRequestDuration, "upstream_error"),
         (GenAiHistogram::ClientOperationDuration, "abandoned"),
     ] {
-        let attrs = expected_attrs("qwen3:8b", &[("error.type", name)]);
-        assert_eq!(find(kind.otel_name(), &attrs), (0, 0.0), "{name}");
+        let error = [("error.type", name)];
+        let unanswered = expected_attrs("qwen3:8b", &error);
+        assert_eq!(find(kind.otel_name(), &unanswered), (0, 0.0), "{name}");
+        let answered = answered_attrs("qwen3:8b", "qwen3:8b-q4_K_M", &error);
+        assert_eq!(find(kind.otel_name(), &answered), (0, 0.0), "{name}");
     }
     for kind in GenAiHistogram::ALL {
         let points = histogram_points(by_name[kind.otel_name()]);

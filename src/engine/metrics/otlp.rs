@@ -11,8 +11,9 @@
 //! on names, units, buckets or attributes. The instruments use the
 //! conventions' dotted names (`gen_ai.server.time_to_first_token`, unit `s`,
 //! the recommended bucket boundaries) and attributes (`gen_ai.operation.name`,
-//! `gen_ai.provider.name`, `gen_ai.request.model`, `server.address`,
-//! `server.port`, `error.type`, `gen_ai.token.type`) plus speedtap's
+//! `gen_ai.provider.name`, `gen_ai.request.model`, `gen_ai.response.model`,
+//! `server.address`, `server.port`, `error.type`, `gen_ai.token.type`) plus
+//! speedtap's
 //! `speedtap.api` and `route`.
 //!
 //! speedtap's own instruments: `speedtap.calls` and `speedtap.output_tokens`
@@ -520,6 +521,7 @@ mod tests {
             provider: "ollama",
             api: "openai_chat",
             request_model: Some("m".into()),
+            response_model: Some("m-q4".into()),
             server: Some(super::super::schema::ServerAddr {
                 address: Arc::from("127.0.0.1"),
                 port: 11434,
@@ -537,12 +539,13 @@ mod tests {
                 "gen_ai.provider.name",
                 "speedtap.api",
                 "gen_ai.request.model",
+                "gen_ai.response.model",
                 "server.address",
                 "server.port",
                 "route",
                 "error.type"
             ]
         );
-        assert_eq!(kv[5].value, opentelemetry::Value::I64(11434));
+        assert_eq!(kv[6].value, opentelemetry::Value::I64(11434));
     }
 }

@@ -19,12 +19,12 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::schema::{
-    frame_sinks_record, observations, series_of, Gauges, GenAiHistogram, LabelValue, Labels,
-    MetricsSource, Observation, ObservationSink, OptionalGauge, RouteServer, ServerAddr,
-    DECODE_RATE_BUCKETS, DURATION_BUCKETS, HELP_ACTIVE_CALLS, HELP_CALLS, HELP_CAPTURE_DROPPED,
-    HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW, HELP_OUTPUT_TOKENS,
-    HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS, SETTLED_STATUSES,
-    TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
+    bases_of, frame_sinks_record, observations, series_of, Gauges, GenAiHistogram, LabelValue,
+    Labels, MetricsSource, ModelLabels, Observation, ObservationSink, OptionalGauge, RouteServer,
+    ServerAddr, DECODE_RATE_BUCKETS, DURATION_BUCKETS, HELP_ACTIVE_CALLS, HELP_CALLS,
+    HELP_CAPTURE_DROPPED, HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW,
+    HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS,
+    SETTLED_STATUSES, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
 };
 use crate::model::{Call, CallStatus, Stats};
 
@@ -374,7 +374,10 @@ impl Metrics {
         if call.status == CallStatus::InFlight {
             return;
         }
-        let model = call.identity.model.as_deref().map(|m| self.model_label(m));
+        let model = ModelLabels {
+            request: call.identity.model.as_deref().map(|m| self.model_label(m)),
+            response: (call.details.response_model.as_deref()).map(|m| self.model_label(m)),
+        };
         let server = read(&self.routes)
             .get(&call.identity.route)
             .cloned()
@@ -409,26 +412,32 @@ impl Metrics {
     }
 
     /// Creates at zero every series a call with these observations' base
-    /// labels can feed, the first time that base is seen ([`series_of`]).
+    /// labels can feed ([`bases_of`], [`series_of`]), the first time each
+    /// base is seen.
     fn create_series_of(&self, observations: &[Observation]) {
-        let Some(base) = observations.iter().find_map(|o| match o {
+        let Some(observed) = observations.iter().find_map(|o| match o {
             Observation::OutputTokens { labels, .. } => Some(labels),
             _ => None,
         }) else {
             return;
         };
         let mut bases = self.bases.lock().unwrap_or_else(|p| p.into_inner());
-        if !bases.insert(base.clone()) {
-            return;
+        let new: Vec<Labels> = bases_of(observed)
+            .into_iter()
+            .filter(|base| bases.insert(base.clone()))
+            .collect();
+        for base in &new {
+            for (kind, labels) in series_of(base) {
+                drop(self.histograms[kind.index()].get_or_create(&labels));
+            }
+            drop(self.output_tokens.get_or_create(base));
         }
-        for (kind, labels) in series_of(base) {
-            drop(self.histograms[kind.index()].get_or_create(&labels));
-        }
-        drop(self.output_tokens.get_or_create(base));
         // Not under `bases`: attaching a sink takes the two the other way.
         drop(bases);
         if let Some(otel) = read(&self.otel).as_ref() {
-            otel.declare_series(base);
+            for base in &new {
+                otel.declare_series(base);
+            }
         }
     }
 
@@ -832,6 +841,40 @@ mod tests {
     }
 
     #[test]
+    fn the_model_the_answer_named_is_a_label_and_its_absence_is_ready_at_zero() {
+        let m = Metrics::new();
+        let mut answered = call(
+            CallStatus::Ok,
+            ApiKind::OpenaiChat,
+            Some(final_snapshot(Some(312), 201, Some(40.0))),
+        );
+        answered.details.response_model = Some("qwen3:8b-q4_K_M".into());
+        m.record_settled(&answered);
+        let text = m.render();
+        let named = LABELS.replace(
+            r#"route="ollama""#,
+            r#"gen_ai_response_model="qwen3:8b-q4_K_M",route="ollama""#,
+        );
+        let duration = "gen_ai_server_request_duration_seconds_count";
+        assert_eq!(sample(&text, &format!("{duration}{{{named}}}")), 1.0);
+        // A call of the same route and model that fails before any answer
+        // names no model: its series already exist, at zero.
+        let unanswered = format!(r#"{LABELS},error_type="upstream_error""#);
+        assert_eq!(sample(&text, &format!("{duration}{{{unanswered}}}")), 0.0);
+        let mut failed = call(
+            CallStatus::UpstreamError,
+            ApiKind::OpenaiChat,
+            Some(final_snapshot(None, 0, None)),
+        );
+        failed.details.response_model = None;
+        m.record_settled(&failed);
+        assert_eq!(
+            sample(&m.render(), &format!("{duration}{{{unanswered}}}")),
+            1.0
+        );
+    }
+
+    #[test]
     fn failed_calls_stay_out_of_ttft_and_tpot_and_carry_error_type() {
         let m = Metrics::new();
         m.record_settled(&call(
@@ -954,6 +997,7 @@ mod tests {
             provider: "_OTHER",
             api: "openai_chat",
             request_model: Some("qwen3:8b".into()),
+            response_model: None,
             server: None,
             route: "ollama".into(),
             error_type: None,

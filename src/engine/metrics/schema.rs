@@ -218,6 +218,8 @@ pub struct Labels {
     /// The API speedtap decoded (`openai_chat`...): `speedtap.api`.
     pub api: &'static str,
     pub request_model: Option<String>,
+    /// The model the server's answer named, when it named one.
+    pub response_model: Option<String>,
     pub server: Option<ServerAddr>,
     pub route: String,
     pub error_type: Option<&'static str>,
@@ -244,6 +246,13 @@ impl Labels {
             out.push((
                 "gen_ai_request_model",
                 "gen_ai.request.model",
+                LabelValue::Str(model),
+            ));
+        }
+        if let Some(model) = &self.response_model {
+            out.push((
+                "gen_ai_response_model",
+                "gen_ai.response.model",
                 LabelValue::Str(model),
             ));
         }
@@ -326,10 +335,19 @@ impl Default for RouteServer {
     }
 }
 
-/// What one settled call records, given its model label (already capped)
-/// and its route's server. Pure; see [`Metrics::record_settled`](super::Metrics::record_settled) for the
+/// The model labels of one call, already capped ([`MAX_MODELS`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelLabels {
+    /// `gen_ai.request.model`: what the request named.
+    pub request: Option<String>,
+    /// `gen_ai.response.model`: what the answer named.
+    pub response: Option<String>,
+}
+
+/// What one settled call records, given its model labels and its route's
+/// server. Pure; see [`Metrics::record_settled`](super::Metrics::record_settled) for the
 /// rules.
-pub fn observations(call: &Call, model: Option<String>, server: RouteServer) -> Vec<Observation> {
+pub fn observations(call: &Call, model: ModelLabels, server: RouteServer) -> Vec<Observation> {
     let mut out = Vec::new();
     if call.status == CallStatus::InFlight {
         return out;
@@ -347,7 +365,8 @@ pub fn observations(call: &Call, model: Option<String>, server: RouteServer) -> 
         operation: operation_name(id.api),
         provider: server.provider,
         api: id.api.as_str(),
-        request_model: model,
+        request_model: model.request,
+        response_model: model.response,
         server: server.addr,
         route: id.route.clone(),
         error_type: None,
@@ -408,6 +427,20 @@ fn push_timings(
             histogram(GenAiHistogram::DecodeRate, base.clone(), rate);
         }
     }
+}
+
+/// The base labels a call of this route and model can have: these, and,
+/// when the answer named a model, the same without it (a call that failed
+/// before any answer names none).
+pub fn bases_of(base: &Labels) -> Vec<Labels> {
+    let mut out = vec![base.clone()];
+    if base.response_model.is_some() {
+        out.push(Labels {
+            response_model: None,
+            ..base.clone()
+        });
+    }
+    out
 }
 
 /// Every histogram series a call with these base labels (no error, no
