@@ -271,3 +271,74 @@ fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::known::ProbeReason;
+    use crate::discover::ServerKind;
+
+    fn candidate(process: Option<&[&str]>) -> Candidate {
+        Candidate {
+            port: 30000,
+            host: Ipv4Addr::LOCALHOST.into(),
+            owner: process.map(|argv| Owner {
+                pid: 42,
+                comm: argv[0].to_owned(),
+                exe: None,
+                cmdline: argv.iter().map(|a| (*a).to_owned()).collect(),
+                parent_comm: None,
+            }),
+            reason: ProbeReason::WellKnownPort,
+            attempts: 0,
+        }
+    }
+
+    fn found(kind: ServerKind) -> Discovered {
+        Discovered {
+            kind,
+            port: 30000,
+            upstream: "http://127.0.0.1:30000".into(),
+            suggested_route: RouteSpec::new(
+                kind.route_name(),
+                "127.0.0.1:30001",
+                "http://127.0.0.1:30000",
+            )
+            .unwrap(),
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn the_provider_is_the_servers_process_then_its_answers_and_never_a_guess() {
+        let sglang = ["python3", "-m", "sglang.launch_server"];
+        // The process says more than an OpenAI-style model list.
+        assert_eq!(
+            provider_of(
+                &candidate(Some(&sglang)),
+                &found(ServerKind::OpenAiCompatible)
+            ),
+            "sglang"
+        );
+        // No owner to read: the endpoints that answered.
+        assert_eq!(
+            provider_of(&candidate(None), &found(ServerKind::Ollama)),
+            "ollama"
+        );
+        assert_eq!(
+            provider_of(&candidate(None), &found(ServerKind::LlamaCpp)),
+            "llama.cpp"
+        );
+        // The simulator is no server of its own: the kind it answers as.
+        let simulate = ["speedtap", "simulate", "--listen", "127.0.0.1:0"];
+        assert_eq!(
+            provider_of(&candidate(Some(&simulate)), &found(ServerKind::Vllm)),
+            "vllm"
+        );
+        // A model list alone identifies nothing.
+        assert_eq!(
+            provider_of(&candidate(None), &found(ServerKind::OpenAiCompatible)),
+            UNKNOWN_PROVIDER
+        );
+    }
+}
