@@ -169,7 +169,8 @@ impl O200kEstimator {
 /// Starts the thread that lets the tables go once idle; whether it runs.
 fn spawn_release_watch() -> bool {
     let spawned = std::thread::Builder::new()
-        .name("speedtap-tokenizer-idle".into())
+        // Distinct within the kernel's 15 bytes of a thread name.
+        .name("tokenizer-idle".into())
         .spawn(release_watch);
     if let Err(e) = &spawned {
         tracing::warn!("tokenizer: could not start its release thread: {e}");

@@ -13,8 +13,7 @@
 //! the recommended bucket boundaries) and attributes (`gen_ai.operation.name`,
 //! `gen_ai.provider.name`, `gen_ai.request.model`, `gen_ai.response.model`,
 //! `server.address`, `server.port`, `error.type`, `gen_ai.token.type`) plus
-//! speedtap's
-//! `speedtap.api` and `route`.
+//! speedtap's `speedtap.api` and `route`.
 //!
 //! speedtap's own instruments: `speedtap.calls` and `speedtap.output_tokens`
 //! (counters), `speedtap.active_calls` and
