@@ -114,6 +114,25 @@ impl ServerKind {
         }
     }
 
+    /// Its `gen_ai.provider.name` in the metrics: the conventions list no
+    /// local server among their well-known values (`openai`,
+    /// `anthropic`...) and allow a custom one, so each kind is named
+    /// after itself, lowercase. A server that only showed an OpenAI-style
+    /// model list is not identified: `None`.
+    pub fn provider_name(self) -> Option<&'static str> {
+        match self {
+            ServerKind::Ollama => Some("ollama"),
+            ServerKind::LlamaCpp => Some("llama.cpp"),
+            ServerKind::LmStudio => Some("lm_studio"),
+            ServerKind::Vllm => Some("vllm"),
+            ServerKind::KoboldCpp => Some("koboldcpp"),
+            ServerKind::Jan => Some("jan"),
+            ServerKind::LocalAi => Some("localai"),
+            ServerKind::Tgi => Some("tgi"),
+            ServerKind::OpenAiCompatible => None,
+        }
+    }
+
     /// The suggested route name: short, lowercase, valid as a route name.
     pub fn route_name(self) -> &'static str {
         match self {

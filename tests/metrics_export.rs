@@ -35,7 +35,7 @@ use speedtap::engine::metrics::schema::{
 use speedtap::engine::metrics::{record_proxy_latency, Metrics};
 use speedtap::model::ApiKind;
 use speedtap::model::Stats;
-use speedtap::model::{Call, CallIdentity, CallStatus};
+use speedtap::model::{Call, CallDetails, CallIdentity, CallStatus};
 use speedtap::model::{Phase, Snapshot, TokenSource};
 
 fn call(
@@ -70,12 +70,17 @@ fn call(
             wait: None,
         }),
         input_tokens: Some(37),
-        details: Default::default(),
+        details: CallDetails {
+            // What the server's answer named, for the calls it answered.
+            response_model: (status == CallStatus::Ok).then(|| format!("{model}-q4_K_M")),
+            ..CallDetails::default()
+        },
     }
 }
 
-/// Three calls: two `ok` on qwen3:8b (TTFT 0.312 s and 0.9 s), one
-/// abandoned on llama3 after 4 tokens.
+/// Three calls: two `ok` on qwen3:8b (TTFT 0.312 s and 0.9 s) whose answers
+/// named `qwen3:8b-q4_K_M`, one abandoned on llama3 after 4 tokens, before
+/// its answer named a model.
 fn record_traffic(m: &Metrics) {
     m.record_settled(&call(
         1,
@@ -136,13 +141,14 @@ fn value(text: &str, prefix: &str) -> f64 {
     hits[0].rsplit(' ').next().unwrap().parse().unwrap()
 }
 
-const QWEN: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="openai_chat",gen_ai_request_model="qwen3:8b",server_address="127.0.0.1",server_port="11434",route="ollama""#;
-const LLAMA: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="openai_chat",gen_ai_request_model="llama3",server_address="127.0.0.1",server_port="11434",route="ollama""#;
+const QWEN: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="ollama",speedtap_api="openai_chat",gen_ai_request_model="qwen3:8b",gen_ai_response_model="qwen3:8b-q4_K_M",server_address="127.0.0.1",server_port="11434",route="ollama""#;
+const LLAMA: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="ollama",speedtap_api="openai_chat",gen_ai_request_model="llama3",server_address="127.0.0.1",server_port="11434",route="ollama""#;
 
 #[test]
 fn the_scrape_has_every_family_with_the_otel_buckets_and_labels() {
     let m = Metrics::new();
     m.set_route_upstream("ollama", "127.0.0.1", 11434);
+    m.set_route_provider("ollama", "ollama");
     record_traffic(&m);
     m.set_active_calls(2);
     m.set_stats(&Stats {
@@ -299,7 +305,13 @@ async fn start_receiver() -> (SocketAddr, mpsc::UnboundedReceiver<Received>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    tokio::spawn(serve_receiver(listener, tx));
+    (addr, rx)
+}
+
+/// [`start_receiver`]'s collector on a listener already bound.
+async fn serve_receiver(listener: TcpListener, tx: mpsc::UnboundedSender<Received>) {
+    {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
@@ -340,8 +352,7 @@ async fn start_receiver() -> (SocketAddr, mpsc::UnboundedReceiver<Received>) {
                     .await;
             });
         }
-    });
-    (addr, rx)
+    }
 }
 
 fn attrs(kvs: &[KeyValue]) -> HashMap<String, String> {
@@ -357,10 +368,14 @@ fn attrs(kvs: &[KeyValue]) -> HashMap<String, String> {
         .collect()
 }
 
+/// The attributes the conventions define for the GenAI metrics, with
+/// speedtap's `speedtap.api` and `route`: the provider is the server's kind
+/// (as the host identified it), the API speedtap decoded has its own key.
 fn expected_attrs(model: &str, extra: &[(&str, &str)]) -> HashMap<String, String> {
     [
         ("gen_ai.operation.name", "chat"),
-        ("gen_ai.provider.name", "openai_chat"),
+        ("gen_ai.provider.name", "ollama"),
+        ("speedtap.api", "openai_chat"),
         ("gen_ai.request.model", model),
         ("server.address", "127.0.0.1"),
         ("server.port", "int:11434"),
@@ -370,6 +385,18 @@ fn expected_attrs(model: &str, extra: &[(&str, &str)]) -> HashMap<String, String
     .chain(extra)
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
+}
+
+/// [`expected_attrs`] of a call whose answer named `response_model`
+/// (`gen_ai.response.model`, recommended by the conventions).
+fn answered_attrs(
+    model: &str,
+    response_model: &str,
+    extra: &[(&str, &str)],
+) -> HashMap<String, String> {
+    let mut attrs = expected_attrs(model, extra);
+    attrs.insert("gen_ai.response.model".into(), response_model.into());
+    attrs
 }
 
 /// The histogram points of `metric`: (attributes, count, sum, bounds).
@@ -383,6 +410,9 @@ fn histogram_points(metric: &Metric) -> Vec<Point> {
             h.data_points
                 .iter()
                 .map(|p| {
+                    // Over a whole life (cumulative), and absent from a
+                    // point declared at zero: never sent.
+                    assert_eq!((p.min, p.max), (None, None), "{}", metric.name);
                     (
                         attrs(&p.attributes),
                         p.count,
@@ -409,6 +439,7 @@ async fn the_otlp_exporter_delivers_the_genai_metrics_to_a_collector() {
     let (addr, mut rx) = start_receiver().await;
     let metrics = Arc::new(Metrics::new());
     metrics.set_route_upstream("ollama", "127.0.0.1", 11434);
+    metrics.set_route_provider("ollama", "ollama");
     let exporter = start_otlp_exporter(
         &format!("http://{addr}"),
         Duration::from_millis(200),
@@ -497,14 +528,23 @@ async fn the_otlp_exporter_delivers_the_genai_metrics_to_a_collector() {
         assert_eq!(hits.len(), 1, "{name} {want:?} in {points:?}");
         (hits[0].1, hits[0].2)
     };
-    let qwen = expected_attrs("qwen3:8b", &[]);
+    let qwen = answered_attrs("qwen3:8b", "qwen3:8b-q4_K_M", &[]);
     let (count, sum) = find("gen_ai.server.time_to_first_token", &qwen);
     assert_eq!(count, 2);
     assert!((sum - 1.212).abs() < 1e-9, "{sum}");
-    // Failed calls: only in the duration metrics, with error.type.
+    // Failed calls: only in the duration metrics, with error.type. The
+    // failed model's TTFT series exists all the same, at zero, and so does
+    // the answered model's without a response model.
     assert_eq!(
         histogram_points(by_name["gen_ai.server.time_to_first_token"]).len(),
-        1
+        3
+    );
+    assert_eq!(
+        find(
+            "gen_ai.server.time_to_first_token",
+            &expected_attrs("llama3", &[])
+        ),
+        (0, 0.0)
     );
     let abandoned = expected_attrs("llama3", &[("error.type", "abandoned")]);
     assert_eq!(find("gen_ai.server.request.duration", &abandoned), (1, 0.7));
@@ -519,16 +559,59 @@ async fn the_otlp_exporter_delivers_the_genai_metrics_to_a_collector() {
     assert_eq!(
         find(
             "gen_ai.client.token.usage",
-            &expected_attrs("qwen3:8b", &[("gen_ai.token.type", "input")])
+            &answered_attrs(
+                "qwen3:8b",
+                "qwen3:8b-q4_K_M",
+                &[("gen_ai.token.type", "input")]
+            )
         ),
         (2, 74.0)
     );
     assert_eq!(
         find(
             "gen_ai.client.token.usage",
-            &expected_attrs("qwen3:8b", &[("gen_ai.token.type", "output")])
+            &answered_attrs(
+                "qwen3:8b",
+                "qwen3:8b-q4_K_M",
+                &[("gen_ai.token.type", "output")]
+            )
         ),
         (2, 251.0)
+    );
+
+    // Every series a route and model can feed exists from its first call,
+    // at zero until fed, as in the scrape: here each error type of a model
+    // that only ever succeeded, with the model its answers named and
+    // without (a failure before any answer names none), each token type of
+    // one that only failed.
+    for (kind, name) in [
+        (GenAiHistogram::ServerRequestDuration, "upstream_error"),
+        (GenAiHistogram::ClientOperationDuration, "abandoned"),
+    ] {
+        let error = [("error.type", name)];
+        let unanswered = expected_attrs("qwen3:8b", &error);
+        assert_eq!(find(kind.otel_name(), &unanswered), (0, 0.0), "{name}");
+        let answered = answered_attrs("qwen3:8b", "qwen3:8b-q4_K_M", &error);
+        assert_eq!(find(kind.otel_name(), &answered), (0, 0.0), "{name}");
+    }
+    for kind in GenAiHistogram::ALL {
+        let points = histogram_points(by_name[kind.otel_name()]);
+        let llama = points
+            .iter()
+            .filter(|p| p.0["gen_ai.request.model"] == "llama3")
+            .count();
+        assert!(
+            llama >= 1,
+            "{} has llama3's series: {points:?}",
+            kind.otel_name()
+        );
+    }
+    assert_eq!(
+        find(
+            "gen_ai.client.token.usage",
+            &expected_attrs("llama3", &[("gen_ai.token.type", "input")])
+        ),
+        (1, 37.0)
     );
 
     // speedtap's own.
@@ -567,6 +650,83 @@ async fn the_otlp_exporter_delivers_the_genai_metrics_to_a_collector() {
     record_traffic(&metrics);
 }
 
+/// `speedtap run` pushing to a collector that is down says so once on
+/// stderr, however many exports fail, and once when the collector answers
+/// again. The collector's port is held from the start: while "down" it
+/// closes every connection unanswered (each one a failed export, counted),
+/// then it serves. The push interval comes from the OTel SDKs' own
+/// variable, so the test takes a second, not a minute.
+#[test]
+fn speedtap_run_says_once_that_the_collector_is_unreachable_and_once_that_it_is_back() {
+    use crate::util::process::{scratch, start_run_with, STARTUP};
+    use speedtap::host::settings::OTLP_INTERVAL_ENV;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).expect("bind");
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let (closed_tx, closed) = std::sync::mpsc::channel();
+    let (up_tx, mut up_rx) = tokio::sync::oneshot::channel::<()>();
+    let (got_tx, mut got) = mpsc::unbounded_channel();
+    rt.spawn(async move {
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    if let Ok((stream, _)) = accepted {
+                        drop(stream);
+                        let _ = closed_tx.send(());
+                    }
+                }
+                _ = &mut up_rx => break,
+            }
+        }
+        serve_receiver(listener, got_tx).await;
+    });
+
+    let dir = scratch("metrics_export", "otlp_outage");
+    let run = start_run_with(
+        &dir,
+        "127.0.0.1:9".parse().unwrap(),
+        &["--no-db", "--otlp-endpoint", &endpoint],
+        &[(OTLP_INTERVAL_ENV, "100")],
+    );
+    let stderr = &run.proc.stderr;
+    let unreachable =
+        |l: &str| l.starts_with("speedtap: OTLP collector") && l.contains(" unreachable (");
+    let back = |l: &str| l.starts_with("speedtap: OTLP collector") && l.contains("reachable again");
+    let count =
+        |pred: &dyn Fn(&str) -> bool| stderr.lines_so_far().iter().filter(|l| pred(l)).count();
+
+    let line = stderr.wait_for("the collector said unreachable", STARTUP, unreachable);
+    assert!(line.contains(&endpoint), "{line}");
+    // More exports fail after the line: none of them says it again.
+    while closed.try_recv().is_ok() {}
+    for _ in 0..4 {
+        closed
+            .recv_timeout(STARTUP)
+            .expect("the exports go on failing");
+    }
+    assert_eq!(count(&unreachable), 1, "{}", stderr.text());
+    assert_eq!(count(&back), 0, "{}", stderr.text());
+
+    up_tx.send(()).unwrap();
+    let line = stderr.wait_for("the collector said reachable again", STARTUP, back);
+    assert!(line.contains(&endpoint), "{line}");
+    // More exports get through after it: none of them says it again.
+    for _ in 0..3 {
+        let request = rt
+            .block_on(async { tokio::time::timeout(STARTUP, got.recv()).await })
+            .expect("exports in time")
+            .expect("receiver running");
+        assert_eq!(request.path, "/v1/metrics");
+    }
+    assert_eq!(count(&unreachable), 1, "{}", stderr.text());
+    assert_eq!(count(&back), 1, "{}", stderr.text());
+}
+
 #[test]
 fn a_bad_endpoint_is_refused_before_anything_starts() {
     let metrics = Arc::new(Metrics::new());
@@ -585,6 +745,7 @@ fn a_bad_endpoint_is_refused_before_anything_starts() {
 fn exported_series_and_labels() -> (HashSet<String>, HashSet<String>) {
     let m = Metrics::new();
     m.set_route_upstream("ollama", "127.0.0.1", 11434);
+    m.set_route_provider("ollama", "ollama");
     record_traffic(&m);
     m.set_stats(&Stats {
         high: Some(48.5),

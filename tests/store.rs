@@ -1194,13 +1194,13 @@ fn csv_export_has_the_documented_header_and_flat_rows() {
          truncated_server_tokens,truncated_context_size,context_size,context_used,draft_n,\
          draft_accepted,placement,model_bytes,vram_bytes,start,error,prompt_tokens_estimated,\
          queued_ms,queue_position,server_version,reasoning_tokens,reasoning_tokens_estimated,\
-         reasoning_ms,slowdown"
+         reasoning_ms,slowdown,response_model"
     );
     assert_eq!(
         lines[1],
         format!(
             "c-000005,llama,openai_chat,gemma3,openai-python,upstream_error,500,{},{},2000,250,80,,\
-             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,,,,,,false,,",
+             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,,,,,,false,,,",
             ms_to_rfc3339(T0 + 4),
             ms_to_rfc3339(T0 + 2004)
         )
@@ -1569,6 +1569,30 @@ fn a_slowdown_with_its_causes_round_trips_through_the_store_and_both_exports() {
         assert_eq!(
             parse_export(format, &mut out.as_slice()).unwrap(),
             vec![slow.clone(), plain.clone()],
+            "{format:?}"
+        );
+    }
+}
+
+#[test]
+fn the_model_the_answer_named_round_trips_through_the_store_and_both_exports() {
+    let mut store = Store::open_in_memory().unwrap();
+    let mut answered = ok("c-000001", T0);
+    answered.details.response_model = Some("qwen3:8b-q4_K_M".into());
+    let unnamed = ok("c-000002", T0 + 1);
+    store
+        .insert_calls(&[answered.clone(), unnamed.clone()])
+        .unwrap();
+    assert_eq!(
+        store.history(&HistoryFilter::default()).unwrap(),
+        vec![unnamed.clone(), answered.clone()]
+    );
+    for format in [ExportFormat::Csv, ExportFormat::Jsonl] {
+        let mut out = Vec::new();
+        export(&store, &HistoryFilter::default(), format, &mut out).unwrap();
+        assert_eq!(
+            parse_export(format, &mut out.as_slice()).unwrap(),
+            vec![answered.clone(), unnamed.clone()],
             "{format:?}"
         );
     }

@@ -120,6 +120,31 @@ impl ProcessKind {
         }
     }
 
+    /// Its `gen_ai.provider.name` in the metrics, named like
+    /// [`ServerKind::provider_name`](super::ServerKind::provider_name)
+    /// (`llama.cpp`, `lm_studio`...). `speedtap simulate` is no server of
+    /// its own: `None`, and the kind it answers as names it.
+    pub fn provider_name(self) -> Option<&'static str> {
+        Some(match self {
+            ProcessKind::Ollama => "ollama",
+            ProcessKind::LlamaServer => "llama.cpp",
+            ProcessKind::LmStudio => "lm_studio",
+            ProcessKind::Vllm => "vllm",
+            ProcessKind::Sglang => "sglang",
+            ProcessKind::KoboldCpp => "koboldcpp",
+            ProcessKind::Jan => "jan",
+            ProcessKind::Llamafile => "llamafile",
+            ProcessKind::LocalAi => "localai",
+            ProcessKind::TabbyApi => "tabbyapi",
+            ProcessKind::TextGenerationWebui => "text_generation_webui",
+            ProcessKind::Aphrodite => "aphrodite",
+            ProcessKind::LlamaSwap => "llama_swap",
+            ProcessKind::LiteLlm => "litellm",
+            ProcessKind::MlxLm => "mlx_lm",
+            ProcessKind::SpeedtapSimulate => return None,
+        })
+    }
+
     /// Relays forward their clients' calls to other model servers: a call
     /// through one would be seen twice if both sides were counted.
     pub fn is_relay(self) -> bool {

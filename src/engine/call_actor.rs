@@ -16,6 +16,7 @@ use actix::{
 };
 use tokio::time::Instant;
 
+use super::capture::sniff::ModelSniffer;
 use super::decode_watch::DecodeWatch;
 use super::details;
 use super::messages::*;
@@ -112,6 +113,8 @@ pub struct CallActor {
     relay: Option<String>,
     /// The start of a non-2xx body, read for a recognised cause.
     error_body: Vec<u8>,
+    /// Reads the model a 2xx response names (`response_model`).
+    response_model: ModelSniffer,
     /// The interceptor's frame queue (the proxy tap's or the capture's),
     /// known from its first `FramesQueued`.
     frames: Option<Arc<FrameQueue>>,
@@ -157,6 +160,7 @@ impl CallActor {
             alarm_fired: false,
             relay: None,
             error_body: Vec::new(),
+            response_model: ModelSniffer::default(),
             frames: None,
             batch: Vec::new(),
             last_sent: None,
@@ -184,12 +188,14 @@ impl CallActor {
 
     /// One body frame, in arrival order, whichever interceptor queued it.
     fn on_frame(&mut self, bytes: &[u8], at: Instant) {
-        if !(200..300).contains(&self.http_status.unwrap_or(200))
-            && self.error_body.len() < details::MAX_ERROR_BODY
-        {
-            let room = details::MAX_ERROR_BODY - self.error_body.len();
-            self.error_body
-                .extend_from_slice(&bytes[..bytes.len().min(room)]);
+        if !(200..300).contains(&self.http_status.unwrap_or(200)) {
+            if self.error_body.len() < details::MAX_ERROR_BODY {
+                let room = details::MAX_ERROR_BODY - self.error_body.len();
+                self.error_body
+                    .extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+        } else if self.response_model.model().is_none() {
+            self.response_model.feed(bytes);
         }
         // Any frame is the server at work for this call (a ping, a
         // `prompt_progress` chunk); only an output moves the stall clock.
@@ -591,6 +597,13 @@ impl CallActor {
             settled_at: Some(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
             seen_by: self.setup.seen_by,
             capture_gap: self.capture_gap,
+            // Bytes lost in capture may have joined two lines into one
+            // that names a model: such a call names none.
+            response_model: self
+                .response_model
+                .model()
+                .filter(|_| !self.capture_gap)
+                .map(str::to_owned),
             // The settled wait is what the store keeps: its progress
             // label is live only (`docs/api.md`, Wait).
             wait: self
@@ -1786,6 +1799,59 @@ mod tests {
             assert_eq!(settled[0].status, CallStatus::UpstreamError);
             assert_eq!(settled[0].http_status, Some(502));
             drop(actor);
+        });
+    }
+
+    /// One stream whose chunks name `served` as their model, with a
+    /// capture gap after its first chunks or not; the settled record.
+    async fn stream_naming_its_model(h: &mut Harness, served: &str, gap: bool) -> Call {
+        let actor = h.start_call();
+        actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+        h.at(800).await;
+        head(&actor);
+        for i in 0..3u64 {
+            h.at(1_000 + i * 100).await;
+            frame(
+                &actor,
+                sse(serde_json::json!({
+                    "object": "chat.completion.chunk",
+                    "model": served,
+                    "choices": [{"index": 0, "delta": {"content": format!(" w{i}")}}]
+                })),
+            );
+        }
+        if gap {
+            actor.do_send(CaptureGap);
+        }
+        frame(&actor, "data: [DONE]\n\n");
+        actor.do_send(BodyEnded {
+            end: StreamEnd::Complete,
+            at: Instant::now(),
+        });
+        drop(actor);
+        h.at(5_000).await;
+        let settled = h.settled().await;
+        assert_eq!(settled.len(), 1, "{settled:?}");
+        settled[0].clone()
+    }
+
+    #[test]
+    fn the_model_the_answer_names_is_kept_beside_the_one_requested() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let call = stream_naming_its_model(&mut h, "m-q4_K_M", false).await;
+            assert_eq!(call.identity.model.as_deref(), Some("m"));
+            assert_eq!(call.details.response_model.as_deref(), Some("m-q4_K_M"));
+        });
+    }
+
+    #[test]
+    fn a_captured_answer_with_lost_bytes_names_no_model() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let call = stream_naming_its_model(&mut h, "m-q4_K_M", true).await;
+            assert!(call.details.capture_gap);
+            assert_eq!(call.details.response_model, None);
         });
     }
 

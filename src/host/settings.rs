@@ -155,8 +155,23 @@ pub fn watch_options(
     })
 }
 
-/// How often metrics are pushed with `--otlp-endpoint`.
+/// How often metrics are pushed with `--otlp-endpoint`, unless
+/// [`OTLP_INTERVAL_ENV`] says otherwise.
 pub const OTLP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The OpenTelemetry SDKs' own variable for the push interval, in
+/// milliseconds (the OTel specification's `OTEL_METRIC_EXPORT_INTERVAL`).
+pub const OTLP_INTERVAL_ENV: &str = "OTEL_METRIC_EXPORT_INTERVAL";
+
+/// The push interval: [`OTLP_INTERVAL_ENV`]'s milliseconds when it holds a
+/// number above zero, else [`OTLP_INTERVAL`] (as the OTel SDKs read it: a
+/// value that isn't one is ignored, not an error).
+pub fn otlp_interval(env_value: Option<&str>) -> Duration {
+    env_value
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(OTLP_INTERVAL, Duration::from_millis)
+}
 
 /// The engine options `speedtap run` and the tray app derive from their
 /// flags and settings: routes, API, thresholds, the config file to save
@@ -182,7 +197,7 @@ pub fn engine_options(args: &RunArgs, settings: &Settings) -> Result<EngineOptio
         crate::engine::metrics::otlp::metrics_url(endpoint)
             .map_err(|e| RunError::Usage(format!("otlp_endpoint: {e}")))?;
         options.otlp_endpoint = Some(endpoint.clone());
-        options.otlp_interval = OTLP_INTERVAL;
+        options.otlp_interval = otlp_interval(std::env::var(OTLP_INTERVAL_ENV).ok().as_deref());
     }
     if let Some(path) = settings.db.path() {
         match Store::open(&path) {
@@ -210,6 +225,15 @@ fn store_unavailable_warning(path: &std::path::Path, error: &dyn std::fmt::Displ
 mod tests {
     use super::*;
     use crate::model::RouteSpec;
+
+    #[test]
+    fn the_otlp_interval_is_ten_seconds_unless_the_otel_variable_names_milliseconds() {
+        assert_eq!(otlp_interval(None), Duration::from_secs(10));
+        assert_eq!(otlp_interval(Some("250")), Duration::from_millis(250));
+        for ignored in ["0", "", "fast", "-5", "1.5"] {
+            assert_eq!(otlp_interval(Some(ignored)), OTLP_INTERVAL, "{ignored:?}");
+        }
+    }
 
     #[test]
     fn the_machine_is_followed_only_when_no_route_is_configured() {

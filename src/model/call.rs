@@ -565,6 +565,14 @@ pub struct CallDetails {
     /// call is recorded once (`docs/metering.md`, "each client call once").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay: Option<String>,
+    /// The model the server's answer named (the top-level `model` of an
+    /// OpenAI chat or completions chunk, an Ollama line, a whole JSON
+    /// body), which may differ from the one requested (an alias, a
+    /// default). Absent: the answer named none where speedtap reads it
+    /// (Anthropic and the Responses API nest it), there was no answer, or
+    /// captured bytes were lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_model: Option<String>,
     /// The model server's version as it publishes it (Ollama
     /// `/api/version`, llama-server `/props` `build_info`, vLLM
     /// `/version`), asked when the server is found and again after it

@@ -28,8 +28,9 @@ use crate::model::{Phase, Snapshot};
 /// explanations, `queued_ms` and `queue_position` with the record of what
 /// a call waited for, `server_version` and the `reasoning_*` columns with
 /// the server's version and the reasoning cost, `slowdown` (the call's
-/// slowdown as its JSON, `docs/api.md` "Slowdown") with the slowdown rule.
-pub const CSV_COLUMNS: [&str; 51] = [
+/// slowdown as its JSON, `docs/api.md` "Slowdown") with the slowdown rule,
+/// `response_model` with the model the answer named.
+pub const CSV_COLUMNS: [&str; 52] = [
     "id",
     "route",
     "api",
@@ -81,6 +82,7 @@ pub const CSV_COLUMNS: [&str; 51] = [
     "reasoning_tokens_estimated",
     "reasoning_ms",
     "slowdown",
+    "response_model",
 ];
 
 /// Writes the calls `filter` selects to `out`; returns how many.
@@ -180,6 +182,7 @@ fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
             .slowdown
             .as_ref()
             .and_then(|s| serde_json::to_string(s).ok())),
+        opt(d.response_model.as_deref()),
     ]
     .into_iter()
 }
@@ -456,6 +459,7 @@ fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, S
             .text(50)
             .map(|json| serde_json::from_str(&json).map_err(|e| format!("slowdown: {e}")))
             .transpose()?,
+        response_model: r.text(51),
     })
 }
 

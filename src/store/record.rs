@@ -23,18 +23,23 @@ pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, mod
     truncated_server_tokens, truncated_context_size, context_size, context_used, draft_n, \
     draft_accepted, placement, model_bytes, vram_bytes, start, error, prompt_tokens_estimated, \
     queued_ms, queue_position, server_version, reasoning_tokens, reasoning_tokens_estimated, \
-    reasoning_ms, slowdown";
+    reasoning_ms, slowdown, response_model";
+
+/// The `INSERT` of every one of [`COLUMNS`], numbered in their order,
+/// skipping a call already stored (same id and started_at).
+fn insert_sql() -> String {
+    let values: Vec<String> = (1..=COLUMNS.split(',').count())
+        .map(|i| format!("?{i}"))
+        .collect();
+    format!(
+        "INSERT INTO calls ({COLUMNS}) VALUES ({}) ON CONFLICT (id, started_at) DO NOTHING",
+        values.join(", ")
+    )
+}
 
 /// Inserts `calls`, skipping any already stored (same id and started_at).
 pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Result<()> {
-    let mut stmt = tx.prepare_cached(&format!(
-        "INSERT INTO calls ({COLUMNS}) VALUES \
-         (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-          ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35, ?36, \
-          ?37, ?38, ?39, ?40, ?41, ?42, ?43, ?44, ?45, ?46, ?47, ?48, ?49, ?50, ?51, ?52, ?53, ?54, \
-          ?55) \
-         ON CONFLICT (id, started_at) DO NOTHING"
-    ))?;
+    let mut stmt = tx.prepare_cached(&insert_sql())?;
     for c in calls {
         let d = &c.details;
         let s = c.speed.as_ref();
@@ -104,6 +109,7 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
             d.slowdown
                 .as_ref()
                 .and_then(|s| serde_json::to_string(s).ok()),
+            non_empty(d.response_model.as_deref()),
         ])?;
     }
     Ok(())
@@ -233,6 +239,7 @@ fn details_from_row(row: &Row<'_>, breakdown: TtftBreakdown) -> rusqlite::Result
             .get::<_, Option<String>>(54)?
             .map(|json| json_from(&json, 54))
             .transpose()?,
+        response_model: row.get(55)?,
     })
 }
 

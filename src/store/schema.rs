@@ -138,6 +138,12 @@ pub const MIGRATION_6: &str = "
 ALTER TABLE calls ADD COLUMN slowdown TEXT;
 ";
 
+/// Migration 7: the model the server's answer named (`docs/api.md`,
+/// "Call details"). NULL: named none, or a row from before.
+pub const MIGRATION_7: &str = "
+ALTER TABLE calls ADD COLUMN response_model TEXT;
+";
+
 /// Every migration, in order: `MIGRATIONS[i]` upgrades version `i` to `i + 1`.
 pub const MIGRATIONS: &[&str] = &[
     MIGRATION_1,
@@ -146,6 +152,7 @@ pub const MIGRATIONS: &[&str] = &[
     MIGRATION_4,
     MIGRATION_5,
     MIGRATION_6,
+    MIGRATION_7,
 ];
 
 /// The schema version this build writes.

@@ -53,7 +53,7 @@ mod lossy;
 #[cfg(test)]
 mod rig;
 mod settle;
-mod sniff;
+pub(crate) mod sniff;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;

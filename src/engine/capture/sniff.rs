@@ -1,5 +1,6 @@
-//! The model a response names, for a captured call whose request lost the
-//! bytes that held its `model`.
+//! The model a response names: every call's `response_model` (read by
+//! the call actor from the frames it meters), and, for a captured call
+//! whose request lost the bytes that held its `model`, the call's name.
 //!
 //! A long context or an attached image makes a request of many packets,
 //! and a burst can drop some of them; the `openai` SDK writes `model` after
@@ -17,7 +18,7 @@ use crate::decode::request_fields::RequestFields;
 
 /// The most response bytes held while looking for the model: the first
 /// chunk of every API we know is far smaller.
-pub(super) const SNIFF_CAP: usize = 16 << 10;
+pub(crate) const SNIFF_CAP: usize = 16 << 10;
 
 /// The most response bytes read in all before giving up (a stream whose
 /// lines never name a top-level model is not read to its end).
@@ -25,7 +26,7 @@ const READ_CAP: usize = 4 * SNIFF_CAP;
 
 /// Reads the first lines of a response body for a top-level `model`.
 #[derive(Debug, Default)]
-pub(super) struct ModelSniffer {
+pub(crate) struct ModelSniffer {
     /// The line being read.
     line: Vec<u8>,
     /// Skipping to the next line start (after lost bytes).
@@ -39,12 +40,12 @@ pub(super) struct ModelSniffer {
 
 impl ModelSniffer {
     /// The model found so far.
-    pub(super) fn model(&self) -> Option<&str> {
+    pub(crate) fn model(&self) -> Option<&str> {
         self.model.as_deref()
     }
 
     /// Reads the next bytes of the response body.
-    pub(super) fn feed(&mut self, mut bytes: &[u8]) {
+    pub(crate) fn feed(&mut self, mut bytes: &[u8]) {
         self.read = self.read.saturating_add(bytes.len());
         while !self.done && !bytes.is_empty() {
             let newline = memchr::memchr(b'\n', bytes);
@@ -72,7 +73,7 @@ impl ModelSniffer {
 
     /// Bytes of the body were lost: the line being read is not to be
     /// trusted, reading resumes at the next line.
-    pub(super) fn gap(&mut self) {
+    pub(crate) fn gap(&mut self) {
         self.line.clear();
         self.resync = true;
     }

@@ -31,8 +31,9 @@
 //!
 //! Labels on the `gen_ai_*` families and the output token counter, in this
 //! order: `gen_ai_operation_name` (`chat` for chat-style APIs,
-//! `text_completion` otherwise), `gen_ai_provider_name`,
-//! `gen_ai_request_model` (when the request named one), `server_address` and
+//! `text_completion` otherwise), `gen_ai_provider_name`, `speedtap_api`,
+//! `gen_ai_request_model`, `gen_ai_response_model` (when the answer named
+//! a model) (when the request named one), `server_address` and
 //! `server_port` (the route's upstream, once the host told us with
 //! [`Metrics::set_route_upstream`]: the conventions ask that behind a proxy
 //! both describe the server behind it), `route` (speedtap's own), then
@@ -42,13 +43,19 @@
 //! rather than written empty.
 //!
 //! Choices where the conventions leave room, or where a proxy can't know:
-//! - `gen_ai_provider_name`: the conventions have no well-known value for
-//!   local servers (Ollama, llama.cpp, vLLM...), and a proxy can't tell which
-//!   server sits behind an OpenAI-compatible port anyway, so it carries the
-//!   API kind speedtap actually decoded (`openai_chat`, `ollama_generate`...).
-//! - `gen_ai_response_model` is not emitted: the call record carries only the
-//!   model the request named, and writing the request's name under the
-//!   response's key would claim something nobody checked.
+//! - `gen_ai_provider_name`: the server's kind (`ollama`, `llama.cpp`,
+//!   `vllm`...) as the host identified it ([`Metrics::set_route_provider`]):
+//!   the conventions' well-known values name hosted services only and allow
+//!   a custom value. A proxy can't tell which server sits behind an
+//!   OpenAI-compatible port it was merely told about, so a route nobody
+//!   identified says [`UNKNOWN_PROVIDER`](schema::UNKNOWN_PROVIDER)
+//!   (`_OTHER`). The API kind speedtap decoded (`openai_chat`...) is
+//!   `speedtap_api`.
+//! - `gen_ai_response_model` is the model the server's answer named (the
+//!   call record's `response_model`), never the request's name copied: a
+//!   call that got no answer naming one goes without it. So the first call
+//!   of a route and model creates its series with and without it
+//!   ([`bases_of`](schema::bases_of)).
 //! - speedtap stands between client and server, and both sides' durations
 //!   are the same span from where it stands: dispatch upstream to the end of
 //!   the response. It records both, so dashboards for either side work.

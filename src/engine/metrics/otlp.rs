@@ -11,8 +11,9 @@
 //! on names, units, buckets or attributes. The instruments use the
 //! conventions' dotted names (`gen_ai.server.time_to_first_token`, unit `s`,
 //! the recommended bucket boundaries) and attributes (`gen_ai.operation.name`,
-//! `gen_ai.provider.name`, `gen_ai.request.model`, `server.address`,
-//! `server.port`, `error.type`, `gen_ai.token.type`) plus speedtap's `route`.
+//! `gen_ai.provider.name`, `gen_ai.request.model`, `gen_ai.response.model`,
+//! `server.address`, `server.port`, `error.type`, `gen_ai.token.type`) plus
+//! speedtap's `speedtap.api` and `route`.
 //!
 //! speedtap's own instruments: `speedtap.calls` and `speedtap.output_tokens`
 //! (counters), `speedtap.active_calls` and
@@ -24,6 +25,12 @@
 //! Choices:
 //! - Cumulative temporality (the SDK default): what Prometheus-style
 //!   backends expect, and a lost export loses nothing but resolution.
+//! - Series at zero, as in the scrape: each route's `speedtap.calls` for
+//!   every status, and at a route and model's first call every histogram
+//!   series the pair can feed. The SDK has no "create at zero" for a
+//!   histogram; binding one to a set of attributes (its bound-instrument
+//!   feature) makes the series, exported with count 0 until fed.
+//! - Histograms without min and max ([`without_min_max`]).
 //! - The resource says `service.name = speedtap` (unless `OTEL_SERVICE_NAME`
 //!   says otherwise), `service.version`, and `host.name` and
 //!   `service.instance.id` (both the machine's name), so a fleet's hosts
@@ -37,22 +44,26 @@
 //!   the outage, not fill with it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider, ObservableGauge};
+use opentelemetry::metrics::{
+    BoundHistogram, Counter, Histogram, Meter, MeterProvider, ObservableGauge,
+};
 use opentelemetry::{Key, KeyValue};
 use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
+use opentelemetry_sdk::metrics::{
+    Aggregation, Instrument, InstrumentKind, PeriodicReader, SdkMeterProvider, Stream, Temporality,
+};
 use opentelemetry_sdk::Resource;
 
 use super::schema::{
-    install_frame_sink, remove_frame_sink, GenAiHistogram, LabelValue, Labels, MetricsSource,
-    Observation, ObservationSink, HELP_ACTIVE_CALLS, HELP_CALLS, HELP_HOUR_HIGH, HELP_HOUR_LOW,
-    HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, PROXY_LATENCY_BUCKETS, SETTLED_STATUSES,
+    install_frame_sink, remove_frame_sink, series_of, GenAiHistogram, LabelValue, Labels,
+    MetricsSource, Observation, ObservationSink, HELP_ACTIVE_CALLS, HELP_CALLS, HELP_HOUR_HIGH,
+    HELP_HOUR_LOW, HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, PROXY_LATENCY_BUCKETS, SETTLED_STATUSES,
 };
 
 /// How long one export may take before it is abandoned.
@@ -113,6 +124,7 @@ pub fn start_otlp_exporter<M: MetricsSource + 'static>(
     let provider = SdkMeterProvider::builder()
         .with_reader(reader)
         .with_resource(resource())
+        .with_view(without_min_max)
         .build();
     let meter = provider.meter("speedtap");
     let instruments = Arc::new(OtelInstruments::new(&meter, metrics.as_ref()));
@@ -229,6 +241,28 @@ impl PushMetricExporter for ReportingExporter {
     }
 }
 
+/// Every histogram keeps its buckets and drops min and max. Over a
+/// cumulative export they would span the engine's whole life, and a series
+/// declared at zero ([`ObservationSink::declare_series`]) has none: the SDK
+/// would send its empty accumulator's sentinels (±1.8e308) as if measured.
+fn without_min_max(instrument: &Instrument) -> Option<Stream> {
+    if instrument.kind() != InstrumentKind::Histogram {
+        return None;
+    }
+    let boundaries = GenAiHistogram::ALL
+        .into_iter()
+        .find(|k| k.otel_name() == instrument.name())
+        .map_or(&PROXY_LATENCY_BUCKETS[..], GenAiHistogram::buckets)
+        .to_vec();
+    Stream::builder()
+        .with_aggregation(Aggregation::ExplicitBucketHistogram {
+            boundaries,
+            record_min_max: false,
+        })
+        .build()
+        .ok()
+}
+
 /// `service.name`, `service.version`, `host.name`, `service.instance.id`,
 /// each unless the environment (`OTEL_SERVICE_NAME`,
 /// `OTEL_RESOURCE_ATTRIBUTES`) already says.
@@ -276,6 +310,9 @@ fn host_name() -> Option<String> {
 /// The OTel instruments, fed by [`Metrics::record_settled`](super::Metrics::record_settled).
 pub(crate) struct OtelInstruments {
     histograms: Vec<Histogram<f64>>,
+    /// The series declared at zero, held so the SDK keeps them (bound
+    /// handles are the SDK's one way to make a series with no measurement).
+    declared: Mutex<Vec<BoundHistogram<f64>>>,
     calls: Counter<u64>,
     output_tokens: Counter<u64>,
     proxy_latency: Histogram<f64>,
@@ -305,6 +342,7 @@ impl OtelInstruments {
         let low = gauges.hour_low.clone();
         OtelInstruments {
             histograms,
+            declared: Mutex::new(Vec::new()),
             calls: meter
                 .u64_counter("speedtap.calls")
                 .with_unit("{call}")
@@ -387,6 +425,18 @@ impl ObservationSink for OtelInstruments {
             );
         }
     }
+
+    fn declare_series(&self, base: &Labels) {
+        let bound: Vec<BoundHistogram<f64>> = series_of(base)
+            .into_iter()
+            .map(|(kind, labels)| self.histograms[kind.index()].bind(&attributes(&labels)))
+            .collect();
+        self.output_tokens.add(0, &attributes(base));
+        self.declared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(bound);
+    }
 }
 
 /// The labels as OTel attributes: the conventions' dotted keys, the port
@@ -467,8 +517,10 @@ mod tests {
     fn attributes_use_the_conventions_keys_and_an_integer_port() {
         let labels = Labels {
             operation: "chat",
-            provider: "openai_chat",
+            provider: "ollama",
+            api: "openai_chat",
             request_model: Some("m".into()),
+            response_model: Some("m-q4".into()),
             server: Some(super::super::schema::ServerAddr {
                 address: Arc::from("127.0.0.1"),
                 port: 11434,
@@ -484,13 +536,15 @@ mod tests {
             [
                 "gen_ai.operation.name",
                 "gen_ai.provider.name",
+                "speedtap.api",
                 "gen_ai.request.model",
+                "gen_ai.response.model",
                 "server.address",
                 "server.port",
                 "route",
                 "error.type"
             ]
         );
-        assert_eq!(kv[4].value, opentelemetry::Value::I64(11434));
+        assert_eq!(kv[6].value, opentelemetry::Value::I64(11434));
     }
 }

@@ -19,12 +19,12 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::schema::{
-    frame_sinks_record, observations, series_of, Gauges, GenAiHistogram, LabelValue, Labels,
-    MetricsSource, Observation, ObservationSink, OptionalGauge, ServerAddr, DECODE_RATE_BUCKETS,
-    DURATION_BUCKETS, HELP_ACTIVE_CALLS, HELP_CALLS, HELP_CAPTURE_DROPPED,
-    HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW, HELP_OUTPUT_TOKENS,
-    HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS, SETTLED_STATUSES,
-    TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
+    bases_of, frame_sinks_record, observations, series_of, Gauges, GenAiHistogram, LabelValue,
+    Labels, MetricsSource, ModelLabels, Observation, ObservationSink, OptionalGauge, RouteServer,
+    ServerAddr, DECODE_RATE_BUCKETS, DURATION_BUCKETS, HELP_ACTIVE_CALLS, HELP_CALLS,
+    HELP_CAPTURE_DROPPED, HELP_DROPPED_SUBSCRIBERS, HELP_HOUR_HIGH, HELP_HOUR_LOW,
+    HELP_OUTPUT_TOKENS, HELP_PROXY_LATENCY, MAX_MODELS, OTHER_MODEL, PROXY_LATENCY_BUCKETS,
+    SETTLED_STATUSES, TOKEN_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS,
 };
 use crate::model::{Call, CallStatus, Stats};
 
@@ -190,7 +190,8 @@ pub struct Metrics {
     gauges: Gauges,
     subscribers_dropped: Counter,
     capture_dropped: Counter,
-    upstreams: RwLock<HashMap<String, ServerAddr>>,
+    /// Each bound route's server: address and kind.
+    routes: RwLock<HashMap<String, RouteServer>>,
     models: Mutex<HashSet<String>>,
     /// Base labels whose every series exists already (see [`series_of`]).
     bases: Mutex<HashSet<Labels>>,
@@ -310,7 +311,7 @@ impl Metrics {
             gauges,
             subscribers_dropped,
             capture_dropped,
-            upstreams: RwLock::new(HashMap::new()),
+            routes: RwLock::new(HashMap::new()),
             models: Mutex::new(HashSet::new()),
             bases: Mutex::new(HashSet::new()),
             otel: RwLock::new(None),
@@ -333,13 +334,24 @@ impl Metrics {
         if let Some(otel) = read(&self.otel).as_ref() {
             otel.declare_route(route);
         }
-        write(&self.upstreams).insert(
-            route.to_owned(),
-            ServerAddr {
-                address: Arc::from(address),
-                port,
-            },
-        );
+        write(&self.routes)
+            .entry(route.to_owned())
+            .or_default()
+            .addr = Some(ServerAddr {
+            address: Arc::from(address),
+            port,
+        });
+    }
+
+    /// Tells the metrics what kind of server a route reaches, as the host
+    /// identified it: its calls carry it as `gen_ai_provider_name`. Calls
+    /// of a route whose server nobody identified carry
+    /// [`UNKNOWN_PROVIDER`](super::schema::UNKNOWN_PROVIDER).
+    pub fn set_route_provider(&self, route: &str, provider: &'static str) {
+        write(&self.routes)
+            .entry(route.to_owned())
+            .or_default()
+            .provider = provider;
     }
 
     /// Record one settled call. `call.speed` is its final snapshot.
@@ -362,8 +374,14 @@ impl Metrics {
         if call.status == CallStatus::InFlight {
             return;
         }
-        let model = call.identity.model.as_deref().map(|m| self.model_label(m));
-        let server = read(&self.upstreams).get(&call.identity.route).cloned();
+        let model = ModelLabels {
+            request: call.identity.model.as_deref().map(|m| self.model_label(m)),
+            response: (call.details.response_model.as_deref()).map(|m| self.model_label(m)),
+        };
+        let server = read(&self.routes)
+            .get(&call.identity.route)
+            .cloned()
+            .unwrap_or_default();
         let observations = observations(call, model, server);
         self.create_series_of(&observations);
         for o in &observations {
@@ -394,22 +412,33 @@ impl Metrics {
     }
 
     /// Creates at zero every series a call with these observations' base
-    /// labels can feed, the first time that base is seen ([`series_of`]).
+    /// labels can feed ([`bases_of`], [`series_of`]), the first time each
+    /// base is seen.
     fn create_series_of(&self, observations: &[Observation]) {
-        let Some(base) = observations.iter().find_map(|o| match o {
+        let Some(observed) = observations.iter().find_map(|o| match o {
             Observation::OutputTokens { labels, .. } => Some(labels),
             _ => None,
         }) else {
             return;
         };
         let mut bases = self.bases.lock().unwrap_or_else(|p| p.into_inner());
-        if !bases.insert(base.clone()) {
-            return;
+        let new: Vec<Labels> = bases_of(observed)
+            .into_iter()
+            .filter(|base| bases.insert(base.clone()))
+            .collect();
+        for base in &new {
+            for (kind, labels) in series_of(base) {
+                drop(self.histograms[kind.index()].get_or_create(&labels));
+            }
+            drop(self.output_tokens.get_or_create(base));
         }
-        for (kind, labels) in series_of(base) {
-            drop(self.histograms[kind.index()].get_or_create(&labels));
+        // Not under `bases`: attaching a sink takes the two the other way.
+        drop(bases);
+        if let Some(otel) = read(&self.otel).as_ref() {
+            for base in &new {
+                otel.declare_series(base);
+            }
         }
-        drop(self.output_tokens.get_or_create(base));
     }
 
     /// The label for a model name: itself, or [`OTHER_MODEL`] once
@@ -476,8 +505,11 @@ impl MetricsSource for Metrics {
         if slot.is_some() {
             return Err("an OTLP exporter is already attached to these metrics".into());
         }
-        for route in read(&self.upstreams).keys() {
+        for route in read(&self.routes).keys() {
             sink.declare_route(route);
+        }
+        for base in self.bases.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            sink.declare_series(base);
         }
         *slot = Some(sink);
         Ok(())
@@ -543,8 +575,8 @@ mod tests {
         lines[0].rsplit(' ').next().unwrap().parse().unwrap()
     }
 
-    const LABELS: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="openai_chat",gen_ai_request_model="qwen3:8b",route="ollama""#;
-    const UPSTREAM_LABELS: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="openai_chat",gen_ai_request_model="qwen3:8b",server_address="127.0.0.1",server_port="11434",route="ollama""#;
+    const LABELS: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="_OTHER",speedtap_api="openai_chat",gen_ai_request_model="qwen3:8b",route="ollama""#;
+    const UPSTREAM_LABELS: &str = r#"gen_ai_operation_name="chat",gen_ai_provider_name="_OTHER",speedtap_api="openai_chat",gen_ai_request_model="qwen3:8b",server_address="127.0.0.1",server_port="11434",route="ollama""#;
 
     fn types(text: &str) -> Vec<&str> {
         text.lines()
@@ -788,6 +820,61 @@ mod tests {
     }
 
     #[test]
+    fn a_routes_identified_server_is_the_provider_and_the_api_has_a_label_of_its_own() {
+        let m = Metrics::new();
+        m.set_route_provider("ollama", "ollama");
+        m.record_settled(&call(
+            CallStatus::Ok,
+            ApiKind::OpenaiChat,
+            Some(final_snapshot(Some(312), 201, Some(40.0))),
+        ));
+        let text = m.render();
+        let labels = r#"gen_ai_operation_name="chat",gen_ai_provider_name="ollama",speedtap_api="openai_chat",gen_ai_request_model="qwen3:8b",route="ollama""#;
+        assert_eq!(
+            sample(
+                &text,
+                &format!("gen_ai_server_request_duration_seconds_count{{{labels}}}")
+            ),
+            1.0
+        );
+        assert!(!text.contains("_OTHER"), "{text}");
+    }
+
+    #[test]
+    fn the_model_the_answer_named_is_a_label_and_its_absence_is_ready_at_zero() {
+        let m = Metrics::new();
+        let mut answered = call(
+            CallStatus::Ok,
+            ApiKind::OpenaiChat,
+            Some(final_snapshot(Some(312), 201, Some(40.0))),
+        );
+        answered.details.response_model = Some("qwen3:8b-q4_K_M".into());
+        m.record_settled(&answered);
+        let text = m.render();
+        let named = LABELS.replace(
+            r#"route="ollama""#,
+            r#"gen_ai_response_model="qwen3:8b-q4_K_M",route="ollama""#,
+        );
+        let duration = "gen_ai_server_request_duration_seconds_count";
+        assert_eq!(sample(&text, &format!("{duration}{{{named}}}")), 1.0);
+        // A call of the same route and model that fails before any answer
+        // names no model: its series already exist, at zero.
+        let unanswered = format!(r#"{LABELS},error_type="upstream_error""#);
+        assert_eq!(sample(&text, &format!("{duration}{{{unanswered}}}")), 0.0);
+        let mut failed = call(
+            CallStatus::UpstreamError,
+            ApiKind::OpenaiChat,
+            Some(final_snapshot(None, 0, None)),
+        );
+        failed.details.response_model = None;
+        m.record_settled(&failed);
+        assert_eq!(
+            sample(&m.render(), &format!("{duration}{{{unanswered}}}")),
+            1.0
+        );
+    }
+
+    #[test]
     fn failed_calls_stay_out_of_ttft_and_tpot_and_carry_error_type() {
         let m = Metrics::new();
         m.record_settled(&call(
@@ -798,7 +885,7 @@ mod tests {
         let text = m.render();
         // The series exist (at zero, created with the call's labels) but
         // took nothing.
-        let base = r#"{gen_ai_operation_name="text_completion",gen_ai_provider_name="ollama_generate",gen_ai_request_model="qwen3:8b",route="ollama"}"#;
+        let base = r#"{gen_ai_operation_name="text_completion",gen_ai_provider_name="_OTHER",speedtap_api="ollama_generate",gen_ai_request_model="qwen3:8b",route="ollama"}"#;
         for family in [
             "gen_ai_server_time_to_first_token_seconds",
             "gen_ai_server_time_per_output_token_seconds",
@@ -807,7 +894,7 @@ mod tests {
             assert_eq!(sample(&text, &format!("{family}_count{base}")), 0.0);
         }
         assert!(text.contains(r#"speedtap_calls_total{route="ollama",status="abandoned"} 1"#));
-        let labels = r#"{gen_ai_operation_name="text_completion",gen_ai_provider_name="ollama_generate",gen_ai_request_model="qwen3:8b",route="ollama",error_type="abandoned"} 1"#;
+        let labels = r#"{gen_ai_operation_name="text_completion",gen_ai_provider_name="_OTHER",speedtap_api="ollama_generate",gen_ai_request_model="qwen3:8b",route="ollama",error_type="abandoned"} 1"#;
         for family in [
             "gen_ai_server_request_duration_seconds",
             "gen_ai_client_operation_duration_seconds",
@@ -876,7 +963,7 @@ mod tests {
         let text = m.render();
         assert!(!text.contains("gen_ai_request_model"), "{text}");
         assert!(text.contains(
-            r#"gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="chat",gen_ai_provider_name="openai_chat",route="ollama"} 1"#
+            r#"gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="chat",gen_ai_provider_name="_OTHER",speedtap_api="openai_chat",route="ollama"} 1"#
         ));
     }
 
@@ -907,8 +994,10 @@ mod tests {
         let text = m.render();
         let base = Labels {
             operation: "chat",
-            provider: "openai_chat",
+            provider: "_OTHER",
+            api: "openai_chat",
             request_model: Some("qwen3:8b".into()),
+            response_model: None,
             server: None,
             route: "ollama".into(),
             error_type: None,
@@ -954,13 +1043,13 @@ mod tests {
         m.record_settled(&again);
         let text = m.render();
         let other = format!(
-            r#"speedtap_output_tokens_total{{gen_ai_operation_name="text_completion",gen_ai_provider_name="unknown",gen_ai_request_model="{OTHER_MODEL}",route="ollama"}}"#
+            r#"speedtap_output_tokens_total{{gen_ai_operation_name="text_completion",gen_ai_provider_name="_OTHER",speedtap_api="unknown",gen_ai_request_model="{OTHER_MODEL}",route="ollama"}}"#
         );
         assert_eq!(sample(&text, &other), 5.0);
         assert_eq!(
             sample(
                 &text,
-                r#"speedtap_output_tokens_total{gen_ai_operation_name="text_completion",gen_ai_provider_name="unknown",gen_ai_request_model="m0",route="ollama"}"#
+                r#"speedtap_output_tokens_total{gen_ai_operation_name="text_completion",gen_ai_provider_name="_OTHER",speedtap_api="unknown",gen_ai_request_model="m0",route="ollama"}"#
             ),
             2.0
         );

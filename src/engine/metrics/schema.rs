@@ -101,6 +101,12 @@ pub const MAX_MODELS: usize = 200;
 /// The model label value past [`MAX_MODELS`].
 pub const OTHER_MODEL: &str = "_other";
 
+/// `gen_ai.provider.name` of a route whose server speedtap has not
+/// identified (a configured route: speedtap doesn't probe an upstream it
+/// was told about). The conventions' fallback for a value outside the
+/// known ones; a guess from the API would claim a server nobody checked.
+pub const UNKNOWN_PROVIDER: &str = "_OTHER";
+
 /// The per-call histograms, with everything both exporters need to know
 /// about them: the conventions' GenAI histograms and speedtap's own decode
 /// rate beside them. One table, so the scrape and OTLP can't drift apart.
@@ -207,8 +213,13 @@ pub struct ServerAddr {
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct Labels {
     pub operation: &'static str,
+    /// The server's kind (`ollama`, `llama.cpp`...), or [`UNKNOWN_PROVIDER`].
     pub provider: &'static str,
+    /// The API speedtap decoded (`openai_chat`...): `speedtap.api`.
+    pub api: &'static str,
     pub request_model: Option<String>,
+    /// The model the server's answer named, when it named one.
+    pub response_model: Option<String>,
     pub server: Option<ServerAddr>,
     pub route: String,
     pub error_type: Option<&'static str>,
@@ -229,11 +240,19 @@ impl Labels {
                 "gen_ai.provider.name",
                 LabelValue::Str(self.provider),
             ),
+            ("speedtap_api", "speedtap.api", LabelValue::Str(self.api)),
         ];
         if let Some(model) = &self.request_model {
             out.push((
                 "gen_ai_request_model",
                 "gen_ai.request.model",
+                LabelValue::Str(model),
+            ));
+        }
+        if let Some(model) = &self.response_model {
+            out.push((
+                "gen_ai_response_model",
+                "gen_ai.response.model",
                 LabelValue::Str(model),
             ));
         }
@@ -298,14 +317,37 @@ pub fn operation_name(api: ApiKind) -> &'static str {
     }
 }
 
-/// What one settled call records, given its model label (already capped)
-/// and its route's upstream. Pure; see [`Metrics::record_settled`](super::Metrics::record_settled) for the
+/// What the metrics know of a route's server: where it is and what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteServer {
+    /// `server.address` / `server.port`, once the host said.
+    pub addr: Option<ServerAddr>,
+    /// `gen_ai.provider.name`: the server's kind, or [`UNKNOWN_PROVIDER`].
+    pub provider: &'static str,
+}
+
+impl Default for RouteServer {
+    fn default() -> Self {
+        RouteServer {
+            addr: None,
+            provider: UNKNOWN_PROVIDER,
+        }
+    }
+}
+
+/// The model labels of one call, already capped ([`MAX_MODELS`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelLabels {
+    /// `gen_ai.request.model`: what the request named.
+    pub request: Option<String>,
+    /// `gen_ai.response.model`: what the answer named.
+    pub response: Option<String>,
+}
+
+/// What one settled call records, given its model labels and its route's
+/// server. Pure; see [`Metrics::record_settled`](super::Metrics::record_settled) for the
 /// rules.
-pub fn observations(
-    call: &Call,
-    model: Option<String>,
-    server: Option<ServerAddr>,
-) -> Vec<Observation> {
+pub fn observations(call: &Call, model: ModelLabels, server: RouteServer) -> Vec<Observation> {
     let mut out = Vec::new();
     if call.status == CallStatus::InFlight {
         return out;
@@ -321,9 +363,11 @@ pub fn observations(
     let ok = call.status == CallStatus::Ok;
     let base = Labels {
         operation: operation_name(id.api),
-        provider: id.api.as_str(),
-        request_model: model,
-        server,
+        provider: server.provider,
+        api: id.api.as_str(),
+        request_model: model.request,
+        response_model: model.response,
+        server: server.addr,
         route: id.route.clone(),
         error_type: None,
         token_type: None,
@@ -383,6 +427,20 @@ fn push_timings(
             histogram(GenAiHistogram::DecodeRate, base.clone(), rate);
         }
     }
+}
+
+/// The base labels a call of this route and model can have: these, and,
+/// when the answer named a model, the same without it (a call that failed
+/// before any answer names none).
+pub fn bases_of(base: &Labels) -> Vec<Labels> {
+    let mut out = vec![base.clone()];
+    if base.response_model.is_some() {
+        out.push(Labels {
+            response_model: None,
+            ..base.clone()
+        });
+    }
+    out
 }
 
 /// Every histogram series a call with these base labels (no error, no
@@ -494,6 +552,9 @@ pub trait ObservationSink: Send + Sync {
     /// A route exists: its call counters start at zero for every status,
     /// as in the scrape.
     fn declare_route(&self, route: &str);
+    /// A route and model's first call: every series with these base
+    /// labels ([`series_of`]) starts at zero, as in the scrape.
+    fn declare_series(&self, base: &Labels);
 }
 
 /// The engine's metrics as an exporter sees them: the live gauges, and a

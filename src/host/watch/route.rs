@@ -7,9 +7,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::discover::known::{process_kind, ProcessKind};
 use crate::discover::owner::Owner;
 use crate::discover::registry::{KnownServer, ServerState};
 use crate::discover::Discovered;
+use crate::engine::metrics::schema::UNKNOWN_PROVIDER;
 use crate::model::{CaptureState, FollowedServer, FollowedState, RouteSpec, Upstream};
 
 use super::super::handle::read;
@@ -77,11 +79,14 @@ pub(super) async fn measure(
         owner: candidate.owner.clone(),
         version: found.detail.clone(),
     };
+    let provider = provider_of(candidate, found);
     if let Some((route, seen_by)) = configured_route(handle, name, candidate.port) {
+        handle.shared.metrics.set_route_provider(&route, provider);
         routed.route = route;
         routed.seen_by = Some(seen_by);
         return routed;
     }
+    handle.shared.metrics.set_route_provider(name, provider);
     if read(&handle.shared.capture).state == CaptureState::On {
         match handle.capture_route(name, upstream.clone()) {
             Ok(applied) => {
@@ -104,6 +109,19 @@ pub(super) async fn measure(
         routed.seen_by = Some("proxy");
     }
     routed
+}
+
+/// What the metrics call the server (`gen_ai.provider.name`): its
+/// process's kind where that is read and is a server's own, else the kind
+/// its answers showed, else [`UNKNOWN_PROVIDER`].
+fn provider_of(candidate: &Candidate, found: &Discovered) -> &'static str {
+    candidate
+        .owner
+        .as_ref()
+        .and_then(process_kind)
+        .and_then(ProcessKind::provider_name)
+        .or_else(|| found.kind.provider_name())
+        .unwrap_or(UNKNOWN_PROVIDER)
 }
 
 /// The configured route (other than the server's own) already measuring
@@ -252,4 +270,75 @@ pub(super) fn documents(
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::known::ProbeReason;
+    use crate::discover::ServerKind;
+
+    fn candidate(process: Option<&[&str]>) -> Candidate {
+        Candidate {
+            port: 30000,
+            host: Ipv4Addr::LOCALHOST.into(),
+            owner: process.map(|argv| Owner {
+                pid: 42,
+                comm: argv[0].to_owned(),
+                exe: None,
+                cmdline: argv.iter().map(|a| (*a).to_owned()).collect(),
+                parent_comm: None,
+            }),
+            reason: ProbeReason::WellKnownPort,
+            attempts: 0,
+        }
+    }
+
+    fn found(kind: ServerKind) -> Discovered {
+        Discovered {
+            kind,
+            port: 30000,
+            upstream: "http://127.0.0.1:30000".into(),
+            suggested_route: RouteSpec::new(
+                kind.route_name(),
+                "127.0.0.1:30001",
+                "http://127.0.0.1:30000",
+            )
+            .unwrap(),
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn the_provider_is_the_servers_process_then_its_answers_and_never_a_guess() {
+        let sglang = ["python3", "-m", "sglang.launch_server"];
+        // The process says more than an OpenAI-style model list.
+        assert_eq!(
+            provider_of(
+                &candidate(Some(&sglang)),
+                &found(ServerKind::OpenAiCompatible)
+            ),
+            "sglang"
+        );
+        // No owner to read: the endpoints that answered.
+        assert_eq!(
+            provider_of(&candidate(None), &found(ServerKind::Ollama)),
+            "ollama"
+        );
+        assert_eq!(
+            provider_of(&candidate(None), &found(ServerKind::LlamaCpp)),
+            "llama.cpp"
+        );
+        // The simulator is no server of its own: the kind it answers as.
+        let simulate = ["speedtap", "simulate", "--listen", "127.0.0.1:0"];
+        assert_eq!(
+            provider_of(&candidate(Some(&simulate)), &found(ServerKind::Vllm)),
+            "vllm"
+        );
+        // A model list alone identifies nothing.
+        assert_eq!(
+            provider_of(&candidate(None), &found(ServerKind::OpenAiCompatible)),
+            UNKNOWN_PROVIDER
+        );
+    }
 }
