@@ -191,16 +191,12 @@ export function comparisonRows(models, { now, timeZone } = {}) {
     // The slow tail, in the same sense as TTFT p90.
     tpsP10: formatRate(m.tps_p10),
     prefillP50: formatRate(m.prefill_tps_p50),
-<<<<<<< HEAD
     // Median reasoning tokens per answer, "~" on speedtap's estimate.
     reasoningP50: reasoningText(m),
     reasoningTitle:
       m.reasoning_calls > 0
         ? `Median reasoning tokens per answer over the ${formatCount(m.reasoning_calls)} ok ${m.reasoning_calls === 1 ? "call" : "calls"} that reasoned${m.reasoning_tokens_estimated ? " (some counts are speedtap's estimates)" : ""}`
         : "No call of this model reasoned",
-    // Cold starts are kept out of the TTFT figures and shown apart.
-    cold: m.cold_calls > 0 ? `p50 ${formatMs(m.cold_ttft_ms_p50)}, ${formatCount(m.cold_calls)} ${m.cold_calls === 1 ? "call" : "calls"}` : DASH,
-=======
     // Cold starts and queued calls are kept out of the TTFT figures and
     // shown apart, each with its own median.
     cold: apart(m.cold_calls, m.cold_ttft_ms_p50),
@@ -209,7 +205,6 @@ export function comparisonRows(models, { now, timeZone } = {}) {
     prefillTitle: isShowable(m.prefill_tps_p50)
       ? "Median prompt processing rate of prompts of 512 tokens or more"
       : "No prompt of 512 tokens or more with a server-reported rate: a short prompt's rate is mostly fixed overhead, so none is shown",
->>>>>>> trust-26c
     ttftTitle:
       m.queued_calls > 0 || m.cold_calls > 0
         ? `Over the calls neither queued nor cold (${formatCount(m.queued_calls ?? 0)} queued and ${formatCount(m.cold_calls ?? 0)} cold left out)`
