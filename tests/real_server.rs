@@ -750,7 +750,8 @@ fn ping_rate(pings: &[f64], first_token: f64) -> f64 {
 /// a long prompt asking for a ping every second (`sse_ping_interval: 1`)
 /// gets them through speedtap's proxy, with speedtap polling, at no less
 /// than half the rate it gets straight from the server; the call's
-/// silence reads alive, and its TTFT is the first token, not a ping.
+/// silence reads alive, its TTFT is the first token, not a ping, and it
+/// carries the server's version from `/props`.
 #[test]
 fn pings_reach_the_client_while_speedtap_watches_a_real_llama_server() {
     let Ok(url) = std::env::var(URL_VAR) else {
@@ -802,6 +803,11 @@ fn pings_reach_the_client_while_speedtap_watches_a_real_llama_server() {
         "pings silenced while speedtap watched: {watched:?} in {watched_ttft:.2} s, \
          against {direct:?} in {direct_ttft:.2} s"
     );
+    // Every call carries the server's version: llama-server's `/props`
+    // `build_info`, read when the route started, never per call.
+    let build_info = get(server_addr(&url), "/props").json()["build_info"].clone();
+    assert!(build_info.is_string(), "no build_info in /props");
+    assert_eq!(call["server_version"], build_info, "{call}");
     // The TTFT is the first token's, not the first ping's.
     let ttft_ms = call["speed"]["time_to_first_token_ms"].as_f64().unwrap();
     assert!(
