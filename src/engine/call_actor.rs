@@ -95,6 +95,9 @@ pub struct CallActor {
     /// The server streamed its own prefill progress: it explains the wait
     /// from then on, over the poller's readings and estimates.
     in_band_progress: bool,
+    /// When `wait` was last read (a chunk or a poll): its `eta_ms` counts
+    /// from then, so a snapshot published later counts it down.
+    wait_read_at: Option<Instant>,
     /// The poller was told the stream carries the server's own progress.
     progress_told: bool,
     /// The time the call was explained queued, for its record.
@@ -151,6 +154,7 @@ impl CallActor {
             wait: None,
             known_wait: None,
             in_band_progress: false,
+            wait_read_at: None,
             progress_told: false,
             queue: QueueTally::default(),
             facts: ServerFacts::default(),
@@ -239,6 +243,7 @@ impl CallActor {
         }
         let wait = Some(prompt_progress::in_band_wait(&progress));
         self.in_band_progress = true;
+        self.wait_read_at = Some(Instant::now());
         if self.wait != wait {
             self.wait = wait;
             self.known_wait = self.wait.clone();
@@ -434,14 +439,21 @@ impl CallActor {
 
     /// A waiting call's snapshot carries its wait, and every waiting call
     /// says how long the server has been silent for it, with or without
-    /// an explanation of the wait.
+    /// an explanation of the wait. The ETA counts down from the reading it
+    /// came with: between two chunks (or polls) it is the time left now,
+    /// not the time left when the server last spoke.
     fn with_wait(&self, mut speed: Snapshot) -> Snapshot {
         if speed.phase == Phase::AwaitingFirstToken && !speed.is_final {
+            let now = Instant::now();
             let mut wait = self
                 .wait
                 .clone()
                 .unwrap_or_else(|| Wait::new(WaitReason::Unknown));
-            wait.silent_ms = Some(self.liveness.silent_ms(Instant::now()));
+            if let (Some(eta), Some(read_at)) = (wait.eta_ms, self.wait_read_at) {
+                let since = now.saturating_duration_since(read_at).as_millis() as u64;
+                wait.eta_ms = Some(eta.saturating_sub(since));
+            }
+            wait.silent_ms = Some(self.liveness.silent_ms(now));
             speed.wait = Some(wait);
         }
         speed
@@ -987,6 +999,9 @@ impl Handler<WaitExplained> for CallActor {
             self.queue
                 .explained(wait, self.setup.dispatched_at, Instant::now());
             limit_moved |= place != self.queue.position();
+        }
+        if msg.wait.is_some() && !self.in_band_progress {
+            self.wait_read_at = Some(Instant::now());
         }
         if msg.wait.is_some() && self.wait != msg.wait && !self.in_band_progress {
             self.wait = msg.wait;
@@ -1722,6 +1737,38 @@ mod tests {
                 waits.contains(&(8_000, Some(1.0), stream, Some(0))),
                 "{waits:?}"
             );
+            drop(actor);
+        });
+    }
+
+    #[test]
+    fn an_in_band_eta_counts_down_between_the_servers_chunks() {
+        use crate::model::ProgressSource;
+        run_paused(async {
+            let mut h = Harness::new().await;
+            let actor = h.start_call();
+            actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            head(&actor);
+            // 1,000 of 4,000 tokens in 2 s: 6 s left when the chunk came,
+            // and no chunk after it for 4 s (a long batch).
+            h.at(2_000).await;
+            frame(&actor, progress_chunk(1_000, 2_000.0));
+            h.at(6_000).await;
+            flush().await;
+            let mut readings = Vec::new();
+            while let Ok(e) = h.events.try_recv() {
+                if let EngineEvent::Speed { speed, .. } = e {
+                    let Some(w) = speed.wait else { continue };
+                    if w.progress_source == Some(ProgressSource::Stream) {
+                        readings.push((speed.elapsed_ms, w.eta_ms));
+                    }
+                }
+            }
+            assert!(readings.len() >= 3, "{readings:?}");
+            assert!(readings.iter().any(|r| r.0 >= 5_000), "{readings:?}");
+            for (at, eta) in &readings {
+                assert_eq!(*eta, Some(6_000 - (at - 2_000)), "{readings:?}");
+            }
             drop(actor);
         });
     }
