@@ -169,8 +169,13 @@ struct Tracked {
     cold: Option<bool>,
     /// The server's slot and task serving it.
     slot: Option<(u64, u64)>,
-    /// First progress sample `(at, processed)` of that slot.
-    first_progress: Option<(Instant, u64)>,
+    /// Where the rate's clock starts: `(at, processed, changed)`, the
+    /// first sample of that slot until the count first changes, then that
+    /// change (`changed`). The first look may catch a batch already under
+    /// way (two looks 82 ms apart saw 0 then 256 tokens, a batch of about
+    /// 1.6 s: a rate 24 times too fast), so only counts between two
+    /// changes give the rate.
+    first_progress: Option<(Instant, u64, bool)>,
     /// The latest sample whose count changed: the server advances the
     /// count a batch at a time, so the rate is measured between changes,
     /// not against the clock of each look.
@@ -296,8 +301,12 @@ impl Tracked {
         };
         self.facts.context_size = s.n_ctx.or(self.facts.context_size);
         if let Some(p) = s.prompt_processed {
-            if self.first_progress.is_none() {
-                self.first_progress = Some((now, p));
+            match self.first_progress {
+                None => self.first_progress = Some((now, p, false)),
+                Some((_, first, false)) if p != first => {
+                    self.first_progress = Some((now, p, true));
+                }
+                _ => {}
             }
             if self.last_progress.is_none_or(|(_, last)| last != p) {
                 self.last_progress = Some((now, p));
@@ -411,13 +420,14 @@ impl Tracked {
         // Tokens per ms between the first and the latest
         // change of the count; the ETA counts from that
         // reading, less the time since.
-        let observed =
-            self.first_progress
-                .zip(self.last_progress)
-                .and_then(|((t0, p0), (t1, p1))| {
-                    let dt = t1.saturating_duration_since(t0).as_millis() as f64;
-                    (dt > 0.0 && p1 > p0).then(|| (p1 - p0) as f64 / dt)
-                });
+        let observed = self
+            .first_progress
+            .filter(|(_, _, changed)| *changed)
+            .zip(self.last_progress)
+            .and_then(|((t0, p0, _), (t1, p1))| {
+                let dt = t1.saturating_duration_since(t0).as_millis() as f64;
+                (dt > 0.0 && p1 > p0).then(|| (p1 - p0) as f64 / dt)
+            });
         let since_reading = self.last_progress.map_or(0.0, |(t, _)| {
             look.now.saturating_duration_since(t).as_millis() as f64
         });
@@ -1063,6 +1073,8 @@ mod tests {
         // The first call streams, then ends; the second gets the slot.
         t.first_token(1, &view);
         t.untrack(1, ms(t0, 900));
+        view.slots = Some(vec![slot(0, true, Some(6), 2000, 0)]);
+        t.observe(&view, ms(t0, 950));
         view.slots = Some(vec![slot(0, true, Some(6), 2000, 500)]);
         t.observe(&view, ms(t0, 1000));
         view.slots = Some(vec![slot(0, true, Some(6), 2000, 1000)]);
@@ -1072,7 +1084,7 @@ mod tests {
         assert_eq!(w[0].1.reason, WaitReason::Prefilling);
         assert_eq!(w[0].1.progress, Some(0.5));
         assert_eq!(w[0].1.prompt_tokens, Some(2000));
-        // 500 tokens in 500 ms: 1,000 left is 1 s.
+        // 500 tokens in the 500 ms between two changes: 1,000 left is 1 s.
         assert_eq!(w[0].1.eta_ms, Some(1000));
     }
 
@@ -1151,6 +1163,8 @@ mod tests {
         t.first_token(2, &view);
         t.untrack(2, ms(t0, 1_000));
         // Now the first call's own task runs in the slot.
+        view.slots = Some(vec![slot(0, true, Some(6), 256, 0)]);
+        t.observe(&view, ms(t0, 1_050));
         view.slots = Some(vec![slot(0, true, Some(6), 512, 256)]);
         t.observe(&view, ms(t0, 1_100));
         let w = t.explain("r", &view, &normals, ms(t0, 1_100));
@@ -1200,6 +1214,8 @@ mod tests {
         assert_eq!(w[0].1.reason, WaitReason::Queued, "{w:?}");
         assert_eq!(w[0].1.position, Some(1));
         // Then call 1's own task prefills, measured from its own samples.
+        view.slots = Some(vec![slot(0, true, Some(6), 4_000, 0)]);
+        t.observe(&view, ms(t0, 1_050));
         view.slots = Some(vec![slot(0, true, Some(6), 4_000, 1_000)]);
         t.observe(&view, ms(t0, 1_100));
         view.slots = Some(vec![slot(0, true, Some(6), 4_000, 2_000)]);
@@ -1553,20 +1569,54 @@ mod tests {
         t.observe(&view, ms(t0, 1_100));
         let w = t.explain("r", &view, &normals, ms(t0, 1_100));
         assert_eq!(w[0].1.progress, Some(0.256));
-        // 256 tokens in the 1 s between readings: 744 left is 2.9 s.
-        assert_eq!(w[0].1.eta_ms, Some(2_906));
+        // One change of the count gives no rate: the batch may have begun
+        // before the first look.
+        assert_eq!(w[0].1.eta_ms, None);
+        view.slots = Some(vec![slot(0, true, Some(7), 768, 512)]);
+        t.observe(&view, ms(t0, 2_100));
+        let w = t.explain("r", &view, &normals, ms(t0, 2_100));
+        assert_eq!(w[0].1.progress, Some(0.512));
+        // 256 tokens in the 1 s between two changes: 488 left is 1.9 s.
+        assert_eq!(w[0].1.eta_ms, Some(1_906));
         // Half a second on, the server still shows the same count (it
         // answers between batches): the ETA counts down from that reading
         // instead of the rate sagging.
-        t.observe(&view, ms(t0, 1_600));
-        let w = t.explain("r", &view, &normals, ms(t0, 1_600));
-        assert_eq!(w[0].1.progress, Some(0.256));
-        assert_eq!(w[0].1.eta_ms, Some(2_406));
+        t.observe(&view, ms(t0, 2_600));
+        let w = t.explain("r", &view, &normals, ms(t0, 2_600));
+        assert_eq!(w[0].1.progress, Some(0.512));
+        assert_eq!(w[0].1.eta_ms, Some(1_406));
         // A server that counts the whole prompt still wins when larger.
-        view.slots = Some(vec![slot(0, true, Some(7), 2_000, 500)]);
-        t.observe(&view, ms(t0, 2_100));
-        let w = t.explain("r", &view, &normals, ms(t0, 2_100));
-        assert_eq!(w[0].1.progress, Some(0.25));
+        view.slots = Some(vec![slot(0, true, Some(7), 2_000, 1_000)]);
+        t.observe(&view, ms(t0, 3_100));
+        let w = t.explain("r", &view, &normals, ms(t0, 3_100));
+        assert_eq!(w[0].1.progress, Some(0.5));
         assert_eq!(w[0].1.prompt_tokens, Some(2_000));
+    }
+
+    #[test]
+    fn a_first_look_that_caught_a_batch_under_way_gives_no_rate() {
+        // Two looks 82 ms apart saw 0 then 256 tokens: that batch began
+        // before the first look (it took about 1.6 s), so 256 / 82 ms
+        // would be a rate 20 times too fast and an ETA of almost nothing.
+        let t0 = Instant::now();
+        let normals = Normals::new();
+        let mut t = Tracker::default();
+        t.track(1, Some("m".into()), t0);
+        t.update(1, None, Some(2_000));
+        let mut view = ServerView {
+            slots: Some(vec![slot(0, true, Some(3), 256, 0)]),
+            ..ServerView::default()
+        };
+        t.observe(&view, ms(t0, 10));
+        view.slots = Some(vec![slot(0, true, Some(3), 512, 256)]);
+        t.observe(&view, ms(t0, 92));
+        let w = t.explain("r", &view, &normals, ms(t0, 92));
+        assert_eq!(w[0].1.eta_ms, None, "{w:?}");
+        // The next batch, timed between two changes, gives the rate.
+        view.slots = Some(vec![slot(0, true, Some(3), 768, 512)]);
+        t.observe(&view, ms(t0, 1_692));
+        let w = t.explain("r", &view, &normals, ms(t0, 1_692));
+        // 256 tokens in 1.6 s: 1,488 left is 9.3 s.
+        assert_eq!(w[0].1.eta_ms, Some(9_300));
     }
 }
