@@ -704,6 +704,7 @@ fn the_usual_decode_rates_are_rebuilt_from_the_stored_calls_as_they_were_taught_
         depth: Some(37),
         tps,
         version: Some(version),
+        draft_acceptance: None,
     };
     let slow = usuals
         .judge(&at(12.0, "0.32.13"), &Evidence::default())

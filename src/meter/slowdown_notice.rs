@@ -66,6 +66,7 @@ fn kind(cause: &SlowdownCause) -> &'static str {
         SlowdownCause::CpuOffload { .. } => "cpu_offload",
         SlowdownCause::ServerChanged { .. } => "server_changed",
         SlowdownCause::Concurrent { .. } => "concurrent",
+        SlowdownCause::DraftAcceptance { .. } => "draft_acceptance",
         SlowdownCause::Unknown => "unknown",
     }
 }
@@ -84,6 +85,11 @@ fn reason(cause: &SlowdownCause) -> Option<String> {
         SlowdownCause::Concurrent { calls } => {
             Some(format!("{calls} other calls streamed beside it"))
         }
+        SlowdownCause::DraftAcceptance { usual, now } => Some(format!(
+            "the draft model's tokens are accepted {:.0}% of the time, usually {:.0}%",
+            now * 100.0,
+            usual * 100.0
+        )),
         SlowdownCause::Unknown => None,
     }
 }
@@ -176,6 +182,19 @@ mod tests {
         assert_eq!(
             n.line(&busy, t0).as_deref(),
             Some("qwen3:32b on ollama decodes at 20 tok/s, usually 35: 2 other calls streamed beside it")
+        );
+    }
+
+    #[test]
+    fn drafts_accepted_less_than_usual_are_told_with_both_shares() {
+        let mut n = SlowdownNotices::new();
+        let drafts = vec![SlowdownCause::DraftAcceptance {
+            usual: 0.8,
+            now: 0.3,
+        }];
+        assert_eq!(
+            n.line(&slow_call("llama", 20.0, drafts), Instant::now()).as_deref(),
+            Some("qwen3:32b on llama decodes at 20 tok/s, usually 35: the draft model's tokens are accepted 30% of the time, usually 80%")
         );
     }
 }
