@@ -70,17 +70,7 @@ pub enum ServerKind {
 impl ServerKind {
     /// The product name, for people.
     pub fn label(self) -> &'static str {
-        match self {
-            ServerKind::Ollama => "Ollama",
-            ServerKind::LlamaCpp => "llama.cpp",
-            ServerKind::LmStudio => "LM Studio",
-            ServerKind::Vllm => "vLLM",
-            ServerKind::KoboldCpp => "KoboldCpp",
-            ServerKind::Jan => "Jan",
-            ServerKind::LocalAi => "LocalAI",
-            ServerKind::Tgi => "TGI",
-            ServerKind::OpenAiCompatible => "OpenAI-compatible server",
-        }
+        crate::model::product_name(self.slug()).unwrap_or("OpenAI-compatible server")
     }
 
     /// The slug a followed server of this kind is known by: the same as

@@ -655,13 +655,18 @@ fn the_usual_decode_rates_are_rebuilt_from_the_stored_calls_as_they_were_taught_
         c
     };
     // Five ok calls at 40 tok/s on 0.32.13 (37 prompt tokens: the first
-    // depth bucket) make the usual.
+    // depth bucket) make the usual, with 80% of their drafts accepted.
     let mut calls: Vec<Call> = (0..5u64)
         .map(|i| {
-            on(
+            let mut c = on(
                 with_speed(ok(&format!("q{i}"), T0 + i * 10_000), Some(250), Some(40.0)),
                 "0.32.13",
-            )
+            );
+            c.details.draft = Some(speedtap::model::DraftCounts {
+                drafted: 50,
+                accepted: 40,
+            });
+            c
         })
         .collect();
     // A call slowed by a passing cause (judged so live) taught nothing,
@@ -704,6 +709,7 @@ fn the_usual_decode_rates_are_rebuilt_from_the_stored_calls_as_they_were_taught_
         depth: Some(37),
         tps,
         version: Some(version),
+        draft_acceptance: None,
     };
     let slow = usuals
         .judge(&at(12.0, "0.32.13"), &Evidence::default())
@@ -714,6 +720,21 @@ fn the_usual_decode_rates_are_rebuilt_from_the_stored_calls_as_they_were_taught_
     );
     assert_eq!(slow.ratio, 0.3);
     assert_eq!(slow.causes, [SlowdownCause::Unknown]);
+    // So does the usual draft acceptance.
+    let drafting = DecodeCall {
+        draft_acceptance: Some(0.3),
+        ..at(12.0, "0.32.13")
+    };
+    assert_eq!(
+        usuals
+            .judge(&drafting, &Evidence::default())
+            .unwrap()
+            .causes,
+        [SlowdownCause::DraftAcceptance {
+            usual: 0.8,
+            now: 0.3
+        }]
+    );
     // The version the usual was learned on survives too.
     let upgraded = usuals
         .judge(&at(12.0, "0.33.2"), &Evidence::default())

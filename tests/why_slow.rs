@@ -321,16 +321,18 @@ async fn call_at(
     tps: f64,
     n: usize,
 ) -> Call {
-    let tps = tps.to_string();
+    call_with(engine, addr, &[("x-sim-tps", &tps.to_string())], n).await
+}
+
+/// A chat call with the simulator's `headers`, the `n`th to settle.
+async fn call_with(
+    engine: &speedtap::host::RunningEngine,
+    addr: std::net::SocketAddr,
+    headers: &[(&str, &str)],
+    n: usize,
+) -> Call {
     let body = bytes::Bytes::from(chat("hi"));
-    let got = send_with(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        body,
-        &[("x-sim-tps", &tps)],
-    )
-    .await;
+    let got = send_with(addr, "POST", "/v1/chat/completions", body, headers).await;
     assert_eq!(got.status, 200);
     settled(engine, n).await
 }
@@ -481,6 +483,57 @@ async fn two_calls_streaming_at_once_below_the_usual_each_name_the_other() {
             "{call:?}"
         );
     }
+    engine.shutdown(Duration::from_secs(1)).await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drafts_usually_accepted_80_percent_of_the_time_then_30_with_a_slower_decode_name_both_shares(
+) {
+    // A llama-server with a draft model: its timings carry draft_n and
+    // draft_n_accepted (40 tokens, each drafted once).
+    let sim = SimServer::start(
+        "127.0.0.1:0",
+        SimConfig {
+            ttft: Duration::from_millis(300),
+            tokens: 40,
+            tokens_per_second: 40.0,
+            server_timings: true,
+            draft_acceptance: Some(0.8),
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = engine_with(&sim.base_url(), |o| o.telemetry = true).await;
+    let addr = engine.routes[0].listen;
+    for n in 1..=5 {
+        let call = call_at(&engine, addr, 40.0, n).await;
+        assert_eq!(call.details.slowdown, None, "call {n}: {call:?}");
+    }
+    let headers = [("x-sim-tps", "20"), ("x-sim-draft-acceptance", "0.3")];
+    let slow_call = call_with(&engine, addr, &headers, 6).await;
+    let draft = slow_call.details.draft.as_ref().expect("draft counts");
+    assert_eq!((draft.drafted, draft.accepted), (40, 12));
+    let slow = slow_call
+        .details
+        .slowdown
+        .clone()
+        .unwrap_or_else(|| panic!("no slowdown: {slow_call:#?}"));
+    assert!((0.45..=0.55).contains(&slow.ratio), "ratio {}", slow.ratio);
+    assert_eq!(
+        slow.causes,
+        [SlowdownCause::DraftAcceptance {
+            usual: 0.8,
+            now: 0.3
+        }],
+        "{slow:?}"
+    );
+    let json = serde_json::to_value(&slow_call).unwrap();
+    assert_eq!(json["slowdown"]["causes"][0]["kind"], "draft_acceptance");
+    // Back at the usual acceptance and pace: no slowdown.
+    let back = call_at(&engine, addr, 40.0, 7).await;
+    assert_eq!(back.details.slowdown, None, "{back:?}");
     engine.shutdown(Duration::from_secs(1)).await;
     sim.shutdown().await;
 }

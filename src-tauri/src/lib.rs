@@ -521,6 +521,7 @@ async fn follow_events<R: Runtime>(
                     cut.call.model.as_deref(),
                     cut.message(),
                 ),
+                EngineEvent::Servers(doc) => notifications.on_servers(doc),
                 EngineEvent::Speed {
                     call,
                     speed,

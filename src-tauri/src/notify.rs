@@ -204,6 +204,15 @@ impl Notifications {
         }
     }
 
+    /// The followed servers changed: a version change names the product
+    /// of the route's server where one is known.
+    pub fn on_servers(&self, doc: &speedtap::model::ServersDoc) {
+        self.slowdowns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .know_servers(doc);
+    }
+
     /// A call settled at `now`: its slowdown with a named cause, told in
     /// the headless engine's words, at most once per route, model and
     /// cause per hour. A slowdown silenced by the pause or the settings is

@@ -86,6 +86,7 @@ async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json
                             eprintln!("{line}");
                         }
                     }
+                    EngineEvent::Servers(doc) => slowdowns.know_servers(doc),
                     _ => {}
                 }
                 if batch.len() < 64 * 1024 {
@@ -108,10 +109,14 @@ async fn print_events(mut events: tokio::sync::mpsc::Receiver<EngineEvent>, json
         tokio::select! {
             event = events.recv() => {
                 let Some(event) = event else { break };
-                if let EngineEvent::Settled(call) = &event {
-                    if let Some(line) = slowdowns.line(call, Instant::now()) {
-                        view.warn(&line);
+                match &event {
+                    EngineEvent::Settled(call) => {
+                        if let Some(line) = slowdowns.line(call, Instant::now()) {
+                            view.warn(&line);
+                        }
                     }
+                    EngineEvent::Servers(doc) => slowdowns.know_servers(doc),
+                    _ => {}
                 }
                 // The view prints slow-first-token warnings above its live
                 // block itself.

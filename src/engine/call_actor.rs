@@ -34,7 +34,7 @@ use crate::meter::liveness::{shows_life, Liveness};
 use crate::meter::normals::{Normals, Observation, Waited};
 use crate::meter::pipeline::{CallMetering, CallReport, Outcome, ResponseHead, StreamEnd};
 use crate::meter::prompt_progress;
-use crate::meter::slowdown::{DecodeCall, Evidence};
+use crate::meter::slowdown::{draft_acceptance, DecodeCall, Evidence};
 use crate::meter::waited::QueueTally;
 use crate::model::ApiKind;
 use crate::model::SlowFirstToken;
@@ -802,6 +802,11 @@ impl CallActor {
             depth: ending.server_prompt,
             tps,
             version: self.facts.server_version.as_deref(),
+            draft_acceptance: ending
+                .timings
+                .draft_tokens
+                .zip(ending.timings.draft_accepted)
+                .and_then(|(drafted, accepted)| draft_acceptance(drafted, accepted)),
         };
         let cpu_share = match (self.facts.model_bytes, self.facts.vram_bytes) {
             (Some(size), Some(vram)) if size > 0 => Some(1.0 - vram.min(size) as f64 / size as f64),

@@ -11,8 +11,12 @@
 //!   another version learn a candidate beside it; the old usual stays the
 //!   reference until [`MIN_CALLS`] calls on the new version establish the
 //!   candidate, which then replaces it.
+//! - Where the server reports speculative decoding, each usual also learns
+//!   the share of drafted tokens accepted, from the same calls and on the
+//!   same [`MIN_CALLS`] rule; a call accepting [`MIN_ACCEPTANCE_DROP`] or
+//!   more below it names `draft_acceptance`.
 //! - A call slowed by a named passing cause (the model partly on the CPU,
-//!   other calls streaming beside it) is not learned, as queued and cold
+//!   other calls streaming beside it, drafts accepted less) is not learned, as queued and cold
 //!   calls never teach the usual time to first token: one bad hour can't
 //!   make slow the usual.
 //!
@@ -40,6 +44,11 @@ const DEPTH_EDGES: [u64; 3] = [2_048, 8_192, 32_768];
 /// A CPU share below this is rounding, not an offload.
 const MIN_CPU_SHARE: f64 = 0.01;
 
+/// A draft acceptance this far (a share, 0..=1) or more below the usual
+/// one names `draft_acceptance`: ten points, well past the call-to-call
+/// spread of one workload.
+pub const MIN_ACCEPTANCE_DROP: f64 = 0.1;
+
 /// The bucket of a context depth (prompt and cached tokens); `None` for
 /// an unknown depth.
 pub fn depth_bucket(depth: Option<u64>) -> Option<u8> {
@@ -57,6 +66,15 @@ pub struct DecodeCall<'a> {
     pub tps: f64,
     /// The server's version, when known.
     pub version: Option<&'a str>,
+    /// The share of drafted tokens accepted, 0..=1, when the server
+    /// reports speculative decoding with tokens drafted.
+    pub draft_acceptance: Option<f64>,
+}
+
+/// The accepted share of `drafted` tokens, `None` when none were drafted
+/// (llama.cpp `draft_n_accepted / draft_n`).
+pub fn draft_acceptance(drafted: u64, accepted: u64) -> Option<f64> {
+    (drafted > 0).then(|| accepted.min(drafted) as f64 / drafted as f64)
 }
 
 /// What the server and the engine said while the call ran.
@@ -70,13 +88,33 @@ pub struct Evidence {
     pub concurrent_calls: u32,
 }
 
-/// A decayed mean of rates, with the version it was learned on.
+/// A decayed mean of values, usual once it holds [`MIN_CALLS`] of them.
 #[derive(Clone, Debug, Default, PartialEq)]
-struct Learned {
-    version: Option<String>,
+struct Mean {
     calls: u64,
     weight: f64,
     sum: f64,
+}
+
+impl Mean {
+    fn add(&mut self, x: f64) {
+        self.calls += 1;
+        self.weight = self.weight * DECAY + 1.0;
+        self.sum = self.sum * DECAY + x;
+    }
+
+    fn usual(&self) -> Option<f64> {
+        (self.calls >= MIN_CALLS && self.weight > 0.0).then(|| self.sum / self.weight)
+    }
+}
+
+/// The usual rate and draft acceptance, with the version they were
+/// learned on.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Learned {
+    version: Option<String>,
+    rate: Mean,
+    acceptance: Mean,
 }
 
 impl Learned {
@@ -87,14 +125,11 @@ impl Learned {
         }
     }
 
-    fn add(&mut self, tps: f64) {
-        self.calls += 1;
-        self.weight = self.weight * DECAY + 1.0;
-        self.sum = self.sum * DECAY + tps;
-    }
-
-    fn usual(&self) -> Option<f64> {
-        (self.calls >= MIN_CALLS && self.weight > 0.0).then(|| self.sum / self.weight)
+    fn add(&mut self, call: &DecodeCall<'_>) {
+        self.rate.add(call.tps);
+        if let Some(a) = call.draft_acceptance.filter(|a| (0.0..=1.0).contains(a)) {
+            self.acceptance.add(a);
+        }
     }
 
     /// Calls on `version` teach this usual: the same version, or either
@@ -138,7 +173,17 @@ impl DecodeUsuals {
     /// learned on; `None` before [`MIN_CALLS`] calls.
     pub fn usual(&self, call: &DecodeCall<'_>) -> Option<(f64, Option<&str>)> {
         let reference = &self.usuals.get(&Self::key(call))?.reference;
-        Some((reference.usual()?, reference.version.as_deref()))
+        Some((reference.rate.usual()?, reference.version.as_deref()))
+    }
+
+    /// The usual draft acceptance `call` is judged against; `None` before
+    /// [`MIN_CALLS`] calls that reported drafts.
+    pub fn usual_acceptance(&self, call: &DecodeCall<'_>) -> Option<f64> {
+        self.usuals
+            .get(&Self::key(call))?
+            .reference
+            .acceptance
+            .usual()
     }
 
     /// The call's slowdown, when it is below [`SLOW_RATIO`] x its usual,
@@ -167,6 +212,7 @@ impl DecodeUsuals {
                 calls: evidence.concurrent_calls,
             });
         }
+        causes.extend(self.draft_cause(call));
         if causes.is_empty() {
             causes.push(SlowdownCause::Unknown);
         }
@@ -174,6 +220,17 @@ impl DecodeUsuals {
             usual_tps: round(usual, 10.0),
             ratio: round(call.tps / usual, 100.0),
             causes,
+        })
+    }
+
+    /// `draft_acceptance` when the call accepted [`MIN_ACCEPTANCE_DROP`] or
+    /// more below its usual acceptance.
+    fn draft_cause(&self, call: &DecodeCall<'_>) -> Option<SlowdownCause> {
+        let now = call.draft_acceptance?;
+        let usual = self.usual_acceptance(call)?;
+        (now <= usual - MIN_ACCEPTANCE_DROP).then(|| SlowdownCause::DraftAcceptance {
+            usual: round(usual, 100.0),
+            now: round(now, 100.0),
         })
     }
 
@@ -187,7 +244,9 @@ impl DecodeUsuals {
             s.causes.iter().any(|c| {
                 matches!(
                     c,
-                    SlowdownCause::CpuOffload { .. } | SlowdownCause::Concurrent { .. }
+                    SlowdownCause::CpuOffload { .. }
+                        | SlowdownCause::Concurrent { .. }
+                        | SlowdownCause::DraftAcceptance { .. }
                 )
             })
         });
@@ -195,14 +254,14 @@ impl DecodeUsuals {
             return;
         }
         let usual = self.usuals.entry(Self::key(call)).or_default();
-        if usual.reference.calls == 0 {
+        if usual.reference.rate.calls == 0 {
             usual.reference = Learned::on(call.version);
         }
         if usual.reference.accepts(call.version) {
             if usual.reference.version.is_none() {
                 usual.reference.version = call.version.map(str::to_owned);
             }
-            usual.reference.add(call.tps);
+            usual.reference.add(call);
             return;
         }
         let candidate = usual
@@ -211,8 +270,8 @@ impl DecodeUsuals {
         if !candidate.accepts(call.version) {
             *candidate = Learned::on(call.version);
         }
-        candidate.add(call.tps);
-        if candidate.calls >= MIN_CALLS {
+        candidate.add(call);
+        if candidate.rate.calls >= MIN_CALLS {
             usual.reference = usual.candidate.take().unwrap_or_default();
         }
     }
@@ -233,6 +292,7 @@ mod tests {
             depth: Some(depth),
             tps,
             version: Some(version),
+            draft_acceptance: None,
         }
     }
 
@@ -355,6 +415,66 @@ mod tests {
             .unwrap();
         assert_eq!(slow.causes, [SlowdownCause::Unknown]);
         assert_eq!(slow.ratio, 0.5);
+    }
+
+    fn drafting(tps: f64, acceptance: f64, version: &str) -> DecodeCall<'_> {
+        DecodeCall {
+            draft_acceptance: Some(acceptance),
+            ..call(tps, 500, version)
+        }
+    }
+
+    #[test]
+    fn drafts_accepted_less_than_usual_name_both_shares_and_teach_nothing() {
+        let mut u = DecodeUsuals::new();
+        for _ in 0..5 {
+            assert_eq!(
+                settle(&mut u, &drafting(60.0, 0.8, "b5902"), &Evidence::default()),
+                None
+            );
+        }
+        let slow =
+            settle(&mut u, &drafting(30.0, 0.3, "b5902"), &Evidence::default()).expect("slowdown");
+        assert_eq!(slow.ratio, 0.5);
+        assert_eq!(
+            slow.causes,
+            [SlowdownCause::DraftAcceptance {
+                usual: 0.8,
+                now: 0.3
+            }]
+        );
+        // The call with few drafts accepted taught neither usual.
+        let probe = drafting(0.0, 0.0, "b5902");
+        assert!((u.usual_acceptance(&probe).unwrap() - 0.8).abs() < 1e-9);
+        assert!((u.usual(&probe).unwrap().0 - 60.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_small_dip_in_acceptance_or_too_few_drafting_calls_name_no_draft_cause() {
+        let mut u = DecodeUsuals::new();
+        // Five calls with a rate, only four with drafts: no usual acceptance.
+        steady(&mut u, 60.0, 1, "b5902");
+        for _ in 0..4 {
+            settle(&mut u, &drafting(60.0, 0.8, "b5902"), &Evidence::default());
+        }
+        assert_eq!(u.usual_acceptance(&drafting(0.0, 0.0, "b5902")), None);
+        let slow = u
+            .judge(&drafting(30.0, 0.3, "b5902"), &Evidence::default())
+            .unwrap();
+        assert_eq!(slow.causes, [SlowdownCause::Unknown]);
+        settle(&mut u, &drafting(60.0, 0.8, "b5902"), &Evidence::default());
+        // Less than ten points below the usual 0.8 is no cause.
+        let slow = u
+            .judge(&drafting(30.0, 0.75, "b5902"), &Evidence::default())
+            .unwrap();
+        assert_eq!(slow.causes, [SlowdownCause::Unknown]);
+        // A call that drafted nothing says nothing about acceptance.
+        let slow = u
+            .judge(&call(30.0, 500, "b5902"), &Evidence::default())
+            .unwrap();
+        assert_eq!(slow.causes, [SlowdownCause::Unknown]);
+        assert_eq!(draft_acceptance(0, 0), None);
+        assert_eq!(draft_acceptance(120, 96), Some(0.8));
     }
 
     /// A day of steady traffic: one call a minute for 24 h on each of four

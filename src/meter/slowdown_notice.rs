@@ -3,7 +3,9 @@
 //! 35: 29% of the model runs on the CPU"), at most once per route, model
 //! and cause kind per [`TELL_AGAIN_AFTER`] (`docs/metering.md`, "The
 //! slowdown explained"). A slowdown with no named cause (`unknown`) is
-//! not told: a line must say why.
+//! not told: a line must say why. A version change names the server's
+//! product where the `servers` event said what a route reaches ("since
+//! Ollama 0.32.13 → 0.33.2"), else "the server".
 //!
 //! Pure and clock-injected: the caller passes `now`.
 
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::model::{Call, SlowdownCause};
+use crate::model::{product_name, Call, ServersDoc, SlowdownCause};
 
 /// A route, model and cause kind told once is not told again sooner.
 pub const TELL_AGAIN_AFTER: Duration = Duration::from_secs(3_600);
@@ -21,11 +23,23 @@ pub const TELL_AGAIN_AFTER: Duration = Duration::from_secs(3_600);
 #[derive(Debug, Default)]
 pub struct SlowdownNotices {
     told: HashMap<(String, String, &'static str), Instant>,
+    /// Each route's server product, where a followed server said it.
+    products: HashMap<String, &'static str>,
 }
 
 impl SlowdownNotices {
     pub fn new() -> SlowdownNotices {
         SlowdownNotices::default()
+    }
+
+    /// What each route reaches, from the engine's `servers` event (the
+    /// whole list each time).
+    pub fn know_servers(&mut self, doc: &ServersDoc) {
+        self.products = doc
+            .servers
+            .iter()
+            .filter_map(|s| Some((s.route.clone(), product_name(&s.kind)?)))
+            .collect();
     }
 
     /// The line to tell for a settled `call` at `now`, naming the causes
@@ -38,7 +52,8 @@ impl SlowdownNotices {
         let route = &call.identity.route;
         let mut reasons = Vec::new();
         for cause in &slowdown.causes {
-            let Some(reason) = reason(cause) else {
+            let product = self.products.get(route).copied();
+            let Some(reason) = reason(cause, product) else {
                 continue;
             };
             let key = (route.clone(), model.to_owned(), kind(cause));
@@ -66,24 +81,32 @@ fn kind(cause: &SlowdownCause) -> &'static str {
         SlowdownCause::CpuOffload { .. } => "cpu_offload",
         SlowdownCause::ServerChanged { .. } => "server_changed",
         SlowdownCause::Concurrent { .. } => "concurrent",
+        SlowdownCause::DraftAcceptance { .. } => "draft_acceptance",
         SlowdownCause::Unknown => "unknown",
     }
 }
 
-/// The cause in words; `None` for `unknown`.
-fn reason(cause: &SlowdownCause) -> Option<String> {
+/// The cause in words, naming the server's `product` where known; `None`
+/// for `unknown`.
+fn reason(cause: &SlowdownCause, product: Option<&str>) -> Option<String> {
     match cause {
         SlowdownCause::CpuOffload { cpu_share } => Some(format!(
             "{:.0}% of the model runs on the CPU",
             cpu_share * 100.0
         )),
-        SlowdownCause::ServerChanged { from, to } => {
-            Some(format!("since the server went from {from} to {to}"))
-        }
+        SlowdownCause::ServerChanged { from, to } => Some(match product {
+            Some(product) => format!("since {product} {from} \u{2192} {to}"),
+            None => format!("since the server went from {from} to {to}"),
+        }),
         SlowdownCause::Concurrent { calls: 1 } => Some("1 other call streamed beside it".into()),
         SlowdownCause::Concurrent { calls } => {
             Some(format!("{calls} other calls streamed beside it"))
         }
+        SlowdownCause::DraftAcceptance { usual, now } => Some(format!(
+            "the draft model's tokens are accepted {:.0}% of the time, usually {:.0}%",
+            now * 100.0,
+            usual * 100.0
+        )),
         SlowdownCause::Unknown => None,
     }
 }
@@ -177,5 +200,55 @@ mod tests {
             n.line(&busy, t0).as_deref(),
             Some("qwen3:32b on ollama decodes at 20 tok/s, usually 35: 2 other calls streamed beside it")
         );
+    }
+
+    #[test]
+    fn drafts_accepted_less_than_usual_are_told_with_both_shares() {
+        let mut n = SlowdownNotices::new();
+        let drafts = vec![SlowdownCause::DraftAcceptance {
+            usual: 0.8,
+            now: 0.3,
+        }];
+        assert_eq!(
+            n.line(&slow_call("llama", 20.0, drafts), Instant::now()).as_deref(),
+            Some("qwen3:32b on llama decodes at 20 tok/s, usually 35: the draft model's tokens are accepted 30% of the time, usually 80%")
+        );
+    }
+
+    fn upgraded() -> Vec<SlowdownCause> {
+        vec![SlowdownCause::ServerChanged {
+            from: "0.32.13".into(),
+            to: "0.33.2".into(),
+        }]
+    }
+
+    fn followed(route: &str, kind: &str) -> crate::model::FollowedServer {
+        serde_json::from_value(serde_json::json!({
+            "name": route, "kind": kind, "upstream": "http://127.0.0.1:11434",
+            "state": "measured", "route": route, "found_at": 0, "last_seen": 0
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_version_change_names_the_servers_product_where_the_servers_event_said_it() {
+        let mut n = SlowdownNotices::new();
+        n.know_servers(&ServersDoc {
+            watching: true,
+            servers: vec![followed("ollama", "ollama"), followed("lan", "openai")],
+            ..ServersDoc::default()
+        });
+        let t0 = Instant::now();
+        assert_eq!(
+            n.line(&slow_call("ollama", 12.0, upgraded()), t0).as_deref(),
+            Some("qwen3:32b on ollama decodes at 12 tok/s, usually 35: since Ollama 0.32.13 \u{2192} 0.33.2")
+        );
+        // A server of no one product, and a route no server was found on.
+        for route in ["lan", "configured"] {
+            assert_eq!(
+                n.line(&slow_call(route, 12.0, upgraded()), t0).as_deref(),
+                Some(format!("qwen3:32b on {route} decodes at 12 tok/s, usually 35: since the server went from 0.32.13 to 0.33.2").as_str())
+            );
+        }
     }
 }

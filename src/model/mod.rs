@@ -38,7 +38,7 @@ pub use history::{
 };
 pub use queries::{CallsQuery, EngineQueries, QueryError};
 pub use route::{RouteSpec, Upstream};
-pub use servers::{FollowedServer, FollowedState, LoadedModelDoc, ServersDoc};
+pub use servers::{product_name, FollowedServer, FollowedState, LoadedModelDoc, ServersDoc};
 pub use slowdown::{Slowdown, SlowdownCause};
 pub use snapshot::{Phase, Snapshot, TokenSource};
 pub use stats::Stats;

@@ -4,6 +4,32 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The product a server `kind` slug names, for people (`ollama` →
+/// `Ollama`, `llama-server` → `llama.cpp`); `None` for a slug that names
+/// no one product (`openai`: any OpenAI-compatible server) or an unknown
+/// one.
+pub fn product_name(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "ollama" => "Ollama",
+        "llama-server" => "llama.cpp",
+        "lm-studio" => "LM Studio",
+        "vllm" => "vLLM",
+        "sglang" => "SGLang",
+        "koboldcpp" => "KoboldCpp",
+        "jan" => "Jan",
+        "llamafile" => "llamafile",
+        "local-ai" => "LocalAI",
+        "tabbyapi" => "TabbyAPI",
+        "text-generation-webui" => "text-generation-webui",
+        "aphrodite" => "Aphrodite",
+        "llama-swap" => "llama-swap",
+        "litellm" => "LiteLLM",
+        "mlx-lm" => "mlx-lm",
+        "tgi" => "TGI",
+        _ => return None,
+    })
+}
+
 /// How a followed server is measured now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -42,6 +42,15 @@ pub enum SlowdownCause {
         /// How many other calls, at most at once.
         calls: u32,
     },
+    /// Speculative decoding accepted less of the draft model's tokens
+    /// than usual (llama.cpp `draft_n_accepted / draft_n`).
+    DraftAcceptance {
+        /// The usual accepted share, learned with the usual rate, 0..=1
+        /// (two decimals).
+        usual: f64,
+        /// This call's accepted share, 0..=1 (two decimals).
+        now: f64,
+    },
     /// No evidence names a cause.
     Unknown,
 }

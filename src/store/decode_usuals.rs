@@ -6,13 +6,14 @@
 //! Nothing new is stored: every input the usual learns from is a column
 //! of `calls` already (the rate, the model, the server's prompt count for
 //! the depth bucket, the server's version, and the call's own judged
-//! `slowdown`, which says whether a passing cause kept it from teaching).
+//! `slowdown`, which says whether a passing cause kept it from teaching,
+//! and its draft counts for the usual draft acceptance).
 //! The newest [`REPLAYED_PER_MODEL`] such calls of each (route, model) are
 //! replayed, oldest first, exactly as the call actors taught them live.
 
 use rusqlite::Connection;
 
-use crate::meter::slowdown::{DecodeCall, DecodeUsuals};
+use crate::meter::slowdown::{draft_acceptance, DecodeCall, DecodeUsuals};
 use crate::model::Slowdown;
 
 /// Calls replayed per (route, model): enough for every depth bucket's
@@ -27,7 +28,7 @@ pub const REPLAYED_PER_MODEL: u32 = 80;
 pub(crate) fn load(conn: &Connection) -> rusqlite::Result<DecodeUsuals> {
     let mut stmt = conn.prepare_cached(
         "SELECT route, model, output_tokens_per_second, prefill_tokens, cached_tokens,
-                input_tokens, server_version, slowdown
+                input_tokens, server_version, slowdown, draft_n, draft_accepted
          FROM (
              SELECT *, row_number() OVER (
                  PARTITION BY route, model ORDER BY started_at_ms DESC, pk DESC
@@ -63,6 +64,10 @@ pub(crate) fn load(conn: &Connection) -> rusqlite::Result<DecodeUsuals> {
             depth,
             tps: row.get(2)?,
             version: version.as_deref(),
+            draft_acceptance: match (row.get::<_, Option<u64>>(8)?, row.get::<_, Option<u64>>(9)?) {
+                (Some(drafted), Some(accepted)) => draft_acceptance(drafted, accepted),
+                _ => None,
+            },
         };
         usuals.learn(&call, judged.as_ref());
     }

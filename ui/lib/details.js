@@ -8,10 +8,12 @@
 import {
   apiLabel,
   formatBytes,
+  formatCompactCount,
   formatCount,
   formatPercent,
   formatMs,
   formatRate,
+  formatSpan,
   formatTimestamp,
   isShowable,
   modelLabel,
@@ -140,6 +142,37 @@ export function rateExplanation(call) {
   return `No rate: an honest decode rate needs at least ${MIN_FINAL_RATE_TOKENS} output tokens spread over at least 0.5 s (or the server's own timings).`;
 }
 
+/**
+ * What a settled call spent thinking against answering: "thought 41 s /
+ * 1.8k tokens · answered in 3 s" ("~1.8k" when the count is speedtap's
+ * estimate), or null when it did not reason or is still in flight. Absent
+ * parts are left out.
+ *
+ * "answered in" runs from the first answer output to the end: the thinking
+ * begins at the first output (TTFT) and lasts `reasoning_ms`, so the
+ * answer began at TTFT + `reasoning_ms`. It is shown only when an answer
+ * came, i.e. the call output more tokens than it reasoned (a call that
+ * never answered has its thinking run to its last output).
+ */
+export function reasoningSplit(call) {
+  const speed = call?.speed;
+  if (!speed || (call.status ?? "in_flight") === "in_flight") return null;
+  const ms = call.reasoning_ms;
+  const tokens = call.reasoning_tokens;
+  if (!isShowable(ms) && !isShowable(tokens)) return null;
+  const thought = [];
+  if (isShowable(ms)) thought.push(formatSpan(ms));
+  if (isShowable(tokens)) {
+    thought.push(`${call.reasoning_tokens_estimated === true ? "~" : ""}${formatCompactCount(tokens)} ${tokens === 1 ? "token" : "tokens"}`);
+  }
+  const text = `thought ${thought.join(" / ")}`;
+  const answered =
+    isShowable(ms) && isShowable(tokens) && isShowable(speed.output_tokens) && speed.output_tokens > tokens
+      ? speed.elapsed_ms - (speed.time_to_first_token_ms ?? NaN) - ms
+      : NaN;
+  return isShowable(answered) ? `${text} · answered in ${formatSpan(answered)}` : text;
+}
+
 /** The flags, as the sentences the panel shows; only those set. */
 export function callFlags(call) {
   const flags = [];
@@ -194,6 +227,11 @@ export function callDetails(call, { timeZone } = {}) {
       },
       { label: "Token source", value: source ? source.text : null, title: source?.title },
       { label: "Input tokens", value: showable(call.input_tokens, formatCount) },
+      {
+        label: "Reasoning",
+        value: reasoningSplit(call),
+        title: "From the first reasoning output to the first answer output, then from it to the end (docs/metering.md, Reasoning cost)",
+      },
     ]),
     source: source ? { ...source } : null,
     rateNote: rateExplanation(call),

@@ -28,6 +28,24 @@ export function formatMs(ms) {
   return `${Math.round(seconds)} s`;
 }
 
+/**
+ * A duration as a short phrase reads it: "640 ms" below one second, "2.5 s"
+ * (a trailing ".0" dropped: "3 s") below 10 s, whole seconds after ("41 s").
+ */
+export function formatSpan(ms) {
+  if (!isShowable(ms)) return DASH;
+  if (Math.round(ms) < 1000) return `${Math.round(ms)} ms`;
+  const seconds = ms / 1000;
+  if (seconds < 9.95) return `${Number(seconds.toFixed(1))} s`;
+  return `${Math.round(seconds)} s`;
+}
+
+/** A token count, compact: "640", then thousands with one decimal ("1.8k", "2k"). */
+export function formatCompactCount(count) {
+  if (!isShowable(count)) return DASH;
+  return count >= 1000 ? `${Number((count / 1000).toFixed(1))}k` : formatCount(Math.round(count));
+}
+
 /** A rate in tokens per second with one decimal, as the engine publishes it. */
 export function formatRate(rate) {
   if (!isShowable(rate)) return DASH;

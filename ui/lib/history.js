@@ -8,7 +8,7 @@
 // `client: ""`) is a real value: the calls that named none, the `""` row of
 // `/api/v1/models`. "Any" is the key left out.
 
-import { DASH, NO_MODEL, formatCount, formatMs, formatRate, formatTime, isShowable, modelLabel, parseTime } from "./format.js";
+import { DASH, NO_MODEL, formatCompactCount, formatCount, formatMs, formatRate, formatTime, isShowable, modelLabel, parseTime } from "./format.js";
 
 /** The time ranges offered, shortest first. `ms: null` = everything kept. */
 export const RANGES = Object.freeze([
@@ -226,8 +226,7 @@ export function comparisonRows(models, { now, timeZone } = {}) {
 export function reasoningText(m) {
   const n = m?.reasoning_tokens_p50;
   if (!isShowable(n)) return DASH;
-  const text = n >= 1000 ? `${Number((n / 1000).toFixed(1))}k` : formatCount(Math.round(n));
-  return `${m.reasoning_tokens_estimated ? "~" : ""}${text}`;
+  return `${m.reasoning_tokens_estimated ? "~" : ""}${formatCompactCount(n)}`;
 }
 
 // ---- rate over time ----------------------------------------------------------

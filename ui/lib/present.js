@@ -255,6 +255,10 @@ export function slowdownCause(cause) {
         : "since the server's version changed";
     case "concurrent":
       return isShowable(cause.calls) ? `${formatCount(cause.calls)} other ${cause.calls === 1 ? "call" : "calls"} streamed beside it` : "other calls streamed beside it";
+    case "draft_acceptance":
+      return isShowable(cause.now) && isShowable(cause.usual)
+        ? `the draft model's tokens are accepted ${formatPercent(cause.now)} of the time, usually ${formatPercent(cause.usual)}`
+        : "the draft model's tokens are accepted less than usual";
     case "unknown":
       return "no cause seen";
     default:

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { breakdownSegments, callDetails, callFlags, rateExplanation } from "../lib/details.js";
+import { breakdownSegments, callDetails, callFlags, rateExplanation, reasoningSplit } from "../lib/details.js";
 
 const ollama = {
   id: "c-000042",
@@ -179,4 +179,38 @@ test("the details of a slow call say how slow, against what, and why; and its se
   const fine = callDetails(ollama);
   assert.equal(fine.slowdown, null);
   assert.equal(fine.identity.find((r) => r.label === "Server version"), undefined, "absent, not a dash");
+});
+
+const reasoned = {
+  ...ollama,
+  speed: { ...ollama.speed, elapsed_ms: 45_000, time_to_first_token_ms: 1_000, output_tokens: 2_000 },
+  reasoning_ms: 41_000,
+  reasoning_tokens: 1_800,
+};
+
+test("reasoning: a call that thought then answered says how long each took and the thinking's tokens", () => {
+  assert.equal(reasoningSplit(reasoned), "thought 41 s / 1.8k tokens · answered in 3 s");
+  const row = callDetails(reasoned).output.find((r) => r.label === "Reasoning");
+  assert.equal(row.value, "thought 41 s / 1.8k tokens · answered in 3 s");
+});
+
+test("reasoning: speedtap's estimated count is marked with ~", () => {
+  assert.equal(
+    reasoningSplit({ ...reasoned, reasoning_tokens_estimated: true }),
+    "thought 41 s / ~1.8k tokens · answered in 3 s",
+  );
+});
+
+test("reasoning: a call that never answered thought to its end and shows no answer time", () => {
+  const thoughtOnly = { ...reasoned, speed: { ...reasoned.speed, output_tokens: 1_800 }, reasoning_ms: 43_900 };
+  assert.equal(reasoningSplit(thoughtOnly), "thought 44 s / 1.8k tokens");
+});
+
+test("reasoning: absent parts are left out, and a call that did not reason has no row", () => {
+  assert.equal(reasoningSplit({ ...reasoned, reasoning_tokens: undefined }), "thought 41 s");
+  assert.equal(reasoningSplit({ ...reasoned, reasoning_ms: undefined }), "thought 1.8k tokens");
+  assert.equal(reasoningSplit({ ...reasoned, reasoning_ms: 2_500, reasoning_tokens: 90 }), "thought 2.5 s / 90 tokens · answered in 42 s");
+  assert.equal(reasoningSplit(ollama), null);
+  assert.equal(callDetails(ollama).output.find((r) => r.label === "Reasoning"), undefined);
+  assert.equal(reasoningSplit({ ...reasoned, status: "in_flight" }), null, "a call still in flight has not settled its split");
 });

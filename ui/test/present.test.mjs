@@ -161,7 +161,12 @@ test("a slowdown's causes read as the engine's notification says them", () => {
   assert.equal(slowdownCause({ kind: "concurrent", calls: 1 }), "1 other call streamed beside it");
   assert.equal(slowdownCause({ kind: "concurrent", calls: 2 }), "2 other calls streamed beside it");
   assert.equal(slowdownCause({ kind: "unknown" }), "no cause seen");
-  assert.equal(slowdownCause({ kind: "draft_acceptance" }), "draft acceptance");
+  assert.equal(
+    slowdownCause({ kind: "draft_acceptance", usual: 0.8, now: 0.3 }),
+    "the draft model's tokens are accepted 30% of the time, usually 80%",
+  );
+  assert.equal(slowdownCause({ kind: "draft_acceptance" }), "the draft model's tokens are accepted less than usual");
+  assert.equal(slowdownCause({ kind: "new_kind" }), "new kind", "a kind this UI does not know is shown by its name");
   assert.equal(slowdownCause(null), null);
 });
 
