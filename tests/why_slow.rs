@@ -467,10 +467,23 @@ async fn two_calls_streaming_at_once_below_the_usual_each_name_the_other() {
     for n in 1..=5 {
         call_at(&engine, addr, 40.0, n).await;
     }
-    let (a, b) = tokio::join!(
-        call_at(&engine, addr, 15.0, 6),
-        call_at(&engine, addr, 15.0, 7)
-    );
+    // The second call goes out once the first streams, so the two stream
+    // together however loaded the machine (sent at once, a late second
+    // start could miss the first's 2.7 s of decode).
+    let mut rx = engine.handle.subscribe().await;
+    let slow: &'static [(&str, &str)] = &[("x-sim-tps", "15")];
+    let body = bytes::Bytes::from(chat("hi"));
+    let path = "/v1/chat/completions";
+    let first = tokio::spawn(send_with(addr, "POST", path, body.clone(), slow));
+    events_until(
+        &mut rx,
+        |e| matches!(e, EngineEvent::Speed { speed, .. } if speed.phase == Phase::Responding),
+    )
+    .await;
+    let second = tokio::spawn(send_with(addr, "POST", path, body, slow));
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+    let (a, b) = (settled(&engine, 6).await, settled(&engine, 7).await);
     for call in [a, b] {
         let slow = call
             .details
