@@ -182,16 +182,18 @@ export function mountHistory(source, { onSelect }, doc = document) {
           "tr",
           { "data-model": r.modelRaw, "data-route": r.route },
           td("model", r.model, `model${r.modelRaw === "" ? " none" : ""}`, { title: r.model }),
-          td("route", r.route),
+          // The key numbers first (TTFT and decode medians), so they fit
+          // at 800 px; the tails, the kept-apart waits and the rest after.
           td("calls", r.calls, "num", { title: r.callsTitle }),
           td("ttft_p50", r.ttftP50, `num${r.best.ttft ? " best" : ""}`, { title: r.best.ttft ? `Lowest median TTFT. ${r.ttftTitle}` : r.ttftTitle }),
+          td("tps_p50", r.tpsP50, `num strong${r.best.tps ? " best" : ""}`, { title: r.best.tps ? "Fastest median decode rate" : undefined }),
           td("ttft_p90", r.ttftP90, "num", { title: r.ttftTitle }),
+          td("tps_p10", r.tpsP10, "num"),
           td("cold", r.cold, "num"),
           td("queued", r.queued, "num"),
-          td("tps_p50", r.tpsP50, `num strong${r.best.tps ? " best" : ""}`, { title: r.best.tps ? "Fastest median decode rate" : undefined }),
-          td("tps_p10", r.tpsP10, "num"),
           td("prefill_p50", r.prefillP50, "num", { title: r.prefillTitle }),
           td("reasoning_p50", r.reasoningP50, "num", { title: r.reasoningTitle }),
+          td("route", r.route),
           td("last_seen", r.lastSeen, "muted", { title: r.lastSeenRaw }),
         );
       }),
