@@ -14,7 +14,7 @@
 //! decide what the kernel says.
 
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use procfs::net::{TcpNetEntry, TcpState};
 
@@ -76,13 +76,7 @@ pub fn is_gone(open: &HashSet<Pair>, client: SocketAddr, server: SocketAddr) -> 
 /// An IPv4-mapped IPv6 address (`::ffff:127.0.0.1`, how a dual-stack
 /// listener's sockets are listed) as the IPv4 address the packets carry.
 fn canonical(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), addr.port()),
-            None => addr,
-        },
-        IpAddr::V4(_) => addr,
-    }
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@
 
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -396,13 +396,7 @@ pub fn client_socket(
 /// An IPv4-mapped IPv6 address (how a dual-stack listener sees an IPv4
 /// client) as the IPv4 address the client's own socket is listed under.
 fn canonical(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), addr.port()),
-            None => addr,
-        },
-        IpAddr::V4(_) => addr,
-    }
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
 #[cfg(test)]
