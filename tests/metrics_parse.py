@@ -143,25 +143,37 @@ def test_metrics_parse_with_the_prometheus_parser(stack):
     # and as many observations as calls.
     ttft = families["gen_ai_server_time_to_first_token_seconds"]
     counts = samples(ttft, "_count")
-    assert len(counts) == 1, counts
-    labels = counts[0].labels
+    # Two series for our model: the calls, which carry the model the
+    # answer named, and its sibling without one (a failure before any
+    # answer names none), made at zero with the first call.
+    answered = [s for s in counts if "gen_ai_response_model" in s.labels]
+    assert len(answered) == 1 and len(counts) == 2, counts
+    (unnamed,) = [s for s in counts if "gen_ai_response_model" not in s.labels]
+    assert unnamed.value == 0, unnamed
+    labels = answered[0].labels
     assert labels["gen_ai_request_model"] == MODEL
+    assert labels["gen_ai_response_model"] == MODEL
     assert labels["gen_ai_operation_name"] == "chat"
-    assert labels["gen_ai_provider_name"] == "openai_chat"
+    # A route configured by hand: speedtap doesn't know the server's kind
+    # and says so (the conventions' _OTHER); the API it decoded is its own.
+    assert labels["gen_ai_provider_name"] == "_OTHER"
+    assert labels["speedtap_api"] == "openai_chat"
     assert labels["route"] == "sim"
     assert "error_type" not in labels
     if "server_address" in labels:  # once the host tells the metrics the upstream
         assert labels["server_address"] == "127.0.0.1"
         assert labels["server_port"] == str(stack["sim_port"])
-    assert counts[0].value == CALLS
+    assert answered[0].value == CALLS
     assert bounds(ttft, labels) == TTFT_BUCKETS + [math.inf]
-    buckets = [s.value for s in samples(ttft, "_bucket")]
+    ours = [s for s in samples(ttft, "_bucket")
+            if {k: v for k, v in s.labels.items() if k != "le"} == labels]
+    buckets = [s.value for s in ours]
     assert buckets == sorted(buckets), "buckets are cumulative"
     assert buckets[-1] == CALLS
     # Each TTFT is at least the simulator's 120 ms: nothing at or under 0.1 s.
-    le_01 = [s.value for s in samples(ttft, "_bucket") if float(s.labels["le"]) == 0.1]
+    le_01 = [s.value for s in ours if float(s.labels["le"]) == 0.1]
     assert le_01 == [0.0]
-    ttft_sum = samples(ttft, "_sum")[0].value
+    (ttft_sum,) = [s.value for s in samples(ttft, "_sum") if s.labels == labels]
     assert CALLS * TTFT_MS / 1000 <= ttft_sum < CALLS * 5.0
 
     for name, expected in [
@@ -172,23 +184,26 @@ def test_metrics_parse_with_the_prometheus_parser(stack):
     ]:
         fam = families[name]
         # The error_type series exist at zero from the first call on.
-        (count,) = [s for s in samples(fam, "_count") if "error_type" not in s.labels]
+        (count,) = [s for s in samples(fam, "_count")
+                    if "error_type" not in s.labels and "gen_ai_response_model" in s.labels]
         assert count.value == CALLS, name
         assert bounds(fam, count.labels) == expected + [math.inf], name
 
     usage = families["gen_ai_client_token_usage"]
-    by_type = {s.labels["gen_ai_token_type"]: s for s in samples(usage, "_count")}
-    assert set(by_type) == {"input", "output"}
+    named = [s for s in samples(usage, "_count") if "gen_ai_response_model" in s.labels]
+    by_type = {s.labels["gen_ai_token_type"]: s for s in named}
+    assert set(by_type) == {"input", "output"} and len(named) == 2, named
     assert by_type["output"].value == CALLS
     assert bounds(usage, by_type["output"].labels) == [float(b) for b in TOKEN_BUCKETS] + [math.inf]
-    (output_sum,) = [s for s in samples(usage, "_sum") if s.labels["gen_ai_token_type"] == "output"]
+    (output_sum,) = [s for s in samples(usage, "_sum") if s.labels == by_type["output"].labels]
     assert output_sum.value == CALLS * TOKENS
 
     (ok_calls,) = [s for s in families["speedtap_calls"].samples
                    if s.name == "speedtap_calls_total" and s.labels == {"route": "sim", "status": "ok"}]
     assert ok_calls.value == CALLS
     (tokens_total,) = [s for s in families["speedtap_output_tokens"].samples
-                       if s.name == "speedtap_output_tokens_total"]
+                       if s.name == "speedtap_output_tokens_total"
+                       and "gen_ai_response_model" in s.labels]
     assert tokens_total.value == CALLS * TOKENS
 
     (active,) = families["speedtap_active_calls"].samples
