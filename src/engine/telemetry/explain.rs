@@ -169,13 +169,13 @@ struct Tracked {
     cold: Option<bool>,
     /// The server's slot and task serving it.
     slot: Option<(u64, u64)>,
-    /// Where the rate's clock starts: `(at, processed, changed)`, the
-    /// first sample of that slot until the count first changes, then that
-    /// change (`changed`). The first look may catch a batch already under
-    /// way (two looks 82 ms apart saw 0 then 256 tokens, a batch of about
-    /// 1.6 s: a rate 24 times too fast), so only counts between two
-    /// changes give the rate.
-    first_progress: Option<(Instant, u64, bool)>,
+    /// The first progress sample of that slot `(at, processed, changes)`,
+    /// with how many changes of the count were seen since (at most 2).
+    /// The first look may catch a batch already under way (two looks 82 ms
+    /// apart saw 0 then 256 tokens of a batch of about 1.6 s: a rate 20
+    /// times too fast), so the rate waits for a second change, which
+    /// spans at least one whole batch.
+    first_progress: Option<(Instant, u64, u8)>,
     /// The latest sample whose count changed: the server advances the
     /// count a batch at a time, so the rate is measured between changes,
     /// not against the clock of each look.
@@ -301,12 +301,11 @@ impl Tracked {
         };
         self.facts.context_size = s.n_ctx.or(self.facts.context_size);
         if let Some(p) = s.prompt_processed {
-            match self.first_progress {
-                None => self.first_progress = Some((now, p, false)),
-                Some((_, first, false)) if p != first => {
-                    self.first_progress = Some((now, p, true));
-                }
-                _ => {}
+            let changed = self.last_progress.is_some_and(|(_, last)| last != p);
+            match self.first_progress.as_mut() {
+                None => self.first_progress = Some((now, p, 0)),
+                Some((_, _, changes)) if changed => *changes = (*changes + 1).min(2),
+                Some(_) => {}
             }
             if self.last_progress.is_none_or(|(_, last)| last != p) {
                 self.last_progress = Some((now, p));
@@ -422,7 +421,7 @@ impl Tracked {
         // reading, less the time since.
         let observed = self
             .first_progress
-            .filter(|(_, _, changed)| *changed)
+            .filter(|(_, _, changes)| *changes >= 2)
             .zip(self.last_progress)
             .and_then(|((t0, p0, _), (t1, p1))| {
                 let dt = t1.saturating_duration_since(t0).as_millis() as f64;
@@ -1084,8 +1083,9 @@ mod tests {
         assert_eq!(w[0].1.reason, WaitReason::Prefilling);
         assert_eq!(w[0].1.progress, Some(0.5));
         assert_eq!(w[0].1.prompt_tokens, Some(2000));
-        // 500 tokens in the 500 ms between two changes: 1,000 left is 1 s.
-        assert_eq!(w[0].1.eta_ms, Some(1000));
+        // 1,000 tokens in the 550 ms since the first reading, two changes
+        // later: 1,000 left is 0.55 s.
+        assert_eq!(w[0].1.eta_ms, Some(550));
     }
 
     #[test]
@@ -1176,8 +1176,9 @@ mod tests {
         t.observe(&view, ms(t0, 2_100));
         let w = t.explain("r", &view, &normals, ms(t0, 2_100));
         assert_eq!(w[0].1.progress, Some(0.271));
-        // 256 tokens a second: 1,376 left is 5.4 s.
-        assert_eq!(w[0].1.eta_ms, Some(5_375));
+        // 512 tokens in the 1.05 s since its first sample: 1,376 left is
+        // 2.8 s.
+        assert_eq!(w[0].1.eta_ms, Some(2_822));
         // Only the tasks the slots still show are remembered.
         assert_eq!(t.seen_tasks.len(), 1);
     }
@@ -1223,8 +1224,9 @@ mod tests {
         let w = t.explain("r", &view, &normals, ms(t0, 1_600));
         assert_eq!(w[0].1.reason, WaitReason::Prefilling, "{w:?}");
         assert_eq!(w[0].1.progress, Some(0.5));
-        // 1,000 tokens in 500 ms: 2,000 left is 1 s.
-        assert_eq!(w[0].1.eta_ms, Some(1_000));
+        // 2,000 tokens in the 550 ms since its first sample: 2,000 left is
+        // 0.55 s.
+        assert_eq!(w[0].1.eta_ms, Some(550));
     }
 
     #[test]
@@ -1612,11 +1614,12 @@ mod tests {
         t.observe(&view, ms(t0, 92));
         let w = t.explain("r", &view, &normals, ms(t0, 92));
         assert_eq!(w[0].1.eta_ms, None, "{w:?}");
-        // The next batch, timed between two changes, gives the rate.
+        // A second change spans a whole batch: the rate is 512 tokens in
+        // 1.68 s, 1,488 left is 4.9 s (the first batch's head start still
+        // shows, but within 2x, where one change gave 20x).
         view.slots = Some(vec![slot(0, true, Some(3), 768, 512)]);
         t.observe(&view, ms(t0, 1_692));
         let w = t.explain("r", &view, &normals, ms(t0, 1_692));
-        // 256 tokens in 1.6 s: 1,488 left is 9.3 s.
-        assert_eq!(w[0].1.eta_ms, Some(9_300));
+        assert_eq!(w[0].1.eta_ms, Some(4_888));
     }
 }
