@@ -402,23 +402,7 @@ fn settled_rate_and_counts_match_a_real_llama_server() {
     let health = get(server, "/health");
     assert_eq!(health.status, 200, "{url}/health: {}", health.json());
 
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real_server");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let route = format!("real=127.0.0.1:0={url}");
-    let run = Proc::spawn(speedtap(
-        &dir,
-        &[
-            "run",
-            "--json",
-            "--no-db",
-            "--api",
-            "127.0.0.1:0",
-            "--route",
-            &route,
-        ],
-    ));
-    let (proxy, api) = read_announcement(&run, "real");
+    let (run, proxy, api) = run_with_a_route("real_server", &url);
 
     // One call first that is not counted: the first call after a server
     // starts pays for cold caches and page faults in its decode timing
@@ -578,23 +562,7 @@ fn waits_are_explained_by_a_real_llama_server() {
         return;
     };
     let url = url.trim_end_matches('/').to_owned();
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real_server_waits");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let route = format!("real=127.0.0.1:0={url}");
-    let run = Proc::spawn(speedtap(
-        &dir,
-        &[
-            "run",
-            "--json",
-            "--no-db",
-            "--api",
-            "127.0.0.1:0",
-            "--route",
-            &route,
-        ],
-    ));
-    let (proxy, api) = read_announcement(&run, "real");
+    let (run, proxy, api) = run_with_a_route("real_server_waits", &url);
     let words: Vec<&str> = PROMPTS.iter().flat_map(|p| p.split(' ')).collect();
     let text = |n: usize| -> String {
         (0..n)
@@ -774,23 +742,7 @@ fn pings_reach_the_client_while_speedtap_watches_a_real_llama_server() {
         return;
     };
     let url = url.trim_end_matches('/').to_owned();
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real_server_pings");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let route = format!("real=127.0.0.1:0={url}");
-    let run = Proc::spawn(speedtap(
-        &dir,
-        &[
-            "run",
-            "--json",
-            "--no-db",
-            "--api",
-            "127.0.0.1:0",
-            "--route",
-            &route,
-        ],
-    ));
-    let (proxy, api) = read_announcement(&run, "real");
+    let (run, proxy, api) = run_with_a_route("real_server_pings", &url);
     let words: Vec<&str> = PROMPTS.iter().flat_map(|p| p.split(' ')).collect();
     // A different prompt each time (no prompt-cache reuse), long enough
     // for a wait of several seconds.
