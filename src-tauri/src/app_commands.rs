@@ -1,16 +1,26 @@
-//! The window's commands about the tray app itself, which the control API
+//! The window's questions about the tray app itself, which the control API
 //! has no counterpart for (`speedtap run` has no login entry and stops on
 //! a taken port): start at login ([`crate::autostart`]) and the ports the
-//! app could not have ([`crate::ports`]). In a browser the page finds no
-//! such commands and shows neither.
+//! app could not have ([`crate::ports`]).
+//!
+//! The window runs in a process of its own ([`crate::window`]) and reads
+//! everything else from the control API; these few it asks the tray
+//! process over the single-instance socket ([`crate::instance`]): one JSON
+//! line `{"command": ..., ...args}` each way, answered `{"ok": document}`
+//! or `{"error": message}`. In a plain browser the page has no way to ask
+//! and shows neither.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use speedtap::host::EngineHandle;
 use speedtap::model::QueryError;
-use tauri::{AppHandle, Manager, Runtime, State};
+use tauri::{AppHandle, Manager, Runtime};
 
 use crate::autostart::LoginItem;
-use crate::commands::{Engine, Result};
 use crate::ports::{next_free_port, Conflicts, PortConflict};
+
+/// What a command answers: its document, or the engine interface's error.
+pub type Result<T> = std::result::Result<T, QueryError>;
 
 /// `port_conflicts` -> `{"conflicts": [PortConflict]}`.
 #[derive(Clone, Debug, Serialize)]
@@ -18,10 +28,62 @@ pub struct ConflictsDoc {
     pub conflicts: Vec<PortConflict>,
 }
 
+/// `{"available": bool, "enabled": bool}`: whether the session starts
+/// speedtap at login.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AutostartDoc {
+    pub available: bool,
+    pub enabled: bool,
+}
+
+/// One question, as the window sends it.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+enum Question {
+    PortConflicts,
+    UseFreePort { route: String },
+    GetAutostart,
+    SetAutostart { enabled: bool },
+}
+
+/// Answers one question line from the window process (see the module
+/// docs). Runs on the single-instance thread, which may wait.
+pub fn answer<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle, line: &str) -> String {
+    let result = match serde_json::from_str::<Question>(line) {
+        Ok(question) => ask(app, engine, question),
+        Err(e) => Err(QueryError::BadInput(format!("not a question: {e}"))),
+    };
+    match result {
+        Ok(doc) => json!({ "ok": doc }),
+        Err(e) => json!({ "error": e.to_string() }),
+    }
+    .to_string()
+}
+
+fn ask<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle, q: Question) -> Result<Value> {
+    let doc = match q {
+        Question::PortConflicts => to_value(port_conflicts(app)),
+        Question::UseFreePort { route } => to_value(tauri::async_runtime::block_on(
+            use_free_port(app, engine, route),
+        )?),
+        Question::GetAutostart => to_value(autostart_doc(app)),
+        Question::SetAutostart { enabled } => to_value(set_autostart(app, enabled)?),
+    };
+    #[cfg(all(desktop, not(test)))]
+    {
+        let app = app.clone();
+        tauri::async_runtime::spawn(async move { crate::tray::refresh(&app).await });
+    }
+    Ok(doc)
+}
+
+fn to_value(doc: impl Serialize) -> Value {
+    serde_json::to_value(doc).unwrap_or(Value::Null)
+}
+
 /// The listeners that could not be bound at start, each with its holder
 /// (when known) and the next free port.
-#[tauri::command]
-pub fn port_conflicts<R: Runtime>(app: AppHandle<R>) -> ConflictsDoc {
+pub fn port_conflicts<R: Runtime>(app: &AppHandle<R>) -> ConflictsDoc {
     ConflictsDoc {
         conflicts: app
             .try_state::<Conflicts>()
@@ -33,10 +95,9 @@ pub fn port_conflicts<R: Runtime>(app: AppHandle<R>) -> ConflictsDoc {
 /// Starts the route that could not have its port on the next free one
 /// (looked up again now) and answers its new address. The config file is
 /// left alone: the window's Settings saves a new address for good.
-#[tauri::command]
 pub async fn use_free_port<R: Runtime>(
-    app: AppHandle<R>,
-    engine: State<'_, Engine>,
+    app: &AppHandle<R>,
+    engine: &EngineHandle,
     route: String,
 ) -> Result<String> {
     let conflicts = app
@@ -53,25 +114,14 @@ pub async fn use_free_port<R: Runtime>(
     spec.listen = next_free_port(spec.listen)
         .ok_or_else(|| QueryError::Conflict(format!("no free port near {}", spec.listen)))?;
     let bound = engine
-        .0
         .add_route(spec)
         .await
         .map_err(|e| QueryError::Conflict(e.to_string()))?;
     conflicts.resolve(&route);
-    #[cfg(all(desktop, not(test)))]
-    crate::tray::refresh(&app).await;
     Ok(bound.listen.to_string())
 }
 
-/// `{"available": bool, "enabled": bool}`: whether the session starts
-/// speedtap at login.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AutostartDoc {
-    pub available: bool,
-    pub enabled: bool,
-}
-
-fn autostart_doc<R: Runtime>(app: &AppHandle<R>) -> AutostartDoc {
+pub fn autostart_doc<R: Runtime>(app: &AppHandle<R>) -> AutostartDoc {
     match app.try_state::<LoginItem>() {
         Some(item) => AutostartDoc {
             available: true,
@@ -84,15 +134,9 @@ fn autostart_doc<R: Runtime>(app: &AppHandle<R>) -> AutostartDoc {
     }
 }
 
-#[tauri::command]
-pub fn get_autostart<R: Runtime>(app: AppHandle<R>) -> AutostartDoc {
-    autostart_doc(&app)
-}
-
 /// Turns start at login on or off; answers the new state. The tray's check
 /// item follows.
-#[tauri::command]
-pub async fn set_autostart<R: Runtime>(app: AppHandle<R>, enabled: bool) -> Result<AutostartDoc> {
+pub fn set_autostart<R: Runtime>(app: &AppHandle<R>, enabled: bool) -> Result<AutostartDoc> {
     let item = app
         .try_state::<LoginItem>()
         .ok_or_else(|| QueryError::Unavailable("start at login is not available here".into()))?;
@@ -102,7 +146,5 @@ pub async fn set_autostart<R: Runtime>(app: AppHandle<R>, enabled: bool) -> Resu
             item.user_entry().display()
         ))
     })?;
-    #[cfg(all(desktop, not(test)))]
-    crate::tray::refresh(&app).await;
-    Ok(autostart_doc(&app))
+    Ok(autostart_doc(app))
 }

@@ -13,7 +13,12 @@
 //! launch would first run into its own ports being taken.
 //!
 //! The protocol is one line each way: `show\n` (or `hidden\n` for a
-//! `--hidden` launch, which only checks) answered by `ok\n`.
+//! `--hidden` launch, which only checks) answered by `ok\n`; and
+//! `app <JSON>\n`, the window process asking about the tray app itself
+//! (its port conflicts, start at login: [`crate::app_commands`]), answered
+//! by one line of JSON. The window process lives in a process of its own
+//! ([`crate::window`]) and holds a socket of the same kind, named after
+//! this one, so that only one window opens.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
@@ -23,12 +28,14 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 
 /// What a second launch asks of the first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
     /// Show, un-minimise and focus the window (creating it if needed).
     Show,
     /// Nothing (a `--hidden` launch, e.g. at login, while already running).
     Nothing,
+    /// A question from the window process, as one line of JSON.
+    App(String),
 }
 
 /// The outcome of [`claim`].
@@ -72,15 +79,8 @@ pub fn claim(name: &str, request: Request) -> io::Result<Claim> {
     match UnixListener::bind_addr(&addr) {
         Ok(listener) => Ok(Claim::First(listener)),
         Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-            let mut stream = UnixStream::connect_addr(&addr)?;
-            stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
-            let line = match request {
-                Request::Show => "show\n",
-                Request::Nothing => "hidden\n",
-            };
-            stream.write_all(line.as_bytes())?;
-            let mut answer = String::new();
-            BufReader::new(stream).read_line(&mut answer)?;
+            let stream = UnixStream::connect_addr(&addr)?;
+            let answer = exchange(stream, &request_line(&request))?;
             if answer.trim() == "ok" {
                 Ok(Claim::Forwarded)
             } else {
@@ -93,9 +93,35 @@ pub fn claim(name: &str, request: Request) -> io::Result<Claim> {
     }
 }
 
+fn request_line(request: &Request) -> String {
+    match request {
+        Request::Show => "show\n".to_owned(),
+        Request::Nothing => "hidden\n".to_owned(),
+        // JSON text holds no raw newline: serde escapes those in strings.
+        Request::App(json) => format!("app {}\n", json.replace('\n', " ")),
+    }
+}
+
+/// Sends one request line and reads the one-line answer.
+fn exchange(mut stream: UnixStream, line: &str) -> io::Result<String> {
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    stream.write_all(line.as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer)?;
+    Ok(answer)
+}
+
+/// Asks the instance serving `name` `request` and answers its reply line;
+/// an error when none serves it.
+pub fn ask(name: &str, request: &Request) -> io::Result<String> {
+    let stream = UnixStream::connect_addr(&address(name)?)?;
+    exchange(stream, &request_line(request))
+}
+
 /// Answers later launches on a thread of its own (blocked in `accept`: no
-/// wake-ups while nobody knocks), handing each request to `on_request`.
-pub fn serve(listener: UnixListener, on_request: impl Fn(Request) + Send + 'static) {
+/// wake-ups while nobody knocks), handing each request to `on_request`,
+/// whose answer (one line) goes back.
+pub fn serve(listener: UnixListener, on_request: impl Fn(Request) -> String + Send + 'static) {
     let spawned = std::thread::Builder::new()
         .name("single-instance".into())
         .spawn(move || {
@@ -106,12 +132,18 @@ pub fn serve(listener: UnixListener, on_request: impl Fn(Request) + Send + 'stat
                 if reader.read_line(&mut line).is_err() {
                     continue;
                 }
-                let request = match line.trim() {
+                let line = line.trim();
+                let request = match line {
                     "show" => Request::Show,
-                    _ => Request::Nothing,
+                    _ => match line.strip_prefix("app ") {
+                        Some(json) => Request::App(json.to_owned()),
+                        None => Request::Nothing,
+                    },
                 };
-                on_request(request);
-                let _ = (&stream).write_all(b"ok\n");
+                let mut answer = on_request(request);
+                answer.retain(|c| c != '\n');
+                answer.push('\n');
+                let _ = (&stream).write_all(answer.as_bytes());
             }
         });
     if let Err(e) = spawned {
@@ -134,7 +166,14 @@ mod tests {
             panic!("the first claim must win");
         };
         let (tx, rx) = mpsc::channel();
-        serve(listener, move |r| tx.send(r).unwrap());
+        serve(listener, move |r| {
+            let answer = match &r {
+                Request::App(json) => format!("{{\"echo\":{json}}}"),
+                _ => "ok".to_owned(),
+            };
+            tx.send(r).unwrap();
+            answer
+        });
         assert!(matches!(
             claim(&name, Request::Show).unwrap(),
             Claim::Forwarded
@@ -145,6 +184,18 @@ mod tests {
             Claim::Forwarded
         ));
         assert_eq!(rx.recv().unwrap(), Request::Nothing);
+        let answer = ask(&name, &Request::App("{\"command\":\"x\"}".into())).unwrap();
+        assert_eq!(answer, "{\"echo\":{\"command\":\"x\"}}\n");
+        assert_eq!(
+            rx.recv().unwrap(),
+            Request::App("{\"command\":\"x\"}".into())
+        );
+    }
+
+    #[test]
+    fn asking_where_nobody_serves_is_an_error() {
+        let name = name(4243, Path::new("/nonexistent/nobody.toml"));
+        assert!(ask(&name, &Request::Show).is_err());
     }
 
     #[test]

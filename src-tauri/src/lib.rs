@@ -15,14 +15,17 @@
 //!   [`tray_model`]), and to the notification policy ([`notify`]) for
 //!   settled follow-ups. Slow-first-token alarms reach [`notify`] through
 //!   the engine's own hook, which throttles them per route.
-//! - The window calls [`commands`], which forward to the engine handle.
+//! - The window is a process of its own ([`window`], [`window_app`]) that
+//!   shows the dashboard the control API serves, and asks the tray process
+//!   only about the app itself ([`app_commands`]).
 //!
 //! No metering happens here: every number comes from the engine.
 //!
 //! # Lifecycle
-//! The window exists only while it is open ([`window`]): it is created
-//! when opened and destroyed when closed, so the tray app idles without
-//! WebKit. The app lives on in the tray until "Quit" (or SIGINT/SIGTERM),
+//! The tray process never makes a webview: the window process exists only
+//! while the window is open, so the tray app idles without WebKit and
+//! closing the window gives all of WebKit's memory back. The app lives on
+//! in the tray until "Quit" (or SIGINT/SIGTERM),
 //! which exits 0 after the engine's clean shutdown (in-flight calls get up
 //! to 5 s, like `speedtap run`).
 //!
@@ -32,10 +35,7 @@
 //! and who holds it, and the rest runs. Start at login is [`autostart`].
 
 pub mod app_commands;
-mod assets;
 pub mod autostart;
-pub mod commands;
-pub mod events;
 pub mod instance;
 pub mod notify;
 pub mod ports;
@@ -43,8 +43,10 @@ mod tray;
 pub mod tray_extras;
 pub mod tray_model;
 pub mod window;
+pub mod window_app;
 pub mod window_state;
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -56,7 +58,7 @@ use speedtap::host::settings::{
 };
 use speedtap::host::{Engine, EngineError, EngineHandle, RunningEngine};
 use speedtap::model::{EngineEvent, EngineQueries};
-use tauri::{App, AppHandle, Builder, Manager, RunEvent, Runtime, WindowEvent};
+use tauri::{App, AppHandle, Builder, Manager, RunEvent, Runtime};
 
 use autostart::LoginItem;
 use notify::{DesktopSink, Notifications};
@@ -78,6 +80,14 @@ pub struct DesktopArgs {
     /// Start in the tray only, without opening the window.
     #[arg(long)]
     pub hidden: bool,
+    /// Internal: be the window process, showing the dashboard at URL (the
+    /// tray process starts it so; see `window`).
+    #[arg(long = "window-of", value_name = "URL", hide = true)]
+    pub window_of: Option<String>,
+    /// Internal, with `--window-of`: exit when standard input ends (the
+    /// tray process holds the other end).
+    #[arg(long, hide = true, requires = "window_of")]
+    pub ends_with_stdin: bool,
 }
 
 /// What [`build_app`] hosts.
@@ -89,6 +99,9 @@ pub struct Host {
     /// `--json`: one JSON line per published call snapshot on stdout, as
     /// `speedtap run --json` prints.
     pub json: bool,
+    /// The config file the window process is told (it names the tray's
+    /// single-instance socket).
+    pub config: PathBuf,
 }
 
 /// The running engine, taken out for the clean shutdown at exit.
@@ -123,6 +136,13 @@ pub fn run() {
         eprintln!("speedtap-desktop: {message}");
         std::process::exit(1);
     }
+    if let Some(url) = &args.window_of {
+        window_app::run(
+            url,
+            instance_socket(&config_file(&args)),
+            args.ends_with_stdin,
+        );
+    }
     let settings =
         resolve_settings_capture_by_permission(&args.run).unwrap_or_else(|e| exit_with(e));
     // Before the engine binds anything: a second launch only knocks.
@@ -145,6 +165,7 @@ pub fn run() {
         notifications,
         show_window: !args.hidden,
         json: settings.json,
+        config: config_file(&args),
     };
     let extra = args
         .run
@@ -176,26 +197,37 @@ impl InstanceListener {
     }
 }
 
-/// Becomes the one instance for this user and config file, or hands the
-/// request to the running one and exits 0. Should the socket fail (no
-/// abstract namespace...), runs anyway: better two copies than none.
-fn claim_instance(args: &DesktopArgs) -> Option<std::os::unix::net::UnixListener> {
-    use std::os::unix::fs::MetadataExt;
+/// The config file this app runs with (the default one when none is
+/// named), its path made absolute: it names the single-instance socket.
+fn config_file(args: &DesktopArgs) -> PathBuf {
     let config = args
         .run
         .config
         .clone()
         .unwrap_or_else(config::default_config_path);
-    let config = std::fs::canonicalize(&config).unwrap_or(config);
+    std::fs::canonicalize(&config).unwrap_or(config)
+}
+
+/// The tray process's single-instance socket name for `config`.
+fn instance_socket(config: &std::path::Path) -> String {
+    use std::os::unix::fs::MetadataExt;
     let uid = std::fs::metadata("/proc/self")
         .map(|m| m.uid())
         .unwrap_or(0);
+    instance::name(uid, config)
+}
+
+/// Becomes the one instance for this user and config file, or hands the
+/// request to the running one and exits 0. Should the socket fail (no
+/// abstract namespace...), runs anyway: better two copies than none.
+fn claim_instance(args: &DesktopArgs) -> Option<std::os::unix::net::UnixListener> {
+    let config = config_file(args);
     let request = if args.hidden {
         instance::Request::Nothing
     } else {
         instance::Request::Show
     };
-    match instance::claim(&instance::name(uid, &config), request) {
+    match instance::claim(&instance_socket(&config), request) {
         Ok(instance::Claim::First(listener)) => Some(listener),
         Ok(instance::Claim::Forwarded) => {
             eprintln!(
@@ -336,7 +368,9 @@ pub async fn start_engine(
                 .any(|c| c.route.as_deref() == Some(r.name.as_str()))
         });
         if conflicts.iter().any(|c| c.route.is_none()) {
-            options.api = None;
+            // The window reads the control API: without its own port it
+            // gets one the system picks, on loopback only.
+            options.api = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
         }
         options.slow_first_token_hooks.push(notifications.hook());
         options.watch = watch_options(
@@ -361,82 +395,51 @@ pub async fn start_engine(
     }
 }
 
-/// The generated context, serving the dashboard's files (see [`assets`]).
-fn context<R: Runtime>() -> tauri::Context<R> {
-    let mut context = tauri::generate_context!();
-    context.set_assets(Box::new(assets::UiAssets));
-    context
+/// The generated context (`tauri.conf.json`, the capabilities), for the
+/// tray process and the window process alike.
+pub(crate) fn context<R: Runtime>() -> tauri::Context<R> {
+    tauri::generate_context!()
 }
 
-/// Builds the app around a running engine: state, commands, window
-/// behaviour, tray, event loop. Generic over the runtime so the unit tests
-/// can use `tauri::test::mock_builder()`.
+/// What opening the window needs (managed): the engine, for the control
+/// API's address, and the config file the window process is told.
+struct WindowOpener {
+    engine: EngineHandle,
+    config: PathBuf,
+}
+
+/// Builds the app around a running engine: state, tray, event loop, the
+/// single-instance socket. No webview is ever made here ([`window`]).
+/// Generic over the runtime so the unit tests can use
+/// `tauri::test::mock_builder()`.
 pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<App<R>> {
     let Host {
         engine,
         notifications,
         show_window: show,
         json,
+        config,
     } = host;
     let handle = engine.handle.clone();
     builder
-        .manage(commands::Engine(handle.clone()))
+        .manage(WindowOpener {
+            engine: handle.clone(),
+            config,
+        })
         .manage(Running(Mutex::new(Some(engine))))
         .manage(notifications.clone())
-        .invoke_handler(tauri::generate_handler![
-            commands::calls,
-            commands::stats,
-            commands::stats_history,
-            commands::routes,
-            commands::discover,
-            commands::servers,
-            commands::ignore_server,
-            commands::capture,
-            commands::get_settings,
-            commands::save_settings,
-            commands::start_demo,
-            commands::history,
-            commands::history_depth,
-            commands::models,
-            commands::export,
-            app_commands::port_conflicts,
-            app_commands::use_free_port,
-            app_commands::get_autostart,
-            app_commands::set_autostart,
-        ])
-        .on_window_event(|window, event| {
-            // Where the window is as it closes is where it opens next.
-            if let WindowEvent::CloseRequested { .. } = event {
-                if let Some(geometry) = window_state::Geometry::of(window) {
-                    let path = window_state::default_path();
-                    if let Err(e) = window_state::save(&path, geometry) {
-                        tracing::warn!(
-                            "cannot remember the window's place in {}: {e}",
-                            path.display()
-                        );
-                    }
-                }
-            }
-            // Closing the window destroys it (and its web process);
-            // the app stays in the tray (`on_run_event`).
-            if let WindowEvent::Destroyed = event {
-                // Once WebKit has let go of its last buffers: one trim, not
-                // a timer.
-                tauri::async_runtime::spawn(async {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    window::give_back_memory();
-                });
-            }
-        })
         .setup(move |app| {
             let listener = app.try_state::<InstanceListener>().and_then(|l| l.take());
             if let Some(listener) = listener {
                 let later = app.handle().clone();
-                instance::serve(listener, move |request| {
-                    if request == instance::Request::Show {
-                        let app = later.clone();
-                        let _ = later.run_on_main_thread(move || window::open(&app));
+                let engine = handle.clone();
+                instance::serve(listener, move |request| match request {
+                    instance::Request::Show => {
+                        show_window(&later);
+                        "ok".to_owned()
                     }
+                    instance::Request::Nothing => "ok".to_owned(),
+                    instance::Request::App(line) => app_commands::answer(&later, &engine, &line),
                 });
             }
             #[cfg(all(desktop, not(test)))]
@@ -460,10 +463,12 @@ pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<A
         .build(context())
 }
 
-/// Shows, un-minimises and focuses the window, creating it if it is not
-/// open ([`window::open`]).
+/// Shows the window: starts the window process, or brings up the one open
+/// ([`window::open`]).
 pub fn show_window<R: Runtime>(app: &AppHandle<R>) {
-    window::open(app);
+    if let Some(opener) = app.try_state::<WindowOpener>() {
+        window::open(opener.engine.api_addr(), &opener.config);
+    }
 }
 
 /// The app's event-loop callback.
@@ -510,7 +515,6 @@ async fn follow_events<R: Runtime>(
         #[cfg(all(desktop, not(test)))]
         tray::reseed(&app, &engine).await;
         while let Some(event) = rx.recv().await {
-            events::emit(&app, &event);
             match &event {
                 EngineEvent::Settled(call) => {
                     notifications.on_settled(call);

@@ -1,21 +1,14 @@
-//! The commands and the event forwarding, through Tauri's IPC on the mock
-//! runtime (no display, no bus), against a real engine with a route to the
-//! built-in simulator.
+//! The tray process on Tauri's mock runtime (no display, no bus), against a
+//! real engine: it makes no webview of its own, answers the window
+//! process's questions, and starts without a port it cannot have.
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::sync::mpsc;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 use speedtap::host::settings::resolve_settings;
 use speedtap::host::{Engine, EngineOptions};
-use speedtap::model::RouteSpec;
-use speedtap::simulate::{SimConfig, SimServer};
-use tauri::ipc::{CallbackFn, InvokeBody};
-use tauri::test::{mock_builder, MockRuntime, INVOKE_KEY};
-use tauri::webview::InvokeRequest;
-use tauri::{App, Listener, Manager, WebviewWindow};
+use tauri::test::{mock_builder, MockRuntime};
+use tauri::App;
 
 use super::*;
 use crate::notify::{Note, Sink};
@@ -25,14 +18,6 @@ struct Discard;
 
 impl Sink for Discard {
     fn show(&self, _: Note) {}
-}
-
-struct Harness {
-    app: App<MockRuntime>,
-    window: WebviewWindow<MockRuntime>,
-    proxy: String,
-    config: PathBuf,
-    _sim: SimServer,
 }
 
 /// A unique temp dir per test (tests run in parallel in one process).
@@ -46,202 +31,85 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn harness(name: &str) -> Harness {
+/// The tray app on the mock runtime, its window asked to show at start.
+fn tray_app(name: &str) -> (App<MockRuntime>, EngineHandle) {
     let config = temp_dir(name).join("config.toml");
-    let (engine, sim) = tauri::async_runtime::block_on(async {
-        let sim = SimServer::start(
-            "127.0.0.1:0",
-            SimConfig {
-                ttft: Duration::from_millis(20),
-                tokens: 8,
-                ..SimConfig::default()
-            },
-        )
-        .await
-        .unwrap();
-        let mut options =
-            EngineOptions::new(vec![
-                RouteSpec::new("sim", "127.0.0.1:0", &sim.base_url()).unwrap()
-            ]);
+    let engine = tauri::async_runtime::block_on(async {
+        let mut options = EngineOptions::new(Vec::new());
         options.config_path = Some(config.clone());
-        (Engine::start(options).await.unwrap(), sim)
+        Engine::start(options).await.unwrap()
     });
-    let proxy = engine.routes[0].proxy_url();
     let handle = engine.handle.clone();
-    let notifications = Notifications::with_settings(Discard, true, false);
     let app = build_app(
         mock_builder(),
         Host {
             engine,
-            notifications: notifications.clone(),
+            notifications: Notifications::with_settings(Discard, true, false),
             show_window: true,
             json: false,
+            config,
         },
     )
     .unwrap();
-    // The mock app's event loop never starts, so its setup never runs.
-    start_following_events(app.handle(), handle, notifications, false);
-    let window = match app.get_webview_window(MAIN_WINDOW) {
-        Some(w) => w,
-        None => tauri::WebviewWindowBuilder::new(&app, MAIN_WINDOW, Default::default())
-            .build()
-            .unwrap(),
-    };
-    Harness {
-        app,
-        window,
-        proxy,
-        config,
-        _sim: sim,
-    }
+    (app, handle)
 }
 
-impl Harness {
-    /// `window.__TAURI__.core.invoke(cmd, args)` as the page would send it.
-    fn invoke(&self, cmd: &str, args: Value) -> Result<Value, Value> {
-        tauri::test::get_ipc_response(
-            &self.window,
-            InvokeRequest {
-                cmd: cmd.into(),
-                callback: CallbackFn(0),
-                error: CallbackFn(1),
-                // The Linux/macOS origin of the app's own pages; the Windows
-                // form (`http://tauri.localhost`) counts as remote here.
-                url: "tauri://localhost".parse().unwrap(),
-                body: InvokeBody::Json(args),
-                headers: Default::default(),
-                invoke_key: INVOKE_KEY.to_string(),
-            },
-        )
-        .map(|body| body.deserialize::<Value>().unwrap())
-    }
-
-    /// One streamed chat completion through the proxy, read to the end.
-    fn stream_one_call(&self) {
-        let addr = self.proxy.trim_start_matches("http://").to_owned();
-        let body =
-            r#"{"model":"qwen3:8b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(
-            s,
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-        assert!(out.contains("[DONE]"), "{out}");
-    }
+fn answer(app: &App<MockRuntime>, engine: &EngineHandle, question: Value) -> Value {
+    serde_json::from_str(&app_commands::answer(
+        app.handle(),
+        engine,
+        &question.to_string(),
+    ))
+    .unwrap()
 }
 
 #[test]
-fn calls_lists_a_streamed_call_and_settled_reaches_the_window() {
-    let h = harness("calls");
-    let (tx, rx) = mpsc::channel::<Value>();
-    h.app.listen_any(events::SETTLED, move |e| {
-        let _ = tx.send(serde_json::from_str(e.payload()).unwrap());
-    });
-    h.stream_one_call();
-    let settled = rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("a settled event");
-    assert_eq!(settled["status"], "ok");
-    assert_eq!(settled["model"], "qwen3:8b");
-    assert_eq!(settled["route"], "sim");
-
-    let doc = h
-        .invoke("calls", json!({"limit": 10, "route": "sim"}))
-        .unwrap();
-    let calls = doc["calls"].as_array().unwrap();
-    assert_eq!(calls.len(), 1, "{doc}");
-    assert_eq!(calls[0]["id"], settled["id"]);
-    assert_eq!(calls[0]["speed"]["phase"], "complete");
-    // A route filter that matches nothing, and the default limit.
-    let none = h.invoke("calls", json!({"route": "other"})).unwrap();
-    assert_eq!(none, json!({"calls": []}));
-    let all = h.invoke("calls", json!({})).unwrap();
-    assert_eq!(all["calls"].as_array().unwrap().len(), 1);
-}
-
-#[test]
-fn stats_routes_and_history_have_the_contract_shapes() {
-    let h = harness("stats");
-    let stats = h.invoke("stats", json!({})).unwrap();
-    assert_eq!(stats["tps_available"], false, "{stats}");
+fn the_tray_process_makes_no_webview_even_when_asked_to_show_the_window() {
+    let (app, _engine) = tray_app("no-webview");
+    show_window(app.handle());
     assert!(
-        stats.get("tps").is_none(),
-        "no number rather than 0: {stats}"
+        app.webview_windows().is_empty(),
+        "the window is a process of its own"
     );
-    assert_eq!(stats["active"], 0);
-
-    let routes = h.invoke("routes", json!({})).unwrap();
-    assert_eq!(routes["routes"][0]["name"], "sim");
-    assert_eq!(routes["routes"][0]["proxy_url"], h.proxy.as_str());
-
-    let history = h.invoke("stats_history", json!({})).unwrap();
-    assert!(history["points"].is_array(), "{history}");
 }
 
 #[test]
-fn settings_save_to_the_config_file_and_bad_ones_are_refused() {
-    let h = harness("settings");
-    let current = h.invoke("get_settings", json!({})).unwrap();
+fn the_window_process_questions_are_answered_as_documents_or_errors() {
+    let (app, engine) = tray_app("questions");
     assert_eq!(
-        current["config_path"],
-        h.config.display().to_string().as_str()
+        answer(&app, &engine, json!({"command": "port_conflicts"})),
+        json!({"ok": {"conflicts": []}})
     );
-    assert_eq!(current["slow_ttft_ms"], 5000);
-
-    let mut changed = current.clone();
-    changed["slow_ttft_ms"] = json!(1234);
-    changed["notify_settled"] = json!(true);
-    let saved = h
-        .invoke("save_settings", json!({ "settings": changed }))
-        .unwrap();
-    assert_eq!(saved["saved"], true, "{saved}");
-    assert_eq!(saved["restart_required"], false, "{saved}");
-    let text = std::fs::read_to_string(&h.config).unwrap();
-    assert!(text.contains("slow_ttft_ms = 1234"), "{text}");
-    let now = h.invoke("get_settings", json!({})).unwrap();
-    assert_eq!(now["slow_ttft_ms"], 1234);
-    assert_eq!(now["notify_settled"], true);
-
-    let mut bad = current;
-    bad["slow_ttft_ms"] = json!(0);
-    let err = h
-        .invoke("save_settings", json!({ "settings": bad }))
-        .unwrap_err();
+    assert_eq!(
+        answer(&app, &engine, json!({"command": "get_autostart"})),
+        json!({"ok": {"available": false, "enabled": false}})
+    );
+    let refused = answer(
+        &app,
+        &engine,
+        json!({"command": "use_free_port", "route": "x"}),
+    );
+    assert_eq!(refused, json!({"error": "no port conflict for route x"}));
+    let unknown = answer(&app, &engine, json!({"command": "rm_rf"}));
     assert!(
-        err.as_str().is_some_and(|m| m.contains("slow_ttft_ms")),
-        "the error names the field: {err}"
+        unknown["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("not a question")),
+        "{unknown}"
     );
 }
 
 #[test]
-fn start_demo_adds_a_demo_route() {
-    let h = harness("demo");
-    let demo = h.invoke("start_demo", json!({})).unwrap();
-    assert_eq!(demo["running"], true, "{demo}");
-    assert_eq!(demo["route"]["name"], "demo");
-    let again = h.invoke("start_demo", json!({})).unwrap();
-    assert_eq!(again["route"], demo["route"], "idempotent while running");
-    let routes = h.invoke("routes", json!({})).unwrap();
-    let names: Vec<&str> = routes["routes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r["name"].as_str())
-        .collect();
-    assert_eq!(names, ["sim", "demo"]);
-}
-
-#[test]
-fn unknown_commands_are_refused() {
-    let h = harness("unknown");
-    assert!(h.invoke("rm_rf", json!({})).is_err());
+fn the_window_process_is_the_same_program_with_the_dashboard_url() {
+    let args = DesktopArgs::try_parse_from([
+        "speedtap-desktop",
+        window::WINDOW_FLAG,
+        "http://127.0.0.1:7878/",
+        "--config",
+        "/tmp/x.toml",
+    ])
+    .unwrap();
+    assert_eq!(args.window_of.as_deref(), Some("http://127.0.0.1:7878/"));
 }
 
 #[test]
@@ -258,6 +126,7 @@ fn flags_are_speedtap_runs_plus_hidden() {
     ])
     .unwrap();
     assert!(args.hidden);
+    assert_eq!(args.window_of, None);
     assert_eq!(args.run.routes.len(), 1);
     assert_eq!(args.run.slow_ttft_ms, Some(800));
     let settings = resolve_settings(
@@ -278,38 +147,11 @@ fn flags_are_speedtap_runs_plus_hidden() {
 }
 
 #[test]
-fn the_window_is_created_only_when_opened_and_once() {
-    let config = temp_dir("lazy-window").join("config.toml");
-    let engine = tauri::async_runtime::block_on(async {
-        let mut options = EngineOptions::new(Vec::new());
-        options.config_path = Some(config);
-        Engine::start(options).await.unwrap()
-    });
-    let app = build_app(
-        mock_builder(),
-        Host {
-            engine,
-            notifications: Notifications::with_settings(Discard, true, false),
-            show_window: false,
-            json: false,
-        },
-    )
-    .unwrap();
-    assert!(
-        app.get_webview_window(MAIN_WINDOW).is_none(),
-        "no window (and no webview) before it is opened"
-    );
-    crate::window::open(app.handle());
-    assert!(app.get_webview_window(MAIN_WINDOW).is_some());
-    // Opening again shows the same window rather than a second one.
-    crate::window::open(app.handle());
-    assert_eq!(app.webview_windows().len(), 1);
-}
-
-#[test]
-fn a_taken_port_leaves_the_app_running_without_that_route() {
+fn a_taken_port_leaves_the_app_running_without_that_route_and_the_api_on_a_free_one() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy = taken.local_addr().unwrap();
+    let api_taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api_busy = api_taken.local_addr().unwrap();
     let free = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -322,7 +164,7 @@ fn a_taken_port_leaves_the_app_running_without_that_route() {
         config.display().to_string(),
         "--no-db".to_owned(),
         "--api".to_owned(),
-        "127.0.0.1:0".to_owned(),
+        api_busy.to_string(),
         "--route".to_owned(),
         format!("busy={busy}=http://127.0.0.1:9"),
         "--route".to_owned(),
@@ -333,14 +175,26 @@ fn a_taken_port_leaves_the_app_running_without_that_route() {
     let notifications = Notifications::with_settings(Discard, true, false);
     let (engine, conflicts) =
         tauri::async_runtime::block_on(start_engine(&args.run, settings, &notifications)).unwrap();
-    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
-    assert_eq!(conflicts[0].route.as_deref(), Some("busy"));
-    assert_eq!(conflicts[0].port, busy.port());
+    assert_eq!(conflicts.len(), 2, "{conflicts:?}");
+    let route = conflicts
+        .iter()
+        .find(|c| c.route.is_some())
+        .expect("the route's conflict");
+    assert_eq!(route.route.as_deref(), Some("busy"));
+    assert_eq!(route.port, busy.port());
+    // The window reads the control API: it still listens, on a loopback
+    // port of the system's choosing.
+    let api = engine.handle.api_addr().expect("the control API listens");
+    assert!(
+        api.ip().is_loopback() && api.port() != api_busy.port(),
+        "{api}"
+    );
+    let conflicts = [route.clone()];
     assert_eq!(
         conflicts[0].holder.as_ref().map(|h| h.pid),
         Some(std::process::id())
     );
     let routes: Vec<String> = engine.routes.iter().map(|r| r.name.clone()).collect();
     assert_eq!(routes, ["fine"]);
-    drop(taken);
+    drop((taken, api_taken));
 }

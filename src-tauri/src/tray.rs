@@ -30,7 +30,6 @@ use tauri::{AppHandle, Manager, Runtime};
 use tokio::time::Instant;
 
 use crate::autostart::LoginItem;
-use crate::commands::Engine;
 use crate::notify::Notifications;
 use crate::ports::Conflicts;
 use crate::tray_extras::{decorate, ID_AUTOSTART};
@@ -57,6 +56,9 @@ fn icon(state: TrayState, problem: bool) -> Image<'static> {
         TrayState::Slow => tauri::include_image!("icons/tray-slow.png"),
     }
 }
+
+/// The engine the tray reads (managed).
+struct Engine(EngineHandle);
 
 /// What is on screen now, with the menu items to update in place.
 struct Drawn<R: Runtime> {
@@ -120,6 +122,7 @@ pub fn create<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle) -> tauri::R
             }
         })
         .build(app)?;
+    app.manage(Engine(engine.clone()));
     app.manage(Tray {
         icon,
         model: Mutex::new(model),

@@ -127,6 +127,12 @@ impl EngineHandle {
             .unwrap_or_default()
     }
 
+    /// Where the control API (and the dashboard) listens, once bound;
+    /// `None` when it is off. The tray app points its window here.
+    pub fn api_addr(&self) -> Option<std::net::SocketAddr> {
+        self.shared.api_addr.get().copied()
+    }
+
     /// The routes bound now (the demo route included once started).
     pub fn bound_routes(&self) -> Vec<BoundRoute> {
         read(&self.shared.routes).clone()

@@ -342,6 +342,30 @@ def webkit_children(pid, kind="WebKit"):
     return [p for p in descendants(pid) if process_name(p).startswith(kind)]
 
 
+def window_processes(pid):
+    """The window processes under the tray app `pid` (`speedtap-desktop
+    --window-of URL`, which it starts to show its window)."""
+    out = []
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--window-of" in argv:
+            out.append(p)
+    return out
+
+
+def maps_webkit(pid):
+    """True when the process `pid` has WebKit's library mapped."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return any("libwebkit2gtk" in line for line in f)
+    except OSError:
+        return False
+
+
 # ---- X11: the app's window --------------------------------------------------
 
 def app_window(title="speedtap"):
@@ -354,6 +378,13 @@ def app_window(title="speedtap"):
         if m and m.group(2) == title:
             return int(m.group(1), 16)
     return None
+
+
+def app_windows(title="speedtap"):
+    """How many top-level windows are titled `title`."""
+    tree = subprocess.run(["xwininfo", "-root", "-tree"], capture_output=True, text=True, timeout=10).stdout
+    return sum(1 for line in tree.splitlines()
+               if (m := re.match(r'\s*(0x[0-9a-f]+) "([^"]*)": \(', line)) and m.group(2) == title)
 
 
 def window_viewable(window):

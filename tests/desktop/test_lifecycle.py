@@ -1,10 +1,11 @@
 """The tray app's life outside its engine, end to end under Xvfb:
 
-- the window (and with it WebKit) exists only while it is open: started
-  with --hidden there is no WebKit process and no window; "Open speedtap"
-  creates both; closing the window ends the webview's web process again
-  (WebKit's one network process may stay, for the next window), and the
-  app stays in the tray;
+- the window is a process of its own, and it (and with it WebKit) exists
+  only while the window is open: started with --hidden there is no WebKit
+  process and no window; "Open speedtap" starts the window process, under
+  which WebKit's processes run; opening again shows the same window;
+  closing it ends the window process and every WebKit process, and the
+  app stays in the tray; quitting the app ends the window process too;
 - a second launch with the same config exits 0 and the first one's
   window is shown;
 - "Start at login" in the tray creates the login entry
@@ -15,8 +16,9 @@ import os
 import subprocess
 import unittest
 
-from desktop import (DESKTOP, Workdir, app_window, click, close_window, find_tray_item, menu_entry, start_app,
-                     tray_label, wait_until, webkit_children, window_viewable)
+from desktop import (DESKTOP, Workdir, app_window, app_windows, click, close_window, descendants,
+                     find_tray_item, menu_entry, process_name, start_app, tray_label, wait_until, webkit_children,
+                     window_processes, window_viewable)
 
 
 # One route to a port nothing listens on: the app starts without probing
@@ -29,29 +31,35 @@ class LifecycleTest(unittest.TestCase):
         self.work = Workdir("lifecycle")
         self.addCleanup(self.work.close)
 
-    def test_the_webview_exists_only_while_the_window_is_open(self):
+    def test_the_window_is_a_process_of_its_own_that_takes_webkit_with_it_when_closed(self):
         app, _, _, _ = start_app(self.work, NO_SERVER, extra=["--hidden"])
         # The tray exists once the app's setup has run; a window made at
         # start would have been made by then.
         item = find_tray_item(app.pid)
         self.assertEqual(webkit_children(app.pid), [], "no WebKit process before the window is opened")
+        self.assertEqual(window_processes(app.pid), [], "no window process before the window is opened")
         self.assertIsNone(app_window(), "no window before it is opened")
 
         click(item, "Open speedtap")
         window = wait_until("the window", app_window)
         wait_until("the window shown", lambda: window_viewable(window))
-        wait_until("WebKit's processes", lambda: webkit_children(app.pid))
+        [process] = wait_until("one window process", lambda: window_processes(app.pid))
+        webkit = wait_until("WebKit's processes", lambda: webkit_children(app.pid))
+        self.assertTrue(set(webkit) <= set(descendants(process)),
+                        f"WebKit's processes {webkit} run under the window process {process}")
+
+        # Opening again shows the same window: the second window process
+        # hands over to the first and exits (saying so on the app's stderr).
+        click(item, "Open speedtap")
+        wait_until("the second window process handing over",
+                   lambda: "the window is already open" in self.work.log("app"))
+        wait_until("the second window process gone", lambda: window_processes(app.pid) == [process])
+        self.assertEqual(app_windows(), 1)
 
         close_window(window)
         wait_until("the window destroyed", lambda: app_window() is None)
-        wait_until("the webview's web process gone",
-                   lambda: webkit_children(app.pid, "WebKitWebProcess") == [], timeout=30)
-        # WebKitGTK keeps its network process once started, and Tauri keeps
-        # its web context on Linux for the next window to reuse it: at most
-        # that one process may stay.
-        left = webkit_children(app.pid)
-        self.assertLessEqual(len(left), 1, left)
-        self.assertEqual(webkit_children(app.pid, "WebKitNetworkProcess"), left)
+        wait_until("the window process gone", lambda: window_processes(app.pid) == [], timeout=30)
+        wait_until("every WebKit process gone", lambda: webkit_children(app.pid) == [], timeout=30)
         self.assertIsNone(app.poll(), "closing the window must not quit the app")
         self.assertTrue(tray_label(item), "the tray item is still there")
 
@@ -59,6 +67,13 @@ class LifecycleTest(unittest.TestCase):
         click(item, "Open speedtap")
         window = wait_until("the window again", app_window)
         wait_until("the window shown again", lambda: window_viewable(window))
+        [process] = wait_until("the new window process", lambda: window_processes(app.pid))
+
+        # Quitting the tray app takes the window process with it.
+        click(item, "Quit")
+        self.assertEqual(app.wait(timeout=30), 0)
+        wait_until("the window process ended with the app", lambda: process_name(process) == "", timeout=30)
+        wait_until("the window gone", lambda: app_window() is None)
 
     def test_a_second_launch_exits_0_and_shows_the_first_ones_window(self):
         app, _, api_url, config = start_app(self.work, NO_SERVER, extra=["--hidden"])
@@ -70,7 +85,8 @@ class LifecycleTest(unittest.TestCase):
         self.assertIn("already running", second.stderr)
         window = wait_until("the first app's window", app_window)
         wait_until("the window shown", lambda: window_viewable(window))
-        wait_until("the first app's web process (the window belongs to it)", lambda: webkit_children(app.pid))
+        wait_until("the first app's window process (the window belongs to it)", lambda: window_processes(app.pid))
+        wait_until("its web process", lambda: webkit_children(app.pid))
         self.assertIsNone(app.poll())
 
     def test_start_at_login_in_the_tray_creates_and_removes_the_login_entry(self):

@@ -19,7 +19,7 @@ import unittest
 import urllib.error
 import urllib.request
 
-from desktop import (DESKTOP, Workdir, api_get, free_port, start_simulator, stop_app_with_arg,
+from desktop import (DESKTOP, Workdir, api_get, free_port, start_app, start_simulator, stop_app_with_arg,
                      stream_in_background, wait_until)
 
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
@@ -113,19 +113,17 @@ class WindowTest(unittest.TestCase):
         ])
         self.driver = WebDriver(f"http://127.0.0.1:{port}")
         wait_until("tauri-driver", lambda: urllib.request.urlopen(self.driver.url + "/status", timeout=1).status == 200)
-        self.config = self.work.file("config.toml", "slow_ttft_ms = 5000\n")
-        self.api = f"127.0.0.1:{free_port()}"
-        self.proxy_listen = f"127.0.0.1:{free_port()}"
-        self.driver.start(os.path.abspath(DESKTOP), [
-            "--config", self.config, "--api", self.api,
-            "--route", f"sim={self.proxy_listen}={self.sim}",
-        ])
-        # tauri-driver starts the app itself; make sure it is gone afterwards
-        # (found by its unique --api address).
-        self.addCleanup(stop_app_with_arg, self.api)
+        # The tray app, hidden; then its window process, which tauri-driver
+        # starts itself (WebKitWebDriver drives the webview of the process
+        # it starts), as the tray's "Open speedtap" would.
+        self.tray, proxies, self.api_url, self.config = start_app(
+            self.work, {"sim": self.sim}, extra=["--hidden"], config_text="slow_ttft_ms = 5000\n")
+        self.proxy_listen = proxies["sim"].removeprefix("http://")
+        self.driver.start(os.path.abspath(DESKTOP), ["--window-of", self.api_url + "/", "--config", self.config])
+        # tauri-driver starts the window process itself; make sure it is
+        # gone afterwards (found by its unique dashboard URL).
+        self.addCleanup(stop_app_with_arg, self.api_url + "/")
         self.addCleanup(self.driver.quit)
-        self.api_url = f"http://{self.api}"
-        wait_until("the app's engine", lambda: api_get(self.api_url, "/api/v1/stats") is not None, timeout=30)
         self.shots = os.environ.get("SPEEDTAP_SCREENSHOT_DIR")
 
     def config_text(self):
@@ -206,26 +204,26 @@ class WindowTest(unittest.TestCase):
         self.assertEqual(api_get(self.api_url, "/api/v1/settings")["slow_ttft_ms"], 2500)
         self.shot("window-settings")
 
-        # And the command directly, as the UI's data source calls it.
-        result = d.execute_async("""
-            const done = arguments[arguments.length - 1];
-            const { invoke } = window.__TAURI__.core;
-            invoke('get_settings')
-              .then(s => invoke('save_settings', { settings: { ...s, slow_ttft_ms: 4321, notify_settled: true } }))
-              .then(r => done(r), e => done({ error: String(e) }));
-        """)
-        self.assertEqual(result.get("saved"), True, result)
-        text = self.config_text()
-        self.assertIn("slow_ttft_ms = 4321", text)
-        self.assertIn("notify_settled = true", text)
-        bad = d.execute_async("""
-            const done = arguments[arguments.length - 1];
-            window.__TAURI__.core.invoke('save_settings', { settings: { routes: [], slow_ttft_ms: 0,
-                notifications: true, notify_settled: false } }).then(r => done(r), e => done({ error: String(e) }));
-        """)
-        self.assertIn("slow_ttft_ms", bad.get("error", ""), bad)
-        self.assertIn("slow_ttft_ms = 4321", self.config_text(), "a refused save leaves the file alone")
+        # The window is the dashboard the control API serves, in a process
+        # of its own: the tray process has no webview.
+        self.assertEqual(d.execute("return location.origin"), self.api_url)
+        self.assertEqual(d.execute("return document.documentElement.dataset.source"), "window")
 
+        # The tray app's own questions go to the tray process through the
+        # window's one command; the engine's data is not a command at all.
+        def invoke(command, args):
+            return d.execute_async("""
+                const done = arguments[arguments.length - 1];
+                window.__TAURI__.core.invoke(arguments[0], arguments[1])
+                  .then(r => done({ ok: r }), e => done({ error: String(e) }));
+            """, command, args)
+
+        self.assertEqual(invoke("app", {"command": "port_conflicts", "args": {}}), {"ok": {"conflicts": []}})
+        autostart = invoke("app", {"command": "get_autostart", "args": {}})
+        self.assertEqual(sorted(autostart["ok"]), ["available", "enabled"], autostart)
+        refused = invoke("app", {"command": "use_free_port", "args": {"route": "nope"}})
+        self.assertEqual(refused, {"error": "no port conflict for route nope"})
+        self.assertIn("error", invoke("get_settings", {}), "no data commands: the data is HTTP")
 
 if __name__ == "__main__":
     unittest.main()

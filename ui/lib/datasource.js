@@ -1,14 +1,16 @@
-// Where the dashboard's data comes from. Two implementations of one
-// interface, chosen once at startup:
-// - Tauri (the tray app's window, `window.__TAURI__` present): commands via
-//   `core.invoke`, events via `event.listen`;
-// - browser (served by the control API): HTTP on the same origin and
-//   `EventSource('/api/v1/events')`.
+// Where the dashboard's data comes from, chosen once at startup. The page
+// is always served by the control API, and reads it over HTTP on the same
+// origin with `EventSource('/api/v1/events')`:
+// - browser: that alone;
+// - window (the tray app's window, a process of its own showing the same
+//   page, `window.__TAURI__` present): that, plus the tray app's own
+//   questions (port conflicts, start at login) through its one command,
+//   `app`, which the window process forwards to the tray process.
 // Names and payloads are the UI contract's; everything else in the UI is
 // shared. No DOM access: the globals are passed in, so both run under node.
 //
 // Interface:
-//   kind                               "tauri" | "browser"
+//   kind                               "window" | "browser"
 //   calls({limit, route}) ->           {calls: [Call]}
 //   stats() ->                         Stats
 //   statsHistory() ->                  {points: [{t, tps}]}
@@ -25,9 +27,10 @@
 //   historyDepth({model, route?, since?, until?}) ->
 //                                      {model, points: [{context_tokens,
 //                                      tokens_per_second}], fit: {a, b, kind} | null}
-//   exportFile(filter, format) ->      {url} in a browser (a download link
-//                                      the page follows), {text} in Tauri
-//                                      (saved by the page as a Blob)
+//   exportFile(filter, format) ->      {url}: a download link (the engine
+//                                      answers with an attachment)
+//   portConflicts(), useFreePort(route), getAutostart(), setAutostart(on)
+//                                      the window only (absent in a browser)
 //   subscribe({speed, stats, settled, slow_first_token, prompt_truncated, servers, open, error}) -> unsubscribe()
 // Every request rejects with a SourceError. `filter` is lib/history.js's:
 // `{since?, until?, model?, route?, client?, limit?}`, set keys only.
@@ -51,7 +54,7 @@ export class SourceError extends Error {
 }
 
 export function createDataSource(globals) {
-  return globals.__TAURI__ ? tauriSource(globals.__TAURI__) : browserSource(globals);
+  return globals.__TAURI__ ? windowSource(globals, globals.__TAURI__) : browserSource(globals);
 }
 
 // ---- browser -------------------------------------------------------------
@@ -146,15 +149,15 @@ export function browserSource({ fetch, EventSource }, base = "") {
   };
 }
 
-// ---- Tauri ---------------------------------------------------------------
+// ---- the tray app's window ----------------------------------------------------
 
-/** How Tauri says "no such command": the app predates the command. */
-const UNKNOWN_COMMAND = /command\s+\S+\s+not\s+found|unknown command/i;
+/** How Tauri says a command is missing or not granted: an older app. */
+const UNKNOWN_COMMAND = /command\s+\S+\s+not\s+found|unknown command|not allowed/i;
 
-export function tauriSource(tauri) {
-  async function invoke(command, args) {
+export function windowSource(globals, tauri) {
+  async function app(command, args = {}) {
     try {
-      return await tauri.core.invoke(command, args);
+      return await tauri.core.invoke("app", { command, args });
     } catch (e) {
       const message = typeof e === "string" ? e : (e?.message ?? String(e));
       throw new SourceError(message, { unavailable: UNKNOWN_COMMAND.test(message) });
@@ -162,63 +165,11 @@ export function tauriSource(tauri) {
   }
 
   return {
-    kind: "tauri",
-    calls({ limit, route } = {}) {
-      const args = {};
-      if (limit !== undefined) args.limit = limit;
-      if (route) args.route = route;
-      return invoke("calls", args);
-    },
-    stats: () => invoke("stats"),
-    statsHistory: () => invoke("stats_history"),
-    routes: () => invoke("routes"),
-    discover: () => invoke("discover"),
-    servers: () => invoke("servers"),
-    ignoreServer: (name) => invoke("ignore_server", { name }),
-    capture: () => invoke("capture"),
-    getSettings: () => invoke("get_settings"),
-    saveSettings: (settings) => invoke("save_settings", { settings }),
-    startDemo: () => invoke("start_demo"),
-    // The tray app's own, with no control API counterpart (a browser
-    // source has none, and the page shows neither).
-    portConflicts: () => invoke("port_conflicts"),
-    useFreePort: (route) => invoke("use_free_port", { route }),
-    getAutostart: () => invoke("get_autostart"),
-    setAutostart: (enabled) => invoke("set_autostart", { enabled }),
-    history: (filter = {}) => invoke("history", { filter: { ...filter } }),
-    models(filter = {}) {
-      const { limit: _ignored, ...rest } = filter;
-      return invoke("models", { filter: rest });
-    },
-    historyDepth: (filter = {}) => invoke("history_depth", depthFilter(filter, filter.model)),
-    async exportFile(filter = {}, format = "csv") {
-      const { limit: _ignored, ...rest } = filter;
-      const text = await invoke("export", { format, filter: rest });
-      if (typeof text !== "string") throw new SourceError("the export command returned no text");
-      return { text };
-    },
-    subscribe(handlers) {
-      let closed = false;
-      const unlisteners = [];
-      const ready = Promise.all(
-        EVENTS.map((name) =>
-          tauri.event.listen(name, (e) => handlers[name]?.(e.payload)).then((unlisten) => {
-            if (closed) unlisten();
-            else unlisteners.push(unlisten);
-          }),
-        ),
-      );
-      // In-process events have no connection to open; "open" once every
-      // listener is registered, so the app loads its lists after that (and
-      // misses nothing in between).
-      ready.then(
-        () => !closed && handlers.open?.(),
-        () => !closed && handlers.error?.(),
-      );
-      return () => {
-        closed = true;
-        for (const unlisten of unlisteners.splice(0)) unlisten();
-      };
-    },
+    ...browserSource(globals),
+    kind: "window",
+    portConflicts: () => app("port_conflicts"),
+    useFreePort: (route) => app("use_free_port", { route }),
+    getAutostart: () => app("get_autostart"),
+    setAutostart: (enabled) => app("set_autostart", { enabled }),
   };
 }

@@ -90,11 +90,6 @@ export function exportFilename(format) {
   return format === "jsonl" ? "speedtap-calls.jsonl" : "speedtap-calls.csv";
 }
 
-/** The MIME type of an export, for the Blob the Tauri window saves. */
-export function exportMime(format) {
-  return format === "jsonl" ? "application/x-ndjson" : "text/csv;charset=utf-8";
-}
-
 // ---- filter options --------------------------------------------------------
 
 /**

@@ -1,10 +1,10 @@
 // Both data sources against fakes of their globals: the same interface
-// must produce the contract's HTTP requests in a browser and the contract's
-// commands and events in the Tauri window.
+// must produce the contract's HTTP requests in a browser and in the tray
+// app's window, and the window's own questions go to its one command.
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { EVENTS, SourceError, browserSource, createDataSource, tauriSource } from "../lib/datasource.js";
+import { EVENTS, SourceError, browserSource, createDataSource, windowSource } from "../lib/datasource.js";
 
 function fakeFetch(answers) {
   const requests = [];
@@ -40,10 +40,14 @@ class FakeEventSource {
   }
 }
 
-test("createDataSource picks Tauri when window.__TAURI__ exists, else the browser", () => {
-  const tauri = { core: { invoke: async () => null }, event: { listen: async () => () => {} } };
-  assert.equal(createDataSource({ __TAURI__: tauri }).kind, "tauri");
-  assert.equal(createDataSource({ fetch() {}, EventSource: FakeEventSource }).kind, "browser");
+test("createDataSource picks the window when window.__TAURI__ exists, else the browser", () => {
+  const tauri = { core: { invoke: async () => null } };
+  const inWindow = createDataSource({ __TAURI__: tauri, fetch() {}, EventSource: FakeEventSource });
+  assert.equal(inWindow.kind, "window");
+  assert.equal(typeof inWindow.getAutostart, "function");
+  const inBrowser = createDataSource({ fetch() {}, EventSource: FakeEventSource });
+  assert.equal(inBrowser.kind, "browser");
+  assert.equal(inBrowser.getAutostart, undefined, "a browser cannot ask the tray app");
 });
 
 test("browser: every request is the contract's method, path and body", async () => {
@@ -144,59 +148,33 @@ function fakeTauri(results) {
   };
 }
 
-test("Tauri: the same interface invokes the contract's commands with its args", async () => {
-  const tauri = fakeTauri({
-    calls: { calls: [] }, stats: {}, stats_history: { points: [] }, routes: { routes: [] },
-    discover: { servers: [] }, get_settings: {}, save_settings: { saved: true }, start_demo: { running: true },
-  });
-  const s = tauriSource(tauri);
-  await s.calls({ limit: 50, route: "ollama" });
-  await s.calls();
-  await s.stats();
-  await s.statsHistory();
-  await s.routes();
-  await s.discover();
-  await s.getSettings();
-  await s.saveSettings({ slow_ttft_ms: 1 });
-  await s.startDemo();
+test("window: the data is the browser's HTTP, the tray app's questions go to the app command", async () => {
+  const tauri = fakeTauri({ app: { available: true, enabled: false } });
+  const { fetch, requests } = fakeFetch({ "GET /api/v1/stats": { status: 200, body: { tokens_per_second: 1 } } });
+  const s = windowSource({ fetch, EventSource: FakeEventSource }, tauri);
+  assert.deepEqual(await s.stats(), { tokens_per_second: 1 });
+  assert.deepEqual(requests.map((r) => r.url), ["/api/v1/stats"]);
+  await s.portConflicts();
+  await s.useFreePort("ollama");
+  await s.getAutostart();
+  await s.setAutostart(true);
   assert.deepEqual(tauri.invoked, [
-    ["calls", { limit: 50, route: "ollama" }],
-    ["calls", {}],
-    ["stats", undefined],
-    ["stats_history", undefined],
-    ["routes", undefined],
-    ["discover", undefined],
-    ["get_settings", undefined],
-    ["save_settings", { settings: { slow_ttft_ms: 1 } }],
-    ["start_demo", undefined],
+    ["app", { command: "port_conflicts", args: {} }],
+    ["app", { command: "use_free_port", args: { route: "ollama" } }],
+    ["app", { command: "get_autostart", args: {} }],
+    ["app", { command: "set_autostart", args: { enabled: true } }],
   ]);
+  s.subscribe({});
+  assert.equal(FakeEventSource.last.url, "/api/v1/events", "events come over HTTP too");
 });
 
-test("Tauri: a rejected command is a SourceError; an unknown command means unavailable", async () => {
-  const s = tauriSource(fakeTauri({ save_settings: new Error("slow_ttft_ms: must be at most 600000") }));
-  await assert.rejects(s.saveSettings({}), (e) => e instanceof SourceError && !e.unavailable && e.message === "slow_ttft_ms: must be at most 600000");
-  await assert.rejects(s.discover(), (e) => e.unavailable === true && /discover/.test(e.message));
-});
-
-test("Tauri: listens to the four events, payloads unwrapped, 'open' once all are registered", async () => {
-  const tauri = fakeTauri({});
-  const s = tauriSource(tauri);
-  const got = [];
-  const opened = new Promise((resolve) => {
-    var close = s.subscribe({
-      speed: (p) => got.push(["speed", p]),
-      settled: (p) => got.push(["settled", p]),
-      open: () => resolve(close),
-    });
-  });
-  const close = await opened;
-  assert.deepEqual(Object.keys(tauri.listeners).sort(), [...EVENTS].sort());
-  tauri.listeners.speed({ event: "speed", payload: { call: { id: "c-1" } } });
-  tauri.listeners.settled({ event: "settled", payload: { id: "c-1", status: "ok" } });
-  tauri.listeners.stats({ event: "stats", payload: {} }); // no handler: ignored
-  assert.deepEqual(got, [["speed", { call: { id: "c-1" } }], ["settled", { id: "c-1", status: "ok" }]]);
-  close();
-  assert.deepEqual(tauri.unlistened.sort(), [...EVENTS].sort());
+test("window: a refused question is a SourceError; a missing or ungranted command means unavailable", async () => {
+  const s = windowSource({ fetch() {}, EventSource: FakeEventSource }, fakeTauri({ app: new Error("no port conflict for route x") }));
+  await assert.rejects(s.useFreePort("x"), (e) => e instanceof SourceError && !e.unavailable && e.message === "no port conflict for route x");
+  const old = windowSource({ fetch() {}, EventSource: FakeEventSource }, fakeTauri({}));
+  await assert.rejects(old.getAutostart(), (e) => e.unavailable === true);
+  const ungranted = windowSource({ fetch() {}, EventSource: FakeEventSource }, fakeTauri({ app: new Error("Command app not allowed by ACL") }));
+  await assert.rejects(ungranted.getAutostart(), (e) => e.unavailable === true);
 });
 
 // ---- History ---------------------------------------------------------------
@@ -234,29 +212,6 @@ test("browser: no store is a 503 carrying the engine's message; export is a link
   assert.equal(requests.length, before, "the browser follows the link itself");
 });
 
-test("Tauri: history, models and export are the contract's commands and payloads", async () => {
-  const tauri = fakeTauri({ history: { calls: [] }, models: { models: [] }, export: "id,route\r\n" });
-  const s = tauriSource(tauri);
-  const filter = { since: 1000, model: "", route: "ollama", limit: 500 };
-  await s.history(filter);
-  await s.models(filter);
-  assert.deepEqual(await s.exportFile(filter, "csv"), { text: "id,route\r\n" });
-  await s.history();
-  assert.deepEqual(tauri.invoked, [
-    ["history", { filter: { since: 1000, model: "", route: "ollama", limit: 500 } }],
-    ["models", { filter: { since: 1000, model: "", route: "ollama" } }],
-    ["export", { format: "csv", filter: { since: 1000, model: "", route: "ollama" } }],
-    ["history", { filter: {} }],
-  ]);
-});
-
-test("Tauri: no store rejects with the engine's message; an app without the commands is unavailable", async () => {
-  const s = tauriSource(fakeTauri({ history: new Error("no store: history needs --db (it is off with --no-db)"), export: null }));
-  await assert.rejects(s.history({}), (e) => e.message.startsWith("no store:") && !e.unavailable);
-  await assert.rejects(s.models({}), (e) => e.unavailable === true);
-  await assert.rejects(s.exportFile({}, "csv"), (e) => e instanceof SourceError && /no text/.test(e.message));
-});
-
 test("the live list never asks for unmetered calls: they are shown only on request", async () => {
   const { fetch, requests } = fakeFetch({
     "GET /api/v1/calls": { status: 200, body: { calls: [] } },
@@ -267,7 +222,4 @@ test("the live list never asks for unmetered calls: they are shown only on reque
   await s.calls({ limit: 200 });
   assert.deepEqual(requests.map((r) => r.url), ["/api/v1/calls", "/api/v1/calls?limit=200"]);
   for (const r of requests) assert.ok(!r.url.includes("unmetered"), r.url);
-  const tauri = fakeTauri({ calls: { calls: [] } });
-  await tauriSource(tauri).calls({ limit: 200 });
-  assert.deepEqual(tauri.invoked, [["calls", { limit: 200 }]]);
 });

@@ -6,7 +6,7 @@
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { browserSource, tauriSource } from "../lib/datasource.js";
+import { browserSource } from "../lib/datasource.js";
 import { callDetails, callFacts, truncationWarning, waitPanel } from "../lib/details.js";
 import { DASH, formatBytes, formatEta, formatPercent } from "../lib/format.js";
 import { callRow, truncationBadge, waitView } from "../lib/present.js";
@@ -249,14 +249,6 @@ test("the depth curve is GET /api/v1/history/depth in a browser and history_dept
   });
   assert.deepEqual(await browser.historyDepth({ model: "qwen3:8b", route: "ollama", since: 5, limit: 500, client: "curl" }), doc);
   assert.deepEqual(urls, ["/api/v1/history/depth?model=qwen3%3A8b&route=ollama&since=5"]);
-
-  const invoked = [];
-  const tauri = tauriSource({
-    core: { invoke: async (command, args) => (invoked.push([command, args]), doc) },
-    event: { listen: async () => () => {} },
-  });
-  await tauri.historyDepth({ model: "qwen3:8b", since: 5, limit: 500 });
-  assert.deepEqual(invoked, [["history_depth", { model: "qwen3:8b", since: 5 }]]);
 });
 
 test("an engine without the depth endpoint is unavailable, not an error", async () => {
@@ -265,9 +257,4 @@ test("an engine without the depth endpoint is unavailable, not an error", async 
     EventSource: class {},
   });
   await assert.rejects(browser.historyDepth({ model: "m" }), (e) => e.unavailable === true);
-  const tauri = tauriSource({
-    core: { invoke: async () => Promise.reject("command history_depth not found") },
-    event: { listen: async () => () => {} },
-  });
-  await assert.rejects(tauri.historyDepth({ model: "m" }), (e) => e.unavailable === true);
 });

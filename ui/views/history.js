@@ -14,7 +14,6 @@ import {
   depthModels,
   depthSeries,
   exportFilename,
-  exportMime,
   exportUrl,
   mergeOptions,
   optionLabel,
@@ -149,27 +148,8 @@ export function mountHistory(source, { onSelect }, doc = document) {
     updateExport();
   });
 
-  // In a browser the link downloads by itself (the engine's answer is an
-  // attachment). The Tauri window has no HTTP server behind the page: the
-  // `export` command returns the text, saved here through a Blob.
-  exportLink.addEventListener("click", async (e) => {
-    if (source.kind === "browser") return;
-    e.preventDefault();
-    const fmt = format.value;
-    setText(status, "Exporting…");
-    try {
-      const { text, url } = await source.exportFile(shownFilter, fmt);
-      const href = url ?? URL.createObjectURL(new Blob([text], { type: exportMime(fmt) }));
-      const a = h("a", { href, download: exportFilename(fmt), class: "offscreen" });
-      doc.body.append(a);
-      a.click();
-      a.remove();
-      if (!url) setTimeout(() => URL.revokeObjectURL(href), 10_000);
-      setText(status, `Exported ${exportFilename(fmt)}.`);
-    } catch (err) {
-      setText(status, `Export failed: ${err.message}`);
-    }
-  });
+  // The link downloads by itself, in a browser and in the window alike:
+  // the engine answers with an attachment, so nothing is buffered here.
 
   // ---- drawing -----------------------------------------------------------------
 
