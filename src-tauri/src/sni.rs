@@ -708,3 +708,187 @@ async fn reregister(conn: Connection, mut hosts: MessageStream) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: &str, kind: EntryKind, text: &str) -> MenuEntry {
+        MenuEntry {
+            id: id.into(),
+            kind,
+            text: text.into(),
+        }
+    }
+
+    fn sample_menu() -> Vec<MenuEntry> {
+        vec![
+            entry("call:1", EntryKind::Info, "qwen3_8b 41 tok/s"),
+            entry("sep-1", EntryKind::Separator, ""),
+            entry("open", EntryKind::Action, "Open speedtap"),
+            entry("pause-notifications", EntryKind::Check(true), "Pause"),
+        ]
+    }
+
+    /// A one-row PNG of `pixels`, 8 bits per sample.
+    fn png_bytes(color: png::ColorType, width: u32, pixels: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut encoder = png::Encoder::new(&mut out, width, 1);
+        encoder.set_color(color);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder.write_header().expect("header");
+        writer.write_image_data(pixels).expect("pixels");
+        writer.finish().expect("finish");
+        out
+    }
+
+    #[test]
+    fn an_rgba_png_becomes_argb_in_network_byte_order() {
+        let pixels = [10, 20, 30, 40, 50, 60, 70, 80];
+        let icon = Icon::from_png(&png_bytes(png::ColorType::Rgba, 2, &pixels)).expect("icon");
+        assert_eq!((icon.width, icon.height), (2, 1));
+        assert_eq!(icon.argb, vec![40, 10, 20, 30, 80, 50, 60, 70]);
+    }
+
+    #[test]
+    fn an_rgb_png_becomes_opaque_argb() {
+        let icon = Icon::from_png(&png_bytes(png::ColorType::Rgb, 1, &[1, 2, 3])).expect("icon");
+        assert_eq!(icon.argb, vec![255, 1, 2, 3]);
+    }
+
+    #[test]
+    fn the_tray_icons_decode_to_one_argb_pixel_per_pixel() {
+        let icon = Icon::from_png(include_bytes!("../icons/tray-idle.png")).expect("icon");
+        assert_eq!((icon.width, icon.height), (32, 32));
+        assert_eq!(icon.argb.len(), 32 * 32 * 4);
+    }
+
+    #[test]
+    fn bytes_that_are_not_a_png_are_an_error_not_a_panic() {
+        assert!(Icon::from_png(b"not a png").is_err());
+    }
+
+    #[test]
+    fn the_layout_is_a_submenu_root_with_the_entries_numbered_from_one() {
+        let node = layout(&sample_menu(), 0, -1, &[]).expect("root");
+        assert_eq!(node.id, 0);
+        assert_eq!(
+            node.props.get("children-display"),
+            Some(&Prop::Str("submenu".into()))
+        );
+        let ids: Vec<i32> = node.children.iter().map(|c| c.0.id).collect();
+        assert_eq!(ids, vec![1, 2, 3, 4]);
+        assert!(node.children.iter().all(|c| c.0.children.is_empty()));
+    }
+
+    #[test]
+    fn entries_carry_the_properties_libdbusmenu_gave_their_gtk_items() {
+        let node = layout(&sample_menu(), 0, -1, &[]).expect("root");
+        let props: Vec<&Props> = node.children.iter().map(|c| &c.0.props).collect();
+        let s = |v: &str| Prop::Str(v.into());
+        // Underscores doubled: a single one would be a mnemonic mark.
+        assert_eq!(props[0].get("label"), Some(&s("qwen3__8b 41 tok/s")));
+        assert_eq!(props[0].get("enabled"), Some(&Prop::Bool(false)));
+        assert_eq!(props[1].get("type"), Some(&s("separator")));
+        assert_eq!(props[1].get("label"), None);
+        assert_eq!(props[2].get("label"), Some(&s("Open speedtap")));
+        assert_eq!(props[2].get("enabled"), Some(&Prop::Bool(true)));
+        assert_eq!(props[2].get("toggle-type"), None);
+        assert_eq!(props[3].get("toggle-type"), Some(&s("checkmark")));
+        assert_eq!(props[3].get("toggle-state"), Some(&Prop::Int(1)));
+        assert!(props
+            .iter()
+            .all(|p| p.get("visible") == Some(&Prop::Bool(true))));
+    }
+
+    #[test]
+    fn the_layout_honours_depth_parent_and_property_names() {
+        let menu = sample_menu();
+        assert!(layout(&menu, 0, 0, &[]).expect("root").children.is_empty());
+        let open = layout(&menu, 3, -1, &["label".into()]).expect("item 3");
+        assert_eq!(open.id, 3);
+        assert_eq!(
+            open.props.keys().copied().collect::<Vec<_>>(),
+            vec!["label"]
+        );
+        assert!(layout(&menu, 5, -1, &[]).is_none());
+        assert!(layout(&menu, -1, -1, &[]).is_none());
+    }
+
+    #[test]
+    fn the_layout_has_the_dbusmenu_signature() {
+        assert_eq!(Node::SIGNATURE.to_string(), "(ia{sv}av)");
+        assert_eq!(<Props as Type>::SIGNATURE.to_string(), "a{sv}");
+    }
+
+    #[test]
+    fn new_texts_and_check_marks_update_items_in_place() {
+        let old = sample_menu();
+        assert_eq!(menu_change(&old, &old), MenuChange::None);
+        let mut new = old.clone();
+        new[0].text = "qwen3:8b 40 tok/s".into();
+        new[3].kind = EntryKind::Check(false);
+        assert_eq!(menu_change(&old, &new), MenuChange::Items(vec![1, 4]));
+    }
+
+    #[test]
+    fn other_ids_kinds_or_lengths_make_a_new_layout() {
+        let old = sample_menu();
+        let mut other_id = old.clone();
+        other_id[0].id = "call:2".into();
+        let mut other_kind = old.clone();
+        other_kind[2].kind = EntryKind::Info;
+        let shorter = old[..3].to_vec();
+        for new in [other_id, other_kind, shorter] {
+            assert_eq!(menu_change(&old, &new), MenuChange::Layout);
+        }
+    }
+
+    fn menu_with_clicks() -> (DbusMenu, Arc<Mutex<Vec<String>>>) {
+        let clicks = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&clicks);
+        let shared = Shared {
+            state: Mutex::new(State {
+                label: String::new(),
+                icon: Icon {
+                    width: 0,
+                    height: 0,
+                    argb: Vec::new(),
+                },
+                menu: sample_menu(),
+                revision: 1,
+            }),
+            on_click: Box::new(move |id| seen.lock().expect("clicks").push(id)),
+            on_activate: Box::new(|| {}),
+        };
+        (DbusMenu(Arc::new(shared)), clicks)
+    }
+
+    fn click(menu: &DbusMenu, id: i32) -> fdo::Result<()> {
+        menu.event(id, "clicked".into(), OwnedVariant::from(0i32), 0)
+    }
+
+    #[test]
+    fn a_click_reports_actions_and_checks_but_not_greyed_out_entries() {
+        let (menu, clicks) = menu_with_clicks();
+        for id in [0, 1, 2, 3, 4] {
+            click(&menu, id).expect("known id");
+        }
+        let clicks = clicks.lock().expect("clicks").clone();
+        assert_eq!(clicks, vec!["open", "pause-notifications"]);
+    }
+
+    #[test]
+    fn a_click_on_an_id_the_layout_lacks_is_refused() {
+        let (menu, _) = menu_with_clicks();
+        for id in [5, -3] {
+            let err = click(&menu, id).expect_err("unknown id");
+            assert!(err.to_string().contains(NOT_AN_ITEM), "{err}");
+        }
+        let unknown = menu.event_group(vec![
+            (3, "clicked".into(), OwnedVariant::from(0i32), 0),
+            (9, "clicked".into(), OwnedVariant::from(0i32), 0),
+        ]);
+        assert_eq!(unknown, vec![9]);
+    }
+}
