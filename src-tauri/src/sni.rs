@@ -272,6 +272,10 @@ impl Shared {
     }
 }
 
+/// Icons as StatusNotifierItem sends them, `a(iiay)`: width, height and
+/// ARGB32 pixels, one entry per size (we have one).
+type Pixmaps = Vec<(i32, i32, Vec<u8>)>;
+
 /// `org.kde.StatusNotifierItem` at [`ITEM_PATH`].
 struct Item(Arc<Shared>);
 
@@ -320,7 +324,7 @@ impl Item {
     }
 
     #[zbus(property)]
-    fn icon_pixmap(&self) -> Vec<(i32, i32, Vec<u8>)> {
+    fn icon_pixmap(&self) -> Pixmaps {
         let state = self.0.state();
         let icon = &state.icon;
         vec![(icon.width, icon.height, icon.argb.clone())]
@@ -342,12 +346,12 @@ impl Item {
     }
 
     #[zbus(property)]
-    fn attention_icon_pixmap(&self) -> Vec<(i32, i32, Vec<u8>)> {
+    fn attention_icon_pixmap(&self) -> Pixmaps {
         Vec::new()
     }
 
     #[zbus(property)]
-    fn tool_tip(&self) -> (String, Vec<(i32, i32, Vec<u8>)>, String, String) {
+    fn tool_tip(&self) -> (String, Pixmaps, String, String) {
         (String::new(), Vec::new(), ITEM_ID.into(), String::new())
     }
 
@@ -712,6 +716,7 @@ async fn reregister(conn: Connection, mut hosts: MessageStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn entry(id: &str, kind: EntryKind, text: &str) -> MenuEntry {
         MenuEntry {
@@ -890,5 +895,145 @@ mod tests {
             (9, "clicked".into(), OwnedVariant::from(0i32), 0),
         ]);
         assert_eq!(unknown, vec![9]);
+    }
+
+    /// `busctl --user --json=short -- ARGS`, as the desktop tests read the
+    /// tray: the JSON reply, or busctl's error message.
+    fn busctl(args: &[&str]) -> Result<serde_json::Value, String> {
+        let out = std::process::Command::new("busctl")
+            .args(["--user", "--json=short", "--"])
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.trim().is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    }
+
+    /// [`busctl`] off the runtime's threads, which serve the tray.
+    async fn bus(args: &[&str]) -> Result<serde_json::Value, String> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            busctl(&args)
+        })
+        .await
+        .expect("busctl task")
+    }
+
+    async fn label(name: &str) -> serde_json::Value {
+        let args = [
+            "get-property",
+            name,
+            ITEM_PATH,
+            "org.kde.StatusNotifierItem",
+        ];
+        let reply = bus(&[&args[..], &["XAyatanaLabel"]].concat()).await;
+        reply.expect("XAyatanaLabel")["data"].clone()
+    }
+
+    /// (revision, labels of the root's children) from GetLayout.
+    async fn menu_labels(name: &str) -> (u64, Vec<String>) {
+        let args = [
+            "call",
+            name,
+            MENU_PATH,
+            "com.canonical.dbusmenu",
+            "GetLayout",
+            "iias",
+            "0",
+            "-1",
+            "0",
+        ];
+        let reply = bus(&args).await.expect("GetLayout");
+        let revision = reply["data"][0].as_u64().expect("revision");
+        let children = reply["data"][1][2].as_array().expect("children").clone();
+        let labels = children
+            .iter()
+            .map(|c| {
+                c["data"][1]["label"]["data"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect();
+        (revision, labels)
+    }
+
+    async fn click_on_bus(name: &str, id: &str) -> Result<serde_json::Value, String> {
+        let args = ["call", name, MENU_PATH, "com.canonical.dbusmenu", "Event"];
+        bus(&[&args[..], &["isvu", id, "clicked", "s", "", "0"]].concat()).await
+    }
+
+    /// Every XAyatanaNewLabel the item sends.
+    async fn new_labels() -> MessageStream {
+        let client = Connection::session().await.expect("client connection");
+        let rule = MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .interface("org.kde.StatusNotifierItem")
+            .member("XAyatanaNewLabel")
+            .build()
+            .expect("rule");
+        MessageStream::for_match_rule(rule, &client, None)
+            .await
+            .expect("signal stream")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_a_session_bus_the_tray_shows_its_label_and_menu_and_takes_clicks() {
+        if std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_none() {
+            eprintln!("skipped: no session bus (run under `dbus-run-session --`)");
+            return;
+        }
+        let icon = Icon::from_png(include_bytes!("../icons/tray-idle.png")).expect("icon");
+        let (tx, mut clicks) = tokio::sync::mpsc::unbounded_channel();
+        let on_click = move |id| {
+            let _ = tx.send(id);
+        };
+        let tray = Tray::start("idle", icon, sample_menu(), on_click, || {})
+            .await
+            .expect("tray on the bus");
+        let name = format!("org.kde.StatusNotifierItem-{}-1", std::process::id());
+
+        assert_eq!(label(&name).await, "idle");
+        let (revision, labels) = menu_labels(&name).await;
+        assert_eq!(labels, ["qwen3__8b 41 tok/s", "", "Open speedtap", "Pause"]);
+
+        click_on_bus(&name, "3").await.expect("click on Open");
+        let clicked = tokio::time::timeout(Duration::from_secs(5), clicks.recv()).await;
+        assert_eq!(clicked.expect("a click in time").as_deref(), Some("open"));
+        let refused = click_on_bus(&name, "9").await.expect_err("no item 9");
+        assert!(refused.contains(NOT_AN_ITEM), "{refused}");
+
+        let mut signals = new_labels().await;
+        tray.set_label("41.7 tok/s").await;
+        let signal = tokio::time::timeout(Duration::from_secs(5), signals.next()).await;
+        let signal = signal.expect("XAyatanaNewLabel in time").expect("a signal");
+        let args: (String, String) = signal.expect("message").body().deserialize().expect("ss");
+        assert_eq!(args, ("41.7 tok/s".to_owned(), String::new()));
+        assert_eq!(label(&name).await, "41.7 tok/s");
+
+        // Same shape: same revision, new text. Another shape: a new revision.
+        let mut menu = sample_menu();
+        menu[2].text = "Open the window".into();
+        tray.set_menu(menu.clone()).await;
+        assert_eq!(menu_labels(&name).await, (revision, labels_of(&menu)));
+        menu.remove(0);
+        tray.set_menu(menu.clone()).await;
+        assert_eq!(menu_labels(&name).await, (revision + 1, labels_of(&menu)));
+    }
+
+    fn labels_of(menu: &[MenuEntry]) -> Vec<String> {
+        menu.iter()
+            .map(|e| match e.kind {
+                EntryKind::Separator => String::new(),
+                _ => e.text.replace('_', "__"),
+            })
+            .collect()
     }
 }
