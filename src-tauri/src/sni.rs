@@ -984,6 +984,27 @@ mod tests {
             .expect("signal stream")
     }
 
+    /// A StatusNotifierWatcher that reports who registered what.
+    struct FakeWatcher(tokio::sync::mpsc::UnboundedSender<(String, String)>);
+
+    #[interface(name = "org.kde.StatusNotifierWatcher")]
+    impl FakeWatcher {
+        fn register_status_notifier_item(
+            &self,
+            service: String,
+            #[zbus(header)] header: zbus::message::Header<'_>,
+        ) {
+            let sender = header.sender().map(|s| s.to_string()).unwrap_or_default();
+            let _ = self.0.send((service, sender));
+        }
+    }
+
+    async fn within_5_s<T>(what: &str, next: impl std::future::Future<Output = Option<T>>) -> T {
+        let got = tokio::time::timeout(Duration::from_secs(5), next).await;
+        got.unwrap_or_else(|_| panic!("no {what} within 5 s"))
+            .unwrap_or_else(|| panic!("{what}: channel closed"))
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_a_session_bus_the_tray_shows_its_label_and_menu_and_takes_clicks() {
         if std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_none() {
@@ -991,41 +1012,70 @@ mod tests {
             return;
         }
         let icon = Icon::from_png(include_bytes!("../icons/tray-idle.png")).expect("icon");
-        let (tx, mut clicks) = tokio::sync::mpsc::unbounded_channel();
+        let (click_tx, mut clicks) = tokio::sync::mpsc::unbounded_channel();
+        let (activate_tx, mut activations) = tokio::sync::mpsc::unbounded_channel();
         let on_click = move |id| {
-            let _ = tx.send(id);
+            let _ = click_tx.send(id);
         };
-        let tray = Tray::start("idle", icon, sample_menu(), on_click, || {})
+        let on_activate = move || {
+            let _ = activate_tx.send(());
+        };
+        let tray = Tray::start("idle", icon, sample_menu(), on_click, on_activate)
             .await
             .expect("tray on the bus");
         let name = format!("org.kde.StatusNotifierItem-{}-1", std::process::id());
 
         assert_eq!(label(&name).await, "idle");
-        let (revision, labels) = menu_labels(&name).await;
-        assert_eq!(labels, ["qwen3__8b 41 tok/s", "", "Open speedtap", "Pause"]);
-
         click_on_bus(&name, "3").await.expect("click on Open");
-        let clicked = tokio::time::timeout(Duration::from_secs(5), clicks.recv()).await;
-        assert_eq!(clicked.expect("a click in time").as_deref(), Some("open"));
+        assert_eq!(within_5_s("click", clicks.recv()).await, "open");
         let refused = click_on_bus(&name, "9").await.expect_err("no item 9");
         assert!(refused.contains(NOT_AN_ITEM), "{refused}");
+        let activate = ["call", &name, ITEM_PATH, "org.kde.StatusNotifierItem"];
+        bus(&[&activate[..], &["Activate", "ii", "0", "0"]].concat())
+            .await
+            .expect("Activate");
+        within_5_s("activation", activations.recv()).await;
 
+        a_new_label_is_signalled_and_shown(&tray, &name).await;
+        menu_changes_keep_or_bump_the_revision(&tray, &name).await;
+        a_watcher_that_appears_later_gets_the_item(&tray).await;
+    }
+
+    async fn a_new_label_is_signalled_and_shown(tray: &Tray, name: &str) {
         let mut signals = new_labels().await;
         tray.set_label("41.7 tok/s").await;
-        let signal = tokio::time::timeout(Duration::from_secs(5), signals.next()).await;
-        let signal = signal.expect("XAyatanaNewLabel in time").expect("a signal");
+        let signal = within_5_s("XAyatanaNewLabel", signals.next()).await;
         let args: (String, String) = signal.expect("message").body().deserialize().expect("ss");
         assert_eq!(args, ("41.7 tok/s".to_owned(), String::new()));
-        assert_eq!(label(&name).await, "41.7 tok/s");
+        assert_eq!(label(name).await, "41.7 tok/s");
+    }
 
+    async fn menu_changes_keep_or_bump_the_revision(tray: &Tray, name: &str) {
+        let (revision, labels) = menu_labels(name).await;
+        assert_eq!(labels, ["qwen3__8b 41 tok/s", "", "Open speedtap", "Pause"]);
         // Same shape: same revision, new text. Another shape: a new revision.
         let mut menu = sample_menu();
         menu[2].text = "Open the window".into();
         tray.set_menu(menu.clone()).await;
-        assert_eq!(menu_labels(&name).await, (revision, labels_of(&menu)));
+        assert_eq!(menu_labels(name).await, (revision, labels_of(&menu)));
         menu.remove(0);
         tray.set_menu(menu.clone()).await;
-        assert_eq!(menu_labels(&name).await, (revision + 1, labels_of(&menu)));
+        assert_eq!(menu_labels(name).await, (revision + 1, labels_of(&menu)));
+    }
+
+    /// Registered by its object path, from the tray's own connection.
+    async fn a_watcher_that_appears_later_gets_the_item(tray: &Tray) {
+        let (tx, mut registered) = tokio::sync::mpsc::unbounded_channel();
+        let _watcher = zbus::connection::Builder::session()
+            .name(WATCHER)
+            .serve_at(WATCHER_PATH, FakeWatcher(tx))
+            .build()
+            .await
+            .expect("a watcher on the bus");
+        let (service, sender) = within_5_s("registration", registered.recv()).await;
+        assert_eq!(service, ITEM_PATH);
+        let unique = tray.conn.unique_name().expect("unique name");
+        assert_eq!(sender, unique.as_str());
     }
 
     fn labels_of(menu: &[MenuEntry]) -> Vec<String> {
