@@ -1,10 +1,11 @@
 //! The Linux tray icon, exported straight onto the session bus with zbus:
 //! a StatusNotifierItem and its com.canonical.dbusmenu menu.
 //!
-//! Why not libayatana-appindicator: it is a C library that drags in GTK,
-//! and with GTK comes the wish to keep WebKit around. Exporting the two
-//! D-Bus objects ourselves lets the tray process run without loading GTK
-//! or WebKit at all; the window can live in a process of its own.
+//! Why not libayatana-appindicator: it is a C library built on GTK, so the
+//! process that shows the icon loads GTK, and in a Tauri app WebKit with
+//! it. Exporting the two D-Bus objects ourselves (no tauri, GTK or C
+//! library here) lets a tray process run without either, while the window
+//! lives in a process of its own.
 //!
 //! Why it looks like libayatana on the bus: tray hosts (KDE, the GNOME
 //! AppIndicator extension, waybar...) and our own desktop tests
@@ -17,7 +18,7 @@
 //! The menu is a flat list of [`MenuEntry`]s. Its dbusmenu ids are the
 //! positions 1..n in the current list; a list of another shape (other ids
 //! or kinds) is a new layout revision, a list of the same shape is updated
-//! in place (see [`menu_change`]). A click that names an id the current
+//! in place (see `menu_change`). A click that names an id the current
 //! layout does not have is refused with "does not refer to a menu item",
 //! as libdbusmenu did, so a host (or test) that raced a relayout knows
 //! nothing happened and can read the layout again.
