@@ -39,6 +39,7 @@ pub mod autostart;
 pub mod instance;
 pub mod notify;
 pub mod ports;
+pub mod sni;
 mod tray;
 pub mod tray_extras;
 pub mod tray_model;
