@@ -10,14 +10,14 @@
 //! or `{"error": message}`. In a plain browser the page has no way to ask
 //! and shows neither.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use speedtap::host::EngineHandle;
 use speedtap::model::QueryError;
-use tauri::{AppHandle, Manager, Runtime};
 
-use crate::autostart::LoginItem;
-use crate::ports::{next_free_port, Conflicts, PortConflict};
+use crate::ports::{next_free_port, PortConflict};
+use crate::App;
 
 /// What a command answers: its document, or the engine interface's error.
 pub type Result<T> = std::result::Result<T, QueryError>;
@@ -47,12 +47,13 @@ enum Question {
 }
 
 /// Answers one question line from the window process (see the module
-/// docs). Runs on the single-instance thread, which may wait.
-pub fn answer<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle, line: &str) -> String {
+/// docs), then redraws the tray, whose menu shows the same state.
+pub async fn answer(app: &Arc<App>, line: &str) -> String {
     let result = match serde_json::from_str::<Question>(line) {
-        Ok(question) => ask(app, engine, question),
+        Ok(question) => ask(app, question).await,
         Err(e) => Err(QueryError::BadInput(format!("not a question: {e}"))),
     };
+    app.refresh_tray().await;
     match result {
         Ok(doc) => json!({ "ok": doc }),
         Err(e) => json!({ "error": e.to_string() }),
@@ -60,21 +61,13 @@ pub fn answer<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle, line: &str)
     .to_string()
 }
 
-fn ask<R: Runtime>(app: &AppHandle<R>, engine: &EngineHandle, q: Question) -> Result<Value> {
-    let doc = match q {
+async fn ask(app: &App, q: Question) -> Result<Value> {
+    Ok(match q {
         Question::PortConflicts => to_value(port_conflicts(app)),
-        Question::UseFreePort { route } => to_value(tauri::async_runtime::block_on(
-            use_free_port(app, engine, route),
-        )?),
+        Question::UseFreePort { route } => to_value(use_free_port(app, route).await?),
         Question::GetAutostart => to_value(autostart_doc(app)),
         Question::SetAutostart { enabled } => to_value(set_autostart(app, enabled)?),
-    };
-    #[cfg(all(desktop, not(test)))]
-    {
-        let app = app.clone();
-        tauri::async_runtime::spawn(async move { crate::tray::refresh(&app).await });
-    }
-    Ok(doc)
+    })
 }
 
 fn to_value(doc: impl Serialize) -> Value {
@@ -83,26 +76,17 @@ fn to_value(doc: impl Serialize) -> Value {
 
 /// The listeners that could not be bound at start, each with its holder
 /// (when known) and the next free port.
-pub fn port_conflicts<R: Runtime>(app: &AppHandle<R>) -> ConflictsDoc {
+pub fn port_conflicts(app: &App) -> ConflictsDoc {
     ConflictsDoc {
-        conflicts: app
-            .try_state::<Conflicts>()
-            .map(|c| c.list())
-            .unwrap_or_default(),
+        conflicts: app.conflicts.list(),
     }
 }
 
 /// Starts the route that could not have its port on the next free one
 /// (looked up again now) and answers its new address. The config file is
 /// left alone: the window's Settings saves a new address for good.
-pub async fn use_free_port<R: Runtime>(
-    app: &AppHandle<R>,
-    engine: &EngineHandle,
-    route: String,
-) -> Result<String> {
-    let conflicts = app
-        .try_state::<Conflicts>()
-        .ok_or_else(|| QueryError::NotFound(format!("no port conflict for route {route}")))?;
+pub async fn use_free_port(app: &App, route: String) -> Result<String> {
+    let conflicts = &app.conflicts;
     let conflict = conflicts
         .list()
         .into_iter()
@@ -113,7 +97,8 @@ pub async fn use_free_port<R: Runtime>(
         .ok_or_else(|| QueryError::NotFound(format!("route {route} is not known")))?;
     spec.listen = next_free_port(spec.listen)
         .ok_or_else(|| QueryError::Conflict(format!("no free port near {}", spec.listen)))?;
-    let bound = engine
+    let bound = app
+        .engine
         .add_route(spec)
         .await
         .map_err(|e| QueryError::Conflict(e.to_string()))?;
@@ -121,8 +106,8 @@ pub async fn use_free_port<R: Runtime>(
     Ok(bound.listen.to_string())
 }
 
-pub fn autostart_doc<R: Runtime>(app: &AppHandle<R>) -> AutostartDoc {
-    match app.try_state::<LoginItem>() {
+pub fn autostart_doc(app: &App) -> AutostartDoc {
+    match &app.login {
         Some(item) => AutostartDoc {
             available: true,
             enabled: item.is_enabled(),
@@ -136,9 +121,10 @@ pub fn autostart_doc<R: Runtime>(app: &AppHandle<R>) -> AutostartDoc {
 
 /// Turns start at login on or off; answers the new state. The tray's check
 /// item follows.
-pub fn set_autostart<R: Runtime>(app: &AppHandle<R>, enabled: bool) -> Result<AutostartDoc> {
+pub fn set_autostart(app: &App, enabled: bool) -> Result<AutostartDoc> {
     let item = app
-        .try_state::<LoginItem>()
+        .login
+        .as_ref()
         .ok_or_else(|| QueryError::Unavailable("start at login is not available here".into()))?;
     item.set_enabled(enabled).map_err(|e| {
         QueryError::Io(format!(

@@ -46,6 +46,21 @@ pub enum Claim {
     Forwarded,
 }
 
+/// The tray app's socket name for this user and `config` (the default
+/// config file when `None`; made absolute, so that every way of naming the
+/// same file finds the same app). The window process names it the same way.
+pub fn tray_socket(config: Option<&Path>) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let config = config
+        .map(Path::to_path_buf)
+        .unwrap_or_else(speedtap::config::default_config_path);
+    let config = std::fs::canonicalize(&config).unwrap_or(config);
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0);
+    name(uid, &config)
+}
+
 /// The socket's abstract name for this user and config file.
 pub fn name(uid: u32, config: &Path) -> String {
     format!(

@@ -1,33 +1,36 @@
 //! speedtap-desktop: the tray app. A thin host of the engine `speedtap run`
 //! hosts, with the same config file and flags, plus a tray icon whose label
 //! is the current tokens per second, desktop notifications for slow first
-//! tokens, and the web dashboard in a window.
+//! tokens, and the dashboard in a window.
+//!
+//! # Two processes
+//! This process, the tray process, holds the engine, the tray, the
+//! notifications and the capture, and never loads GTK or WebKit: the tray
+//! is a StatusNotifierItem spoken straight over D-Bus ([`sni`], [`tray`]).
+//! The window is a process of its own, `speedtap-window`, started when the
+//! window is opened ([`window`]) and ended when it closes, which takes all
+//! of WebKit's memory with it. It shows the dashboard the control API
+//! serves, and asks this process only about the app itself
+//! ([`app_commands`], over the single-instance socket, [`instance`]).
 //!
 //! # Data flow
 //! - [`run`] parses the flags (`speedtap run`'s, via
 //!   [`speedtap::host::args::RunArgs`], plus [`DesktopArgs::hidden`]),
 //!   resolves the settings as `speedtap run` does (except that `capture`,
 //!   when nothing says, follows whether the capture helper has its
-//!   permission: off until it exists, then on), starts the
-//!   engine on Tauri's tokio runtime, then hands it to [`build_app`].
+//!   permission: off until it exists, then on), and starts the engine.
 //! - One task subscribes to the engine's events and fans each one out: to
-//!   the window as a Tauri event ([`events`]), to the tray (`tray`, via
-//!   [`tray_model`]), and to the notification policy ([`notify`]) for
-//!   settled follow-ups. Slow-first-token alarms reach [`notify`] through
-//!   the engine's own hook, which throttles them per route.
-//! - The window is a process of its own ([`window`], [`window_app`]) that
-//!   shows the dashboard the control API serves, and asks the tray process
-//!   only about the app itself ([`app_commands`]).
+//!   the tray (via [`tray_model`]) and to the notification policy
+//!   ([`notify`]) for settled follow-ups. Slow-first-token alarms reach
+//!   [`notify`] through the engine's own hook, which throttles them per
+//!   route.
 //!
 //! No metering happens here: every number comes from the engine.
 //!
 //! # Lifecycle
-//! The tray process never makes a webview: the window process exists only
-//! while the window is open, so the tray app idles without WebKit and
-//! closing the window gives all of WebKit's memory back. The app lives on
-//! in the tray until "Quit" (or SIGINT/SIGTERM),
-//! which exits 0 after the engine's clean shutdown (in-flight calls get up
-//! to 5 s, like `speedtap run`).
+//! The app lives in the tray until "Quit" (or SIGINT/SIGTERM), which exits
+//! 0 after the engine's clean shutdown (in-flight calls get up to 5 s, like
+//! `speedtap run`); the window process ends with it.
 //!
 //! One app runs per user and config file ([`instance`]): a second launch
 //! shows the first one's window and exits 0. A port the app cannot have
@@ -40,16 +43,14 @@ pub mod instance;
 pub mod notify;
 pub mod ports;
 pub mod sni;
-mod tray;
+pub mod tray;
 pub mod tray_extras;
 pub mod tray_model;
 pub mod window;
-pub mod window_app;
 pub mod window_state;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
 use speedtap::config::{self, Settings};
@@ -59,14 +60,10 @@ use speedtap::host::settings::{
 };
 use speedtap::host::{Engine, EngineError, EngineHandle, RunningEngine};
 use speedtap::model::{EngineEvent, EngineQueries};
-use tauri::{App, AppHandle, Builder, Manager, RunEvent, Runtime};
 
 use autostart::LoginItem;
 use notify::{DesktopSink, Notifications};
 use ports::{Conflicts, PortConflict};
-
-/// The window's label (`tauri.conf.json`).
-pub const MAIN_WINDOW: &str = "main";
 
 /// speedtap-desktop: live TTFT and tokens per second of every local LLM
 /// call, in the tray.
@@ -81,77 +78,83 @@ pub struct DesktopArgs {
     /// Start in the tray only, without opening the window.
     #[arg(long)]
     pub hidden: bool,
-    /// Internal: be the window process, showing the dashboard at URL (the
-    /// tray process starts it so; see `window`).
-    #[arg(long = "window-of", value_name = "URL", hide = true)]
-    pub window_of: Option<String>,
-    /// Internal, with `--window-of`: exit when standard input ends (the
-    /// tray process holds the other end).
-    #[arg(long, hide = true, requires = "window_of")]
-    pub ends_with_stdin: bool,
 }
 
-/// What [`build_app`] hosts.
-pub struct Host {
-    pub engine: RunningEngine,
+/// What the tray process's tasks share: the engine and the app's own
+/// state. The tray, once exported, is set in [`App::tray`].
+pub struct App {
+    pub engine: EngineHandle,
     pub notifications: Arc<Notifications>,
-    /// Open the window at start (`--hidden` turns it off).
-    pub show_window: bool,
-    /// `--json`: one JSON line per published call snapshot on stdout, as
-    /// `speedtap run --json` prints.
-    pub json: bool,
+    /// The ports the app could not have.
+    pub conflicts: Conflicts,
+    /// Start at login, where there is a home to write it in.
+    pub login: Option<LoginItem>,
     /// The config file the window process is told (it names the tray's
     /// single-instance socket).
     pub config: PathBuf,
+    /// `--json`: one JSON line per published call snapshot on stdout, as
+    /// `speedtap run --json` prints.
+    pub json: bool,
+    /// The tray icon, when a session bus took it.
+    pub tray: OnceLock<Arc<tray::TrayIcon>>,
+    /// Notified by "Quit".
+    pub quit: tokio::sync::Notify,
+    /// The app's runtime, for work started where none is current (the
+    /// tray's clicks arrive on zbus's own thread).
+    pub runtime: tokio::runtime::Handle,
 }
 
-/// The running engine, taken out for the clean shutdown at exit.
-struct Running(Mutex<Option<RunningEngine>>);
-
-impl Running {
-    fn take(&self) -> Option<RunningEngine> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+impl App {
+    /// Shows the window: starts the window process, or brings up the one
+    /// open ([`window::open`]).
+    pub fn show_window(&self) {
+        window::open(self.engine.api_addr(), &self.config);
     }
 
-    fn is_stopping(&self) -> bool {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    /// Redraws the tray, if there is one (after the app's own state
+    /// changed: a port conflict resolved, start at login switched).
+    pub async fn refresh_tray(self: &Arc<Self>) {
+        if let Some(tray) = self.tray.get() {
+            tray.refresh(self).await;
+        }
     }
 }
 
-/// True once the app is exiting (the engine has been taken out for its
-/// shutdown). Background work that needs the main thread (tray redraws)
-/// stops then: the main thread is busy waiting for the engine to drain.
-pub(crate) fn is_exiting<R: Runtime>(app: &AppHandle<R>) -> bool {
-    app.try_state::<Running>()
-        .is_none_or(|running| running.is_stopping())
-}
-
-/// The whole app: flags, engine, window, tray. Exits the process.
+/// The whole app: flags, engine, tray, window. Exits the process.
 pub fn run() {
-    // Before anything starts a thread: this edits the environment.
-    give_webkit_a_language();
-    keep_gtk_off_opengl();
     init_tracing();
     let args = DesktopArgs::parse();
     if let Err(message) = check_display() {
         eprintln!("speedtap-desktop: {message}");
         std::process::exit(1);
     }
-    if let Some(url) = &args.window_of {
-        window_app::run(
-            url,
-            instance_socket(&config_file(&args)),
-            args.ends_with_stdin,
-        );
-    }
     let settings =
         resolve_settings_capture_by_permission(&args.run).unwrap_or_else(|e| exit_with(e));
     // Before the engine binds anything: a second launch only knocks.
     let first = claim_instance(&args);
-    let notifications = Notifications::new(DesktopSink);
-    let (engine, conflicts) =
-        tauri::async_runtime::block_on(start_engine(&args.run, settings.clone(), &notifications))
-            .unwrap_or_else(|e| exit_with(e));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| {
+            eprintln!("speedtap-desktop: cannot start: {e}");
+            std::process::exit(1)
+        });
+    let code = runtime.block_on(serve(args, settings, first));
+    std::process::exit(code)
+}
+
+/// Runs the app until Quit or a signal; answers the exit code.
+async fn serve(
+    args: DesktopArgs,
+    settings: Settings,
+    first: Option<std::os::unix::net::UnixListener>,
+) -> i32 {
+    let notifications = Notifications::new(DesktopSink::on_current_runtime());
+    let (engine, conflicts) = match start_engine(&args.run, settings.clone(), &notifications).await
+    {
+        Ok(started) => started,
+        Err(e) => exit_with(e),
+    };
     for line in engine.summary() {
         eprintln!("speedtap-desktop: {line}");
     }
@@ -161,41 +164,52 @@ pub fn run() {
     notify_conflicts(&conflicts);
     // No tokenizer warm-up here: its tables are tens of megabytes, and a
     // tray app mostly idles; the engine builds them when a call needs them.
-    let host = Host {
-        engine,
+    let config = config_file(&args);
+    let app = Arc::new(App {
+        engine: engine.handle.clone(),
         notifications,
-        show_window: !args.hidden,
+        conflicts: Conflicts::new(conflicts),
+        login: LoginItem::from_env(&["--config".to_owned(), config.display().to_string()]),
+        config,
         json: settings.json,
-        config: config_file(&args),
-    };
-    let extra = args
-        .run
-        .config
-        .as_ref()
-        .map(|c| std::fs::canonicalize(c).unwrap_or_else(|_| c.clone()))
-        .map(|c| vec!["--config".to_owned(), c.to_string_lossy().into_owned()])
-        .unwrap_or_default();
-    let mut builder = Builder::default().manage(Conflicts::new(conflicts));
-    if let Some(item) = LoginItem::from_env(&extra) {
-        builder = builder.manage(item);
-    }
-    if let Some(listener) = first {
-        builder = builder.manage(InstanceListener(Mutex::new(Some(listener))));
-    }
-    let app = build_app(builder, host).unwrap_or_else(|e| {
-        eprintln!("speedtap-desktop: cannot start the window: {e}");
-        std::process::exit(1)
+        tray: OnceLock::new(),
+        quit: tokio::sync::Notify::new(),
+        runtime: tokio::runtime::Handle::current(),
     });
-    app.run(on_run_event);
+    if let Some(listener) = first {
+        serve_later_launches(listener, &app);
+    }
+    match tray::TrayIcon::start(&app).await {
+        Ok(tray) => {
+            let _ = app.tray.set(tray);
+        }
+        Err(e) => eprintln!("speedtap-desktop: warning: no tray icon (no session bus?): {e}"),
+    }
+    tokio::spawn(follow_events(Arc::clone(&app)));
+    if !args.hidden {
+        app.show_window();
+    }
+    tokio::select! {
+        _ = wait_for_signal() => {}
+        _ = app.quit.notified() => {}
+    }
+    engine.shutdown(SHUTDOWN_GRACE).await;
+    0
 }
 
-/// The single-instance socket, served once the app runs (managed).
-struct InstanceListener(Mutex<Option<std::os::unix::net::UnixListener>>);
-
-impl InstanceListener {
-    fn take(&self) -> Option<std::os::unix::net::UnixListener> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
+/// Answers later launches (show the window) and the window process's
+/// questions on the single-instance socket's thread.
+fn serve_later_launches(listener: std::os::unix::net::UnixListener, app: &Arc<App>) {
+    let app = Arc::clone(app);
+    let runtime = app.runtime.clone();
+    instance::serve(listener, move |request| match request {
+        instance::Request::Show => {
+            app.show_window();
+            "ok".to_owned()
+        }
+        instance::Request::Nothing => "ok".to_owned(),
+        instance::Request::App(line) => runtime.block_on(app_commands::answer(&app, &line)),
+    });
 }
 
 /// The config file this app runs with (the default one when none is
@@ -209,15 +223,6 @@ fn config_file(args: &DesktopArgs) -> PathBuf {
     std::fs::canonicalize(&config).unwrap_or(config)
 }
 
-/// The tray process's single-instance socket name for `config`.
-fn instance_socket(config: &std::path::Path) -> String {
-    use std::os::unix::fs::MetadataExt;
-    let uid = std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(0);
-    instance::name(uid, config)
-}
-
 /// Becomes the one instance for this user and config file, or hands the
 /// request to the running one and exits 0. Should the socket fail (no
 /// abstract namespace...), runs anyway: better two copies than none.
@@ -228,7 +233,7 @@ fn claim_instance(args: &DesktopArgs) -> Option<std::os::unix::net::UnixListener
     } else {
         instance::Request::Show
     };
-    match instance::claim(&instance_socket(&config), request) {
+    match instance::claim(&instance::tray_socket(Some(&config)), request) {
         Ok(instance::Claim::First(listener)) => Some(listener),
         Ok(instance::Claim::Forwarded) => {
             eprintln!(
@@ -255,17 +260,7 @@ fn notify_conflicts(conflicts: &[PortConflict]) {
         .map(PortConflict::sentence)
         .collect::<Vec<_>>()
         .join("\n");
-    // Off the start-up path: a missing notification daemon must not hold it up.
-    std::thread::spawn(move || {
-        let shown = notify_rust::Notification::new()
-            .appname("speedtap")
-            .summary("speedtap: a port is taken")
-            .body(&body)
-            .show();
-        if let Err(e) = shown {
-            tracing::warn!("notification not shown: {e}");
-        }
-    });
+    DesktopSink::on_current_runtime().send("speedtap: a port is taken".into(), body);
 }
 
 fn exit_with(e: RunError) -> ! {
@@ -280,53 +275,6 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-}
-
-/// WebKitGTK takes `navigator.language` from the process's `LC_CTYPE`
-/// locale name: `C` and `POSIX` become `en-US`, but `C.UTF-8` (the default
-/// of minimal systems, containers and root shells) becomes `C`, which is no
-/// language tag: every `Intl` constructor given `navigator.language` then
-/// throws, and the dashboard's chart library does that as it loads. So
-/// under a `C.*` character-type locale, use plain `C` for `LC_CTYPE`
-/// (inherited by WebKit's web process): the page gets `en-US`. Nothing of
-/// ours depends on the C library's character type.
-fn give_webkit_a_language() {
-    let set = |var: &str| {
-        std::env::var(var)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .map(|v| (var.to_owned(), v))
-    };
-    let Some((var, value)) = set("LC_ALL")
-        .or_else(|| set("LC_CTYPE"))
-        .or_else(|| set("LANG"))
-    else {
-        return;
-    };
-    if value.starts_with("C.") {
-        // LC_ALL overrides every category, so that is the one to change
-        // when it is what is set; otherwise LC_CTYPE alone.
-        let target = if var == "LC_ALL" {
-            "LC_ALL"
-        } else {
-            "LC_CTYPE"
-        };
-        std::env::set_var(target, "C");
-    }
-}
-
-/// GTK 3 on X11 picks its GL visuals when it opens the display, which loads
-/// the OpenGL driver (Mesa, and with it LLVM) into a tray app that may never
-/// show a window: measured with `scripts/footprint` on a release build, the
-/// app alone held 100 MB PSS with its window never opened, 30 MB of it Mesa
-/// and LLVM; with `GDK_GL=disable` 69 MB, and WebKit's web process 116 MB
-/// instead of 217 MB while the window is open. Nothing here draws with GTK's
-/// GL (the page is HTML; WebKit renders it, checked by the window tests'
-/// screenshots). A `GDK_GL` of the user's own, any value, is kept.
-fn keep_gtk_off_opengl() {
-    if std::env::var_os("GDK_GL").is_none() {
-        std::env::set_var("GDK_GL", "disable");
-    }
 }
 
 /// A desktop session is needed; without one GTK would abort with a less
@@ -396,157 +344,50 @@ pub async fn start_engine(
     }
 }
 
-/// The generated context (`tauri.conf.json`, the capabilities), for the
-/// tray process and the window process alike.
-pub(crate) fn context<R: Runtime>() -> tauri::Context<R> {
-    tauri::generate_context!()
-}
-
-/// What opening the window needs (managed): the engine, for the control
-/// API's address, and the config file the window process is told.
-struct WindowOpener {
-    engine: EngineHandle,
-    config: PathBuf,
-}
-
-/// Builds the app around a running engine: state, tray, event loop, the
-/// single-instance socket. No webview is ever made here ([`window`]).
-/// Generic over the runtime so the unit tests can use
-/// `tauri::test::mock_builder()`.
-pub fn build_app<R: Runtime>(builder: Builder<R>, host: Host) -> tauri::Result<App<R>> {
-    let Host {
-        engine,
-        notifications,
-        show_window: show,
-        json,
-        config,
-    } = host;
-    let handle = engine.handle.clone();
-    builder
-        .manage(WindowOpener {
-            engine: handle.clone(),
-            config,
-        })
-        .manage(Running(Mutex::new(Some(engine))))
-        .manage(notifications.clone())
-        .setup(move |app| {
-            let listener = app.try_state::<InstanceListener>().and_then(|l| l.take());
-            if let Some(listener) = listener {
-                let later = app.handle().clone();
-                let engine = handle.clone();
-                instance::serve(listener, move |request| match request {
-                    instance::Request::Show => {
-                        show_window(&later);
-                        "ok".to_owned()
-                    }
-                    instance::Request::Nothing => "ok".to_owned(),
-                    instance::Request::App(line) => app_commands::answer(&later, &engine, &line),
-                });
+/// Subscribes to the engine and fans every event out (see the crate docs).
+/// The engine drops a subscriber that falls behind; then this subscribes
+/// again and re-reads the calls in flight.
+pub async fn follow_events(app: Arc<App>) {
+    loop {
+        let mut rx = app.engine.subscribe().await;
+        if let Some(tray) = app.tray.get() {
+            tray.reseed(&app.engine).await;
+        }
+        while let Some(event) = rx.recv().await {
+            fan_out(&app, &event);
+            if let Some(tray) = app.tray.get() {
+                tray.on_event(&app, &event).await;
             }
-            #[cfg(all(desktop, not(test)))]
-            tray::create(app.handle(), &handle)?;
-            start_following_events(app.handle(), handle, notifications, json);
-            // SIGINT/SIGTERM stop the app as Quit does (clean engine
-            // shutdown, exit 0). Not in unit tests: they share a process.
-            #[cfg(not(test))]
-            {
-                let exit_on_signal = app.handle().clone();
-                tauri::async_runtime::spawn(async move {
-                    wait_for_signal().await;
-                    exit_on_signal.exit(0);
-                });
-            }
-            if show {
-                show_window(app.handle());
-            }
-            Ok(())
-        })
-        .build(context())
-}
-
-/// Shows the window: starts the window process, or brings up the one open
-/// ([`window::open`]).
-pub fn show_window<R: Runtime>(app: &AppHandle<R>) {
-    if let Some(opener) = app.try_state::<WindowOpener>() {
-        window::open(opener.engine.api_addr(), &opener.config);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
 
-/// The app's event-loop callback.
-pub fn on_run_event<R: Runtime>(app: &AppHandle<R>, event: RunEvent) {
+/// One event to the notification policy and, with `--json`, stdout.
+fn fan_out(app: &App, event: &EngineEvent) {
+    let notifications = &app.notifications;
     match event {
-        // Keep the event loop running even if all windows are closed: the
-        // tray stays. An explicit exit (Quit, a signal) carries a code.
-        RunEvent::ExitRequested {
-            api, code: None, ..
-        } => api.prevent_exit(),
-        RunEvent::Exit => {
-            if let Some(engine) = app.state::<Running>().take() {
-                tauri::async_runtime::block_on(engine.shutdown(SHUTDOWN_GRACE));
-            }
+        EngineEvent::Settled(call) => {
+            notifications.on_settled(call);
+            notifications.on_slowdown(call, tokio::time::Instant::now());
+        }
+        EngineEvent::PromptTruncated(cut) => notifications.on_prompt_truncated(
+            &cut.call.route,
+            cut.call.model.as_deref(),
+            cut.message(),
+        ),
+        EngineEvent::Servers(doc) => notifications.on_servers(doc),
+        EngineEvent::Speed {
+            call,
+            speed,
+            seen_by,
+        } if app.json => {
+            println!("{}", speedtap::model::json_line(call, speed, *seen_by));
         }
         _ => {}
     }
 }
 
-/// Starts the task that fans the engine's events out to the window, the
-/// tray and the notification policy. Called from the app's setup (which
-/// Tauri runs when the event loop starts; the unit tests, which never start
-/// it, call this directly).
-pub fn start_following_events<R: Runtime>(
-    app: &AppHandle<R>,
-    engine: EngineHandle,
-    notifications: Arc<Notifications>,
-    json: bool,
-) {
-    tauri::async_runtime::spawn(follow_events(app.clone(), engine, notifications, json));
-}
-
-/// Subscribes to the engine and fans every event out (see the crate docs).
-/// The engine drops a subscriber that falls behind; then this subscribes
-/// again and re-reads the calls in flight, until the app is exiting.
-async fn follow_events<R: Runtime>(
-    app: AppHandle<R>,
-    engine: EngineHandle,
-    notifications: Arc<Notifications>,
-    json: bool,
-) {
-    loop {
-        let mut rx = engine.subscribe().await;
-        #[cfg(all(desktop, not(test)))]
-        tray::reseed(&app, &engine).await;
-        while let Some(event) = rx.recv().await {
-            match &event {
-                EngineEvent::Settled(call) => {
-                    notifications.on_settled(call);
-                    notifications.on_slowdown(call, tokio::time::Instant::now());
-                }
-                EngineEvent::PromptTruncated(cut) => notifications.on_prompt_truncated(
-                    &cut.call.route,
-                    cut.call.model.as_deref(),
-                    cut.message(),
-                ),
-                EngineEvent::Servers(doc) => notifications.on_servers(doc),
-                EngineEvent::Speed {
-                    call,
-                    speed,
-                    seen_by,
-                } if json => {
-                    println!("{}", speedtap::model::json_line(call, speed, *seen_by));
-                }
-                _ => {}
-            }
-            #[cfg(all(desktop, not(test)))]
-            tray::on_event(&app, &event).await;
-        }
-        if is_exiting(&app) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-#[cfg_attr(test, allow(dead_code))]
 async fn wait_for_signal() {
     #[cfg(unix)]
     {

@@ -15,10 +15,10 @@
 //! to a [`Sink`].
 //!
 //! The real sink is [`DesktopSink`]: notify-rust over D-Bus, each
-//! notification sent from its own short-lived thread. The hook runs on the
-//! engine's notifier thread, and a D-Bus call can block for seconds (no
-//! notification daemon, a daemon being activated); it must never stall the
-//! engine.
+//! notification sent from a blocking-pool thread of the app's tokio
+//! runtime. The hook runs on the engine's notifier thread, and a D-Bus call
+//! can block for seconds (no notification daemon, a daemon being
+//! activated); it must never stall the engine.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,29 +51,39 @@ pub trait Sink: Send + Sync + 'static {
 }
 
 /// Desktop notifications through notify-rust (D-Bus
-/// `org.freedesktop.Notifications` on Linux).
-pub struct DesktopSink;
+/// `org.freedesktop.Notifications` on Linux), sent on `runtime`'s blocking
+/// pool (see the module docs).
+pub struct DesktopSink {
+    runtime: tokio::runtime::Handle,
+}
+
+impl DesktopSink {
+    /// Sends on the runtime this is called in. Panics outside a runtime.
+    pub fn on_current_runtime() -> Self {
+        DesktopSink {
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+
+    /// Shows one notification, off the caller's thread; a failure (no
+    /// daemon on the bus) is logged, never fatal.
+    pub fn send(&self, summary: String, body: String) {
+        self.runtime.spawn_blocking(move || {
+            let shown = notify_rust::Notification::new()
+                .appname(APP_NAME)
+                .summary(&summary)
+                .body(&body)
+                .show();
+            if let Err(e) = shown {
+                tracing::warn!("desktop notification not shown: {e}");
+            }
+        });
+    }
+}
 
 impl Sink for DesktopSink {
     fn show(&self, note: Note) {
-        // A thread per notification: they are rare (throttled per route by
-        // the engine) and the D-Bus round trip may block; a failure (no
-        // daemon on the bus) is logged, never fatal.
-        let spawned = std::thread::Builder::new()
-            .name("speedtap-notify".into())
-            .spawn(move || {
-                let shown = notify_rust::Notification::new()
-                    .appname(APP_NAME)
-                    .summary(&note.summary)
-                    .body(&note.body)
-                    .show();
-                if let Err(e) = shown {
-                    tracing::warn!("desktop notification not shown: {e}");
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("desktop notification not shown: {e}");
-        }
+        self.send(note.summary, note.body);
     }
 }
 

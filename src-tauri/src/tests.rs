@@ -1,14 +1,13 @@
-//! The tray process on Tauri's mock runtime (no display, no bus), against a
-//! real engine: it makes no webview of its own, answers the window
-//! process's questions, and starts without a port it cannot have.
+//! The tray process without a display or a bus, against a real engine: it
+//! answers the window process's questions, and starts without a port it
+//! cannot have.
 
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Value};
 use speedtap::host::settings::resolve_settings;
 use speedtap::host::{Engine, EngineOptions};
-use tauri::test::{mock_builder, MockRuntime};
-use tauri::App;
 
 use super::*;
 use crate::notify::{Note, Sink};
@@ -31,85 +30,63 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The tray app on the mock runtime, its window asked to show at start.
-fn tray_app(name: &str) -> (App<MockRuntime>, EngineHandle) {
+/// The tray app's shared state around a real engine, without a tray.
+fn tray_app(name: &str) -> (Arc<App>, tokio::runtime::Runtime) {
     let config = temp_dir(name).join("config.toml");
-    let engine = tauri::async_runtime::block_on(async {
+    let runtime = tokio_test_runtime();
+    let engine = runtime.block_on(async {
         let mut options = EngineOptions::new(Vec::new());
         options.config_path = Some(config.clone());
         Engine::start(options).await.unwrap()
     });
-    let handle = engine.handle.clone();
-    let app = build_app(
-        mock_builder(),
-        Host {
-            engine,
-            notifications: Notifications::with_settings(Discard, true, false),
-            show_window: true,
-            json: false,
-            config,
-        },
-    )
-    .unwrap();
-    (app, handle)
+    let app = Arc::new(App {
+        engine: engine.handle.clone(),
+        notifications: Notifications::with_settings(Discard, true, false),
+        conflicts: Conflicts::new(Vec::new()),
+        login: None,
+        config,
+        json: false,
+        tray: OnceLock::new(),
+        quit: tokio::sync::Notify::new(),
+        runtime: runtime.handle().clone(),
+    });
+    (app, runtime)
 }
 
-fn answer(app: &App<MockRuntime>, engine: &EngineHandle, question: Value) -> Value {
-    serde_json::from_str(&app_commands::answer(
-        app.handle(),
-        engine,
-        &question.to_string(),
-    ))
-    .unwrap()
+fn tokio_test_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
-#[test]
-fn the_tray_process_makes_no_webview_even_when_asked_to_show_the_window() {
-    let (app, _engine) = tray_app("no-webview");
-    show_window(app.handle());
-    assert!(
-        app.webview_windows().is_empty(),
-        "the window is a process of its own"
-    );
+fn answer(app: &Arc<App>, question: Value) -> Value {
+    let line = app
+        .runtime
+        .block_on(app_commands::answer(app, &question.to_string()));
+    serde_json::from_str(&line).unwrap()
 }
 
 #[test]
 fn the_window_process_questions_are_answered_as_documents_or_errors() {
-    let (app, engine) = tray_app("questions");
+    let (app, _runtime) = tray_app("questions");
     assert_eq!(
-        answer(&app, &engine, json!({"command": "port_conflicts"})),
+        answer(&app, json!({"command": "port_conflicts"})),
         json!({"ok": {"conflicts": []}})
     );
     assert_eq!(
-        answer(&app, &engine, json!({"command": "get_autostart"})),
+        answer(&app, json!({"command": "get_autostart"})),
         json!({"ok": {"available": false, "enabled": false}})
     );
-    let refused = answer(
-        &app,
-        &engine,
-        json!({"command": "use_free_port", "route": "x"}),
-    );
+    let refused = answer(&app, json!({"command": "use_free_port", "route": "x"}));
     assert_eq!(refused, json!({"error": "no port conflict for route x"}));
-    let unknown = answer(&app, &engine, json!({"command": "rm_rf"}));
+    let unknown = answer(&app, json!({"command": "rm_rf"}));
     assert!(
         unknown["error"]
             .as_str()
             .is_some_and(|e| e.starts_with("not a question")),
         "{unknown}"
     );
-}
-
-#[test]
-fn the_window_process_is_the_same_program_with_the_dashboard_url() {
-    let args = DesktopArgs::try_parse_from([
-        "speedtap-desktop",
-        window::WINDOW_FLAG,
-        "http://127.0.0.1:7878/",
-        "--config",
-        "/tmp/x.toml",
-    ])
-    .unwrap();
-    assert_eq!(args.window_of.as_deref(), Some("http://127.0.0.1:7878/"));
 }
 
 #[test]
@@ -126,7 +103,6 @@ fn flags_are_speedtap_runs_plus_hidden() {
     ])
     .unwrap();
     assert!(args.hidden);
-    assert_eq!(args.window_of, None);
     assert_eq!(args.run.routes.len(), 1);
     assert_eq!(args.run.slow_ttft_ms, Some(800));
     let settings = resolve_settings(
@@ -173,8 +149,9 @@ fn a_taken_port_leaves_the_app_running_without_that_route_and_the_api_on_a_free_
     .unwrap();
     let settings = resolve_settings(&args.run).unwrap();
     let notifications = Notifications::with_settings(Discard, true, false);
-    let (engine, conflicts) =
-        tauri::async_runtime::block_on(start_engine(&args.run, settings, &notifications)).unwrap();
+    let (engine, conflicts) = tokio_test_runtime()
+        .block_on(start_engine(&args.run, settings, &notifications))
+        .unwrap();
     assert_eq!(conflicts.len(), 2, "{conflicts:?}");
     let route = conflicts
         .iter()

@@ -1,12 +1,12 @@
 //! The dashboard window, in a process of its own. A WebKit webview costs
-//! two helper processes (WebKit's web and network processes), its
-//! libraries' memory and most of the app's footprint; the tray, the
+//! two helper processes (WebKit's web and network processes), GTK's and
+//! WebKit's libraries and most of the app's footprint; the tray, the
 //! notifications and the engine need none of it, and a tray app mostly
-//! runs with its window closed. So the tray process never makes a webview:
-//! opening the window starts `speedtap-desktop --window-of <dashboard URL>`
-//! ([`crate::window_app`]), which shows the dashboard the control API
-//! serves, and closing the window ends that process, WebKit's with it.
-//! Nothing of the window's stays behind in the tray process.
+//! runs with its window closed. So the tray process never loads them:
+//! opening the window starts `speedtap-window --window-of <dashboard URL>`
+//! (installed beside `speedtap-desktop`), which shows the dashboard the
+//! control API serves, and closing the window ends that process, WebKit's
+//! with it. Nothing of the window's stays behind in the tray process.
 //!
 //! Opening while a window is up starts a second window process that finds
 //! the first one's socket, asks it to show itself and exits: one window,
@@ -18,8 +18,12 @@ use std::process::{Command, Stdio};
 
 /// The window's title (the desktop tests find it by this name).
 pub const TITLE: &str = "speedtap";
+/// The window's label (its capability names it).
+pub const MAIN_WINDOW: &str = "main";
+/// The window process's program, beside this one.
+pub const WINDOW_PROGRAM: &str = "speedtap-window";
 
-/// The flag that makes `speedtap-desktop` the window process.
+/// The window process's flag naming the dashboard to show.
 pub const WINDOW_FLAG: &str = "--window-of";
 /// The window process's flag: exit when standard input ends.
 pub const ENDS_WITH_STDIN_FLAG: &str = "--ends-with-stdin";
@@ -42,8 +46,8 @@ pub fn dashboard_url(api: SocketAddr) -> String {
     }
 }
 
-/// The window process's command line: this executable, the dashboard's
-/// URL and the config file (which names the tray's single-instance socket).
+/// The window process's command line: its program, the dashboard's URL
+/// and the config file (which names the tray's single-instance socket).
 pub fn command_line(exe: &Path, url: &str, config: &Path) -> Command {
     let mut command = Command::new(exe);
     command
@@ -72,7 +76,7 @@ pub fn open(api: Option<SocketAddr>, config: &Path) {
         return;
     };
     let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
+        Ok(exe) => exe.with_file_name(WINDOW_PROGRAM),
         Err(e) => {
             tracing::warn!("no window: cannot find this program's path: {e}");
             return;
@@ -89,7 +93,10 @@ pub fn open(api: Option<SocketAddr>, config: &Path) {
                 let _ = child.wait();
                 drop(pipe);
             }
-            Err(e) => tracing::warn!("cannot open the window ({}): {e}", exe.display()),
+            Err(e) => eprintln!(
+                "speedtap-desktop: cannot open the window ({}): {e}",
+                exe.display()
+            ),
         });
     if let Err(e) = started {
         tracing::warn!("cannot open the window: {e}");
@@ -117,9 +124,9 @@ mod tests {
     }
 
     #[test]
-    fn the_window_process_is_this_program_with_the_url_and_the_config() {
+    fn the_window_process_is_its_program_with_the_url_and_the_config() {
         let command = command_line(
-            Path::new("/usr/bin/speedtap-desktop"),
+            Path::new("/usr/bin/speedtap-window"),
             "http://127.0.0.1:7878/",
             Path::new("/home/u/.config/speedtap/config.toml"),
         );

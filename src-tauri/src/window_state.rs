@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tauri::{Runtime, Window};
 
 /// The window's size when nothing is remembered (logical pixels).
 pub const DEFAULT_SIZE: (f64, f64) = (1180.0, 760.0);
@@ -31,19 +30,6 @@ impl Geometry {
             .iter()
             .all(|n| n.is_finite());
         (finite && self.width >= MIN_SIZE.0 && self.height >= MIN_SIZE.1).then_some(self)
-    }
-
-    /// `window`'s geometry now, when the platform reports it.
-    pub fn of<R: Runtime>(window: &Window<R>) -> Option<Self> {
-        let scale = window.scale_factor().ok()?;
-        let size = window.inner_size().ok()?.to_logical::<f64>(scale);
-        let at = window.outer_position().ok()?.to_logical::<f64>(scale);
-        Some(Geometry {
-            width: size.width,
-            height: size.height,
-            x: at.x,
-            y: at.y,
-        })
     }
 }
 

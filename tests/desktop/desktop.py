@@ -7,7 +7,7 @@ drive the real binaries:
 - `speedtap-desktop` proxies to it; the tests stream chat completions
   through the app's route with http.client;
 - the tray is read and clicked over D-Bus (`busctl --user --json=short`):
-  on Linux it is a StatusNotifierItem exported by libayatana-appindicator,
+  on Linux it is a StatusNotifierItem the app exports itself (src-tauri/src/sni.rs),
   its label in `XAyatanaLabel`, its menu under `<item>/Menu` as
   com.canonical.dbusmenu.
 
@@ -33,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TARGET = os.environ.get("SPEEDTAP_TARGET_DIR", os.path.join(ROOT, "target", "debug"))
 SPEEDTAP = os.path.join(TARGET, "speedtap")
 DESKTOP = os.path.join(TARGET, "speedtap-desktop")
+WINDOW = os.path.join(TARGET, "speedtap-window")
 
 # The tray's rate label: one stream's own rate (`41.7 tok/s`), or with
 # several, each model's (`sim-model 20`, `gemma 15 · qwen3 40`); `~` marks
@@ -121,8 +122,9 @@ class Workdir:
 
 
 def stop_app_with_arg(arg, timeout=10):
-    """Stops the speedtap-desktop processes whose command line has `arg`
-    (a unique port): the ones tauri-driver started for a test."""
+    """Stops the speedtap-desktop and speedtap-window processes whose
+    command line has `arg` (a unique port): the ones tauri-driver started
+    for a test."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -131,7 +133,7 @@ def stop_app_with_arg(arg, timeout=10):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if argv and os.path.basename(argv[0]) == b"speedtap-desktop" and arg.encode() in argv:
+        if argv and os.path.basename(argv[0]) in (b"speedtap-desktop", b"speedtap-window") and arg.encode() in argv:
             os.kill(int(pid), 15)
             deadline = time.monotonic() + timeout
             while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
@@ -343,7 +345,7 @@ def webkit_children(pid, kind="WebKit"):
 
 
 def window_processes(pid):
-    """The window processes under the tray app `pid` (`speedtap-desktop
+    """The window processes under the tray app `pid` (`speedtap-window
     --window-of URL`, which it starts to show its window)."""
     out = []
     for p in descendants(pid):
@@ -357,11 +359,12 @@ def window_processes(pid):
     return out
 
 
-def maps_webkit(pid):
-    """True when the process `pid` has WebKit's library mapped."""
+def maps_library(pid, name):
+    """True when the process `pid` has a library whose file name starts
+    with `name` mapped (`libgtk-3`, `libwebkit2gtk`)."""
     try:
         with open(f"/proc/{pid}/maps") as f:
-            return any("libwebkit2gtk" in line for line in f)
+            return any(os.path.basename(line.split()[-1]).startswith(name) for line in f if "/" in line)
     except OSError:
         return False
 

@@ -1,6 +1,7 @@
 """The tray app's life outside its engine, end to end under Xvfb:
 
-- the window is a process of its own, and it (and with it WebKit) exists
+- the tray process never loads GTK or WebKit; the window is a process of
+  its own (speedtap-window), and it (and with it WebKit) exists
   only while the window is open: started with --hidden there is no WebKit
   process and no window; "Open speedtap" starts the window process, under
   which WebKit's processes run; opening again shows the same window;
@@ -17,7 +18,7 @@ import subprocess
 import unittest
 
 from desktop import (DESKTOP, Workdir, app_window, app_windows, click, close_window, descendants,
-                     find_tray_item, menu_entry, process_name, start_app, tray_label, wait_until, webkit_children,
+                     find_tray_item, maps_library, menu_entry, process_name, start_app, tray_label, wait_until, webkit_children,
                      window_processes, window_viewable)
 
 
@@ -37,6 +38,8 @@ class LifecycleTest(unittest.TestCase):
         # start would have been made by then.
         item = find_tray_item(app.pid)
         self.assertEqual(webkit_children(app.pid), [], "no WebKit process before the window is opened")
+        for library in ("libwebkit2gtk", "libgtk-3"):
+            self.assertFalse(maps_library(app.pid, library), f"the tray process never loads {library}")
         self.assertEqual(window_processes(app.pid), [], "no window process before the window is opened")
         self.assertIsNone(app_window(), "no window before it is opened")
 
@@ -61,6 +64,8 @@ class LifecycleTest(unittest.TestCase):
         wait_until("the window process gone", lambda: window_processes(app.pid) == [], timeout=30)
         wait_until("every WebKit process gone", lambda: webkit_children(app.pid) == [], timeout=30)
         self.assertIsNone(app.poll(), "closing the window must not quit the app")
+        for library in ("libwebkit2gtk", "libgtk-3"):
+            self.assertFalse(maps_library(app.pid, library), f"the tray process never loads {library}")
         self.assertTrue(tray_label(item), "the tray item is still there")
 
         # And it opens again.

@@ -1,7 +1,8 @@
 """The Debian package, installed for real: `dpkg -i` of the package
 scripts/package built (its path in SPEEDTAP_PACKAGE_DEB; scripts/test-desktop
 builds a debug-profile one), the installed /usr/bin/speedtap-desktop starts
-under Xvfb and shows its tray item over D-Bus, the capture helper got its
+under Xvfb and shows its tray item over D-Bus, its "Open speedtap" starts
+the installed /usr/bin/speedtap-window, the capture helper got its
 capability, and `dpkg --purge` leaves none of the package's files behind.
 
 Needs root (it installs system-wide); skipped without the package or root.
@@ -12,7 +13,8 @@ import shutil
 import subprocess
 import unittest
 
-from desktop import Workdir, find_tray_item, free_port, menu_labels, tray_label
+from desktop import (Workdir, app_window, click, find_tray_item, free_port, menu_labels, tray_label, wait_until,
+                     window_processes)
 
 DEB = os.environ.get("SPEEDTAP_PACKAGE_DEB", "")
 
@@ -37,7 +39,7 @@ class PackageTest(unittest.TestCase):
         self.addCleanup(lambda: dpkg("--purge", self.name))
 
     def test_the_package_installs_starts_in_the_tray_and_purges_cleanly(self):
-        for f in ("/usr/bin/speedtap-desktop", "/usr/bin/speedtap", "/usr/bin/speedtap-capture",
+        for f in ("/usr/bin/speedtap-desktop", "/usr/bin/speedtap-window", "/usr/bin/speedtap", "/usr/bin/speedtap-capture",
                   "/usr/share/applications/speedtap.desktop", "/etc/xdg/autostart/speedtap.desktop",
                   "/usr/lib/systemd/user/speedtap.service"):
             self.assertIn(f, self.files)
@@ -58,6 +60,11 @@ class PackageTest(unittest.TestCase):
         item = find_tray_item(app.pid, timeout=30)
         self.assertEqual(tray_label(item), "idle")
         self.assertIn("Open speedtap", menu_labels(item))
+        # The window is the installed speedtap-window, started by the tray.
+        click(item, "Open speedtap")
+        wait_until("the installed app's window", app_window, timeout=60)
+        [window] = wait_until("its window process", lambda: window_processes(app.pid))
+        self.assertEqual(os.readlink(f"/proc/{window}/exe"), "/usr/bin/speedtap-window")
         app.terminate()
         self.assertEqual(app.wait(20), 0, self.work.log("installed"))
 

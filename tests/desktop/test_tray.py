@@ -46,7 +46,7 @@ class TrayTest(unittest.TestCase):
         pause = [e for e in menu_entries(item) if e["label"] == "Pause notifications"][0]
         self.assertEqual(pause.get("toggle-type"), "checkmark")
         self.assertEqual(pause.get("toggle-state"), 0)
-        idle_icon = tray_property(item, "IconName")
+        idle_icon = tray_property(item, "IconPixmap")
 
         # Traffic through the app's proxy: the label becomes a rate.
         threads = stream_in_background(proxies["sim"], count=2)
@@ -54,7 +54,7 @@ class TrayTest(unittest.TestCase):
         rate = label_rate(label)
         self.assertGreater(rate, 5.0, label)
         self.assertLess(rate, 40.0, label)
-        self.assertNotEqual(tray_property(item, "IconName"), idle_icon, "the icon shows streaming")
+        self.assertNotEqual(tray_property(item, "IconPixmap"), idle_icon, "the icon shows streaming")
 
         # The menu lists the calls with model, phase and rate.
         def call_lines():

@@ -19,7 +19,7 @@ import unittest
 import urllib.error
 import urllib.request
 
-from desktop import (DESKTOP, Workdir, api_get, free_port, start_app, start_simulator, stop_app_with_arg,
+from desktop import (WINDOW, Workdir, api_get, free_port, start_app, start_simulator, stop_app_with_arg,
                      stream_in_background, wait_until)
 
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
@@ -119,7 +119,7 @@ class WindowTest(unittest.TestCase):
         self.tray, proxies, self.api_url, self.config = start_app(
             self.work, {"sim": self.sim}, extra=["--hidden"], config_text="slow_ttft_ms = 5000\n")
         self.proxy_listen = proxies["sim"].removeprefix("http://")
-        self.driver.start(os.path.abspath(DESKTOP), ["--window-of", self.api_url + "/", "--config", self.config])
+        self.driver.start(os.path.abspath(WINDOW), ["--window-of", self.api_url + "/", "--config", self.config])
         # tauri-driver starts the window process itself; make sure it is
         # gone afterwards (found by its unique dashboard URL).
         self.addCleanup(stop_app_with_arg, self.api_url + "/")
