@@ -111,6 +111,10 @@ pub struct CallActor {
     /// The pending slow-first-token check, and whether the alarm fired.
     alarm: Option<SpawnHandle>,
     alarm_fired: bool,
+    /// The slow-first-token limit last armed while the call waited, and
+    /// the usual it was learned from (none: the fixed threshold). Settled
+    /// details show it: the threshold as it was applied to this call.
+    limit_applied: Option<(u64, Option<u64>)>,
     /// This call is a relay's leg, made for a client of that relay (its
     /// route): never the subject of a notification (see `engine::relay`).
     relay: Option<String>,
@@ -162,6 +166,7 @@ impl CallActor {
             first_token_told: false,
             alarm: None,
             alarm_fired: false,
+            limit_applied: None,
             relay: None,
             error_body: Vec::new(),
             response_model: ModelSniffer::default(),
@@ -318,7 +323,8 @@ impl CallActor {
         if let Some(h) = self.alarm.take() {
             ctx.cancel_future(h);
         }
-        let (limit, _) = self.slow_limit();
+        let (limit, usual) = self.slow_limit();
+        self.limit_applied = Some((limit, usual));
         let deadline = self.setup.dispatched_at + Duration::from_millis(limit);
         let delay = deadline.saturating_duration_since(Instant::now());
         self.alarm = Some(ctx.run_later(delay, |act, ctx| {
@@ -595,6 +601,8 @@ impl CallActor {
         let ttft = report.snapshot.time_to_first_token_ms;
         let queued_ms = ending.queued.map(|(ms, _)| ms);
         CallDetails {
+            slow_after_ms: self.limit_applied.map(|(limit, _)| limit),
+            slow_after_usual_ms: self.limit_applied.and_then(|(_, usual)| usual),
             client: self.setup.client.clone(),
             ttft_breakdown: report
                 .server_timings
@@ -1349,6 +1357,8 @@ mod tests {
             details: CallDetails {
                 context,
                 prompt_tokens_estimated: Some(5),
+                // The harness's fixed threshold: no history here.
+                slow_after_ms: Some(5_000),
                 ..CallDetails::default()
             },
         }
@@ -1834,6 +1844,45 @@ mod tests {
             frame(&actor, content(" hello"));
             h.at(30_000).await;
             assert!(h.alarms().await.is_empty());
+        });
+    }
+
+    #[test]
+    fn a_settled_call_shows_the_slow_limit_it_was_held_to_learned_or_fixed() {
+        run_paused(async {
+            let mut h = Harness::new().await;
+            // No history: the fixed 5 s applies.
+            let fixed = h.start_call();
+            fixed.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            h.at(1_000).await;
+            fixed.do_send(UpstreamFailed { at: Instant::now() });
+            h.at(2_000).await;
+            let settled = h.settled().await;
+            assert_eq!(settled[0].details.slow_after_ms, Some(5_000));
+            assert_eq!(settled[0].details.slow_after_usual_ms, None);
+            drop(fixed);
+            // Model m usually takes 8 s on r: twice that, learned.
+            for _ in 0..3 {
+                h.normals.write().unwrap().observe(
+                    "r",
+                    "m",
+                    &Observation {
+                        ttft_ms: 8_000,
+                        prompt_tokens: Some(10),
+                        ..Observation::default()
+                    },
+                );
+            }
+            let learned = h.start_call();
+            learned.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
+            h.at(3_000).await;
+            learned.do_send(UpstreamFailed { at: Instant::now() });
+            h.at(4_000).await;
+            let settled = h.settled().await;
+            let last = settled.last().expect("the second call settled");
+            assert_eq!(last.details.slow_after_ms, Some(16_000));
+            assert_eq!(last.details.slow_after_usual_ms, Some(8_000));
+            drop(learned);
         });
     }
 

@@ -598,6 +598,18 @@ pub struct CallDetails {
     /// explained"). Absent: not slow, or no usual yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slowdown: Option<super::slowdown::Slowdown>,
+    /// The slow-first-token limit applied to this call while it waited,
+    /// in ms: learned from its route and model (twice the usual, see
+    /// `slow_after_usual_ms`), or the route's fixed threshold until that is
+    /// learned. Absent: no limit applied (a demo call, a relay's leg, a
+    /// call that never waited), or a call read back from the store, which
+    /// does not keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_after_ms: Option<u64>,
+    /// The usual wait `slow_after_ms` was learned from, in ms; absent when
+    /// the fixed threshold applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_after_usual_ms: Option<u64>,
 }
 
 impl CallDetails {

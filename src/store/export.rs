@@ -417,6 +417,9 @@ fn csv_breakdown(r: CsvRow<'_>) -> Result<TtftBreakdown, String> {
 /// The call's details, from `client` and the columns after `input_tokens`.
 fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, String> {
     Ok(CallDetails {
+        // Not stored: the limit is shown for the calls of this run only.
+        slow_after_ms: None,
+        slow_after_usual_ms: None,
         client: r.text(4),
         ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
         one_burst: r.boolean(21)?,

@@ -191,6 +191,9 @@ fn breakdown_from_row(row: &Row<'_>) -> rusqlite::Result<TtftBreakdown> {
 /// the breakdown.
 fn details_from_row(row: &Row<'_>, breakdown: TtftBreakdown) -> rusqlite::Result<CallDetails> {
     Ok(CallDetails {
+        // Not stored: the limit is shown for the calls of this run only.
+        slow_after_ms: None,
+        slow_after_usual_ms: None,
         client: row.get(6)?,
         ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
         one_burst: row.get(25)?,

@@ -338,5 +338,27 @@ export function callFacts(call) {
       value: call.start === "cold" ? "cold (the model loaded for this call)" : "warm (the model was already loaded)",
     });
   }
+  const slow = slowLimitFact(call);
+  if (slow) facts.push(slow);
   return facts;
+}
+
+/**
+ * The slow-first-token limit as it was applied to the call: learned from
+ * its route and model's usual wait, or the route's starting limit until
+ * that is learned (`docs/metering.md`); null when none applied.
+ */
+export function slowLimitFact(call) {
+  if (!isShowable(call?.slow_after_ms)) return null;
+  const learned = isShowable(call.slow_after_usual_ms);
+  return {
+    key: "slow_after",
+    label: "Slow after",
+    value: learned
+      ? `${formatMs(call.slow_after_ms)} (learned from the usual ${formatMs(call.slow_after_usual_ms)} for this model and prompt)`
+      : `${formatMs(call.slow_after_ms)} (the starting limit, until this model's usual is learned)`,
+    title: learned
+      ? "The first-token wait this call was held to: twice its usual, and at least 2 s over it; past it, a slow notification"
+      : "The first-token wait this call was held to (Settings); past it, a slow notification",
+  };
 }

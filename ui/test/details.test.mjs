@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { breakdownSegments, callDetails, callFlags, rateExplanation, reasoningSplit } from "../lib/details.js";
+import { breakdownSegments, callDetails, callFlags, rateExplanation, reasoningSplit, slowLimitFact } from "../lib/details.js";
 
 const ollama = {
   id: "c-000042",
@@ -213,4 +213,13 @@ test("reasoning: absent parts are left out, and a call that did not reason has n
   assert.equal(reasoningSplit(ollama), null);
   assert.equal(callDetails(ollama).output.find((r) => r.label === "Reasoning"), undefined);
   assert.equal(reasoningSplit({ ...reasoned, status: "in_flight" }), null, "a call still in flight has not settled its split");
+});
+
+test("the slow limit is shown as it was applied: learned from the usual, or the starting limit", () => {
+  assert.equal(slowLimitFact({}), null, "no limit applied, nothing shown");
+  const fixed = slowLimitFact({ slow_after_ms: 5000 });
+  assert.equal(fixed.label, "Slow after");
+  assert.equal(fixed.value, "5.0 s (the starting limit, until this model's usual is learned)");
+  const learned = slowLimitFact({ slow_after_ms: 16000, slow_after_usual_ms: 8000 });
+  assert.equal(learned.value, "16.0 s (learned from the usual 8.0 s for this model and prompt)");
 });
