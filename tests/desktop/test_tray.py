@@ -2,7 +2,8 @@
 the label shows a rate while tokens flow, the menu has its entries (a line
 per call in flight, the hour's high/low, Open, Pause, Start at login, one
 Copy per route, Quit), Copy puts the proxy URL on the clipboard, and Quit
-exits 0. A port taken at start does not stop the app: the tray names it.
+exits 0. Calls in flight keep their place in the menu, in start order, as
+their lines update. A port taken at start does not stop the app: the tray names it.
 With no route configured, a model server started after the app is listed
 in the menu and measured, and shown down when it stops."""
 
@@ -13,7 +14,7 @@ import subprocess
 import time
 import unittest
 
-from desktop import (DESKTOP, SPEEDTAP, Workdir, app_window, click, close_window, find_tray_item, free_port,
+from desktop import (DESKTOP, SPEEDTAP, Workdir, api_get, app_window, click, close_window, find_tray_item, free_port,
                      menu_entries, menu_labels, start_app, start_simulator, stream_chat, stream_in_background,
                      label_rate, tray_label, tray_property, wait_until, window_viewable)
 
@@ -102,6 +103,56 @@ class TrayTest(unittest.TestCase):
         # Quit exits 0.
         click(item, "Quit")
         self.assertEqual(app.wait(15), 0, self.work.log("app"))
+
+    def test_the_tray_menu_keeps_its_calls_in_start_order_over_10_updates(self):
+        """Three calls streaming at once stay in the order they started
+        (the first at the top) through 10 updates of their menu lines, while
+        their rates change from one second to the next."""
+        # 5 tok/s for 100 tokens: each call streams for 20 s, long enough
+        # for the three to be in the menu together over 10 updates (about
+        # one a second, after some 4 s without a rate).
+        slow = start_simulator(self.work, tps=5, tokens=100, ttft_ms=300)
+        app, proxies, api_url, _ = start_app(self.work, {"slow": slow}, extra=["--hidden"])
+        item = find_tray_item(app.pid)
+
+        # A model name per call names its line (`zeta on slow · ...`); the
+        # start order is not the names' alphabetical order. Each call starts
+        # once the one before is in the engine, so the start order is sure.
+        order = ["zeta", "alpha", "mu"]
+        threads = []
+        for model in order:
+            threads += stream_in_background(proxies["slow"], model=model)
+            wait_until(f"the {model} call in the engine", lambda: any(
+                c.get("model") == model for c in api_get(api_url, "/api/v1/calls")["calls"]))
+        calls = [c for c in api_get(api_url, "/api/v1/calls")["calls"] if c.get("model") in order]
+        by_start = [c["model"] for c in sorted(calls, key=lambda c: c["started_at"])]
+        self.assertEqual(by_start, order, f"the engine saw the calls start in order: {calls}")
+
+        def call_lines(labels):
+            return [l for l in labels if any(l.startswith(f"{m} on slow · ") for m in order)]
+
+        labels = wait_until("three call lines in the menu",
+                            lambda: (lambda ls: ls if len(call_lines(ls)) == 3 else None)(menu_labels(item)))
+        seen = [labels]
+        for update in range(1, 11):
+            previous = labels
+            labels = wait_until(f"the menu's update {update}",
+                                lambda: (lambda ls: ls if ls != previous else None)(menu_labels(item)),
+                                timeout=10)
+            seen.append(labels)
+            lines = call_lines(labels)
+            self.assertEqual(len(lines), 3, f"update {update}: the three calls are still in flight: {labels}")
+            # The calls come first in the menu, oldest at the top.
+            self.assertEqual(labels[:3], lines, f"update {update}: calls first: {labels}")
+            self.assertEqual([l.split(" on slow · ")[0] for l in lines], order,
+                             f"update {update}: the calls in start order: {lines}")
+        # The lines did update: more than one text per call over the reads.
+        for i, model in enumerate(order):
+            self.assertGreater(len({call_lines(ls)[i] for ls in seen}), 1, f"the {model} line updates")
+
+        for t in threads:
+            t.join(30)
+        wait_until("no calls in flight", lambda: "No calls in flight" in menu_labels(item), timeout=15)
 
     def test_a_port_taken_at_start_keeps_the_app_up_and_its_menu_names_the_conflict(self):
         # Something else listens where the route wants to.
