@@ -602,8 +602,7 @@ pub struct CallDetails {
     /// in ms: learned from its route and model (twice the usual, see
     /// `slow_after_usual_ms`), or the route's fixed threshold until that is
     /// learned. Absent: no limit applied (a demo call, a relay's leg, a
-    /// call that never waited), or a call read back from the store, which
-    /// does not keep it.
+    /// call that never waited), or a call stored before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slow_after_ms: Option<u64>,
     /// The usual wait `slow_after_ms` was learned from, in ms; absent when

@@ -29,8 +29,9 @@ use crate::model::{Phase, Snapshot};
 /// a call waited for, `server_version` and the `reasoning_*` columns with
 /// the server's version and the reasoning cost, `slowdown` (the call's
 /// slowdown as its JSON, `docs/api.md` "Slowdown") with the slowdown rule,
-/// `response_model` with the model the answer named.
-pub const CSV_COLUMNS: [&str; 52] = [
+/// `response_model` with the model the answer named, `slow_after_ms` and
+/// `slow_after_usual_ms` with the limit each call was held to.
+pub const CSV_COLUMNS: [&str; 54] = [
     "id",
     "route",
     "api",
@@ -83,6 +84,8 @@ pub const CSV_COLUMNS: [&str; 52] = [
     "reasoning_ms",
     "slowdown",
     "response_model",
+    "slow_after_ms",
+    "slow_after_usual_ms",
 ];
 
 /// Writes the calls `filter` selects to `out`; returns how many.
@@ -183,6 +186,8 @@ fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
             .as_ref()
             .and_then(|s| serde_json::to_string(s).ok())),
         opt(d.response_model.as_deref()),
+        opt(d.slow_after_ms),
+        opt(d.slow_after_usual_ms),
     ]
     .into_iter()
 }
@@ -417,9 +422,8 @@ fn csv_breakdown(r: CsvRow<'_>) -> Result<TtftBreakdown, String> {
 /// The call's details, from `client` and the columns after `input_tokens`.
 fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, String> {
     Ok(CallDetails {
-        // Not stored: the limit is shown for the calls of this run only.
-        slow_after_ms: None,
-        slow_after_usual_ms: None,
+        slow_after_ms: r.num(52)?,
+        slow_after_usual_ms: r.num(53)?,
         client: r.text(4),
         ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
         one_burst: r.boolean(21)?,

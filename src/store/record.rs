@@ -23,7 +23,7 @@ pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, mod
     truncated_server_tokens, truncated_context_size, context_size, context_used, draft_n, \
     draft_accepted, placement, model_bytes, vram_bytes, start, error, prompt_tokens_estimated, \
     queued_ms, queue_position, server_version, reasoning_tokens, reasoning_tokens_estimated, \
-    reasoning_ms, slowdown, response_model";
+    reasoning_ms, slowdown, response_model, slow_after_ms, slow_after_usual_ms";
 
 /// The `INSERT` of every one of [`COLUMNS`], numbered in their order,
 /// skipping a call already stored (same id and started_at).
@@ -110,6 +110,8 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
                 .as_ref()
                 .and_then(|s| serde_json::to_string(s).ok()),
             non_empty(d.response_model.as_deref()),
+            d.slow_after_ms,
+            d.slow_after_usual_ms,
         ])?;
     }
     Ok(())
@@ -191,9 +193,8 @@ fn breakdown_from_row(row: &Row<'_>) -> rusqlite::Result<TtftBreakdown> {
 /// the breakdown.
 fn details_from_row(row: &Row<'_>, breakdown: TtftBreakdown) -> rusqlite::Result<CallDetails> {
     Ok(CallDetails {
-        // Not stored: the limit is shown for the calls of this run only.
-        slow_after_ms: None,
-        slow_after_usual_ms: None,
+        slow_after_ms: row.get(56)?,
+        slow_after_usual_ms: row.get(57)?,
         client: row.get(6)?,
         ttft_breakdown: (breakdown != TtftBreakdown::default()).then_some(breakdown),
         one_burst: row.get(25)?,

@@ -144,6 +144,14 @@ pub const MIGRATION_7: &str = "
 ALTER TABLE calls ADD COLUMN response_model TEXT;
 ";
 
+/// Migration 8: the slow-first-token limit a call was held to, and the
+/// usual it was learned from (`docs/api.md`, "Call details"). NULL: no
+/// limit applied, the fixed one (usual), or a row from before.
+pub const MIGRATION_8: &str = "
+ALTER TABLE calls ADD COLUMN slow_after_ms       INTEGER;
+ALTER TABLE calls ADD COLUMN slow_after_usual_ms INTEGER;
+";
+
 /// Every migration, in order: `MIGRATIONS[i]` upgrades version `i` to `i + 1`.
 pub const MIGRATIONS: &[&str] = &[
     MIGRATION_1,
@@ -153,6 +161,7 @@ pub const MIGRATIONS: &[&str] = &[
     MIGRATION_5,
     MIGRATION_6,
     MIGRATION_7,
+    MIGRATION_8,
 ];
 
 /// The schema version this build writes.

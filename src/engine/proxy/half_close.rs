@@ -26,9 +26,14 @@
 //! A client library that hangs up may shut its sending side a moment
 //! before it closes the socket, so one look can catch a leaving client
 //! still there. After a half-close the kernel is therefore asked again
-//! every [`LOOK_EVERY`] while the answer is awaited and before every write
-//! of it: a client gone since shows as a hang-up then, before a dead
-//! socket's buffer can swallow the answer and pass it for delivered.
+//! every [`LOOK_EVERY`] while the answer is awaited, and a write of it goes
+//! out only after a look no older than that: a client gone since shows as
+//! a hang-up then, before a dead socket's buffer can swallow the answer
+//! and pass it for delivered. The reading and the writing side share the
+//! looks (one lookup at a time; its answer serves both): each waiting on a
+//! look of its own, the reader, woken first, took every answer and the
+//! writer never wrote (seen: a half-closed client got the head and nothing
+//! more).
 //!
 //! The lookup reads `/proc/net/tcp{,6}` off the async threads, and only
 //! for a connection whose input ended awaiting an answer: a keep-alive
@@ -142,6 +147,8 @@ pub struct ClientStream {
     /// `(client, server)`: the client's socket is `client -> server`.
     ends: Option<(SocketAddr, SocketAddr)>,
     lookup: Option<JoinHandle<bool>>,
+    /// When a look last found the client's socket held.
+    held_at: Option<tokio::time::Instant>,
     half_closed: bool,
     /// After a half-close, when the kernel is next asked whether the
     /// client is still there while its answer is awaited.
@@ -166,6 +173,7 @@ impl ClientStream {
             finished_at_last_input: None,
             ends,
             lookup: None,
+            held_at: None,
             half_closed: false,
             next_look: None,
             left: false,
@@ -187,10 +195,11 @@ impl ClientStream {
         !self.awaits_an_answer() && self.finished_at_last_flush == self.pending.finished()
     }
 
-    /// Before every write after a half-close, asks the kernel again. A
-    /// client library that hangs up may shut its sending side down a
-    /// moment before it closes the socket (hyper's client does), so the
-    /// look at the input's end can catch it still held; a write to a
+    /// Before a write after a half-close, makes sure a look no older than
+    /// [`LOOK_EVERY`] found the client there, asking the kernel again when
+    /// none did. A client library that hangs up may shut its sending side
+    /// down a moment before it closes the socket (hyper's client does), so
+    /// the look at the input's end can catch it still held; a write to a
     /// client gone since then fails as a write to a departed client
     /// would, instead of filling a dead socket's buffer and passing for a
     /// delivered answer. Only half-closed connections pay for the look.
@@ -198,7 +207,8 @@ impl ClientStream {
         if !self.half_closed {
             return Poll::Ready(Ok(()));
         }
-        if !self.left && !ready!(self.poll_still_there(cx)) {
+        let fresh = self.held_at.is_some_and(|at| at.elapsed() <= LOOK_EVERY);
+        if !self.left && !fresh && !ready!(self.poll_still_there(cx)) {
             self.left = true;
         }
         if self.left {
@@ -221,6 +231,9 @@ impl ClientStream {
         });
         let held = ready!(Pin::new(lookup).poll(cx)).unwrap_or(false);
         self.lookup = None;
+        if held {
+            self.held_at = Some(tokio::time::Instant::now());
+        }
         Poll::Ready(held)
     }
 }
