@@ -268,7 +268,9 @@ fn exit_with(e: RunError) -> ! {
     std::process::exit(e.exit_code())
 }
 
-fn init_tracing() {
+/// Warnings and above to stderr, or what `RUST_LOG` asks (the window
+/// process too).
+pub fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()

@@ -1599,22 +1599,27 @@ mod tests {
         });
     }
 
+    /// On route r, model m usually takes 8 s to its first token (three
+    /// warm calls of a 10-token prompt).
+    fn usually_8_s_to_the_first_token(h: &Harness) {
+        for _ in 0..3 {
+            h.normals.write().unwrap().observe(
+                "r",
+                "m",
+                &Observation {
+                    ttft_ms: 8_000,
+                    prompt_tokens: Some(10),
+                    ..Observation::default()
+                },
+            );
+        }
+    }
+
     #[test]
     fn the_slow_alarm_waits_for_twice_the_routes_usual_and_names_it() {
         run_paused(async {
             let h = Harness::new().await;
-            // On route r, model m usually takes 8 s to its first token.
-            for _ in 0..3 {
-                h.normals.write().unwrap().observe(
-                    "r",
-                    "m",
-                    &Observation {
-                        ttft_ms: 8_000,
-                        prompt_tokens: Some(10),
-                        ..Observation::default()
-                    },
-                );
-            }
+            usually_8_s_to_the_first_token(&h);
             let actor = h.start_call();
             actor.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
             // The fixed 5 s is normal here: no alarm.
@@ -1862,17 +1867,7 @@ mod tests {
             assert_eq!(settled[0].details.slow_after_usual_ms, None);
             drop(fixed);
             // Model m usually takes 8 s on r: twice that, learned.
-            for _ in 0..3 {
-                h.normals.write().unwrap().observe(
-                    "r",
-                    "m",
-                    &Observation {
-                        ttft_ms: 8_000,
-                        prompt_tokens: Some(10),
-                        ..Observation::default()
-                    },
-                );
-            }
+            usually_8_s_to_the_first_token(&h);
             let learned = h.start_call();
             learned.do_send(RequestFieldsSeen(RequestFields::scan(REQUEST)));
             h.at(3_000).await;

@@ -50,7 +50,7 @@ fn main() {
     // Before anything starts a thread: these edit the environment.
     give_webkit_a_language();
     keep_gtk_off_opengl();
-    init_tracing();
+    speedtap_desktop::init_tracing();
     let args = WindowArgs::parse();
     let tray = instance::tray_socket(args.config.as_deref());
     run(&args.window_of, tray, args.ends_with_stdin)
@@ -215,15 +215,6 @@ async fn app(
         Some(error) => Err(error.to_owned()),
         None => Ok(reply.get_mut("ok").map(Value::take).unwrap_or(Value::Null)),
     }
-}
-
-fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// WebKitGTK takes `navigator.language` from the process's `LC_CTYPE`
