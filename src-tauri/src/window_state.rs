@@ -1,5 +1,6 @@
 //! The window's size and position, remembered across openings and restarts
-//! in a small file beside the config (`window.json`, logical pixels), so
+//! in a small file beside the config file in use (`window.json`, logical
+//! pixels; so each `--config` has its own), so
 //! the window comes back where the user left it. A file that is missing,
 //! unreadable or holds a size below the window's minimum is ignored: the
 //! window then opens at its default size, placed by the window manager.
@@ -33,9 +34,13 @@ impl Geometry {
     }
 }
 
-/// `window.json` in the config file's folder.
-pub fn default_path() -> PathBuf {
-    speedtap::config::default_config_path().with_file_name("window.json")
+/// `window.json` in the folder of `config`, the config file the tray app
+/// was started with (the default config file's when `None`).
+pub fn path_beside(config: Option<&Path>) -> PathBuf {
+    config
+        .map(Path::to_path_buf)
+        .unwrap_or_else(speedtap::config::default_config_path)
+        .with_file_name("window.json")
 }
 
 /// The remembered geometry at `path`, if there is a usable one.
@@ -68,6 +73,19 @@ mod tests {
             std::env::temp_dir().join(format!("speedtap-window-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir.join("speedtap").join("window.json")
+    }
+
+    #[test]
+    fn the_window_is_remembered_beside_the_config_file_it_was_started_with() {
+        let config = Path::new("/home/u/work/speedtap-test.toml");
+        assert_eq!(
+            path_beside(Some(config)),
+            Path::new("/home/u/work/window.json")
+        );
+        assert_eq!(
+            path_beside(None),
+            speedtap::config::default_config_path().with_file_name("window.json")
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 """The window comes back where it was left, end to end under Xvfb:
 
-- a remembered geometry ($XDG_CONFIG_HOME/speedtap/window.json, logical
-  pixels) is where "Open speedtap" opens the window: its size, and (with
+- a remembered geometry (window.json beside the config file the app was
+  started with, logical pixels) is where "Open speedtap" opens the window: its size, and (with
   no window manager under Xvfb to place it elsewhere) its position;
 - closing the window (WM_DELETE_WINDOW) writes the geometry it had back to
   window.json;
@@ -41,7 +41,9 @@ class WindowPlaceTest(unittest.TestCase):
     def setUp(self):
         self.work = Workdir("window-place")
         self.addCleanup(self.work.close)
-        self.state = os.path.join(self.work.env()["XDG_CONFIG_HOME"], "speedtap", "window.json")
+        # start_app's config file is in the work folder.
+        self.state = os.path.join(self.work.path, "window.json")
+        self.default_state = os.path.join(self.work.env()["XDG_CONFIG_HOME"], "speedtap", "window.json")
 
     def remember(self, **geometry):
         os.makedirs(os.path.dirname(self.state), exist_ok=True)
@@ -77,6 +79,8 @@ class WindowPlaceTest(unittest.TestCase):
         wait_until("the window destroyed", lambda: app_window() is None)
         wait_until("the window process gone", lambda: window_processes(app.pid) == [], timeout=30)
         self.assertTrue(os.path.exists(self.state), "closing the window writes window.json")
+        self.assertFalse(os.path.exists(self.default_state),
+                         "an app started with --config keeps the default config folder untouched")
         with open(self.state) as f:
             saved = json.load(f)
         self.assertEqual(set(saved), {"width", "height", "x", "y"}, saved)

@@ -21,7 +21,7 @@
 // No console window on Windows release builds.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use serde_json::Value;
@@ -53,11 +53,15 @@ fn main() {
     speedtap_desktop::init_tracing();
     let args = WindowArgs::parse();
     let tray = instance::tray_socket(args.config.as_deref());
-    run(&args.window_of, tray, args.ends_with_stdin)
+    let place = Place(window_state::path_beside(args.config.as_deref()));
+    run(&args.window_of, tray, place, args.ends_with_stdin)
 }
 
 /// The tray process's single-instance socket name (managed).
 struct TraySocket(String);
+
+/// Where the window's size and position are remembered (managed).
+struct Place(PathBuf);
 
 /// The window process's own socket name, beside the tray's.
 fn socket_name(tray: &str) -> String {
@@ -67,7 +71,7 @@ fn socket_name(tray: &str) -> String {
 /// Runs the window process until its window closes (or, with
 /// `ends_with_stdin`, until the tray process that started it is gone).
 /// Exits the process.
-fn run(url: &str, tray_socket: String, ends_with_stdin: bool) -> ! {
+fn run(url: &str, tray_socket: String, place: Place, ends_with_stdin: bool) -> ! {
     let url: tauri::Url = match url.parse() {
         Ok(url) => url,
         Err(e) => {
@@ -91,6 +95,7 @@ fn run(url: &str, tray_socket: String, ends_with_stdin: bool) -> ! {
     }
     let app = tauri::Builder::default()
         .manage(TraySocket(tray_socket))
+        .manage(place)
         .invoke_handler(tauri::generate_handler![app])
         .on_window_event(|window, event| {
             // Where the window is as it closes is where it opens next.
@@ -109,7 +114,8 @@ fn run(url: &str, tray_socket: String, ends_with_stdin: bool) -> ! {
                     "ok".to_owned()
                 });
             }
-            build_window(app.handle(), url)?;
+            let place = app.state::<Place>().0.clone();
+            build_window(app.handle(), url, &place)?;
             Ok(())
         })
         .build(tauri::generate_context!());
@@ -140,14 +146,14 @@ fn exit_when_stdin_ends() {
     }
 }
 
-fn build_window(app: &tauri::AppHandle, url: tauri::Url) -> tauri::Result<()> {
+fn build_window(app: &tauri::AppHandle, url: tauri::Url, place: &Path) -> tauri::Result<()> {
     let (width, height) = DEFAULT_SIZE;
     let mut builder = WebviewWindowBuilder::new(app, MAIN_WINDOW, WebviewUrl::External(url))
         .title(TITLE)
         .inner_size(width, height)
         .min_inner_size(MIN_SIZE.0, MIN_SIZE.1);
     // Where the user left it, when that is remembered.
-    if let Some(g) = window_state::load(&window_state::default_path()) {
+    if let Some(g) = window_state::load(place) {
         builder = builder.inner_size(g.width, g.height).position(g.x, g.y);
     }
     let window = builder.build()?;
@@ -178,9 +184,12 @@ fn geometry_of<R: Runtime>(window: &Window<R>) -> Option<Geometry> {
 }
 
 fn remember_place(window: &tauri::Window) {
+    let Some(place) = window.try_state::<Place>() else {
+        return;
+    };
     if let Some(geometry) = geometry_of(window) {
-        let path = window_state::default_path();
-        if let Err(e) = window_state::save(&path, geometry) {
+        let path = &place.0;
+        if let Err(e) = window_state::save(path, geometry) {
             tracing::warn!(
                 "cannot remember the window's place in {}: {e}",
                 path.display()
