@@ -17,11 +17,15 @@
 //! for days doesn't hold them. The next call builds them again exactly as
 //! the first did, its live estimate included. While they are loaded that
 //! thread wakes once per idle period at most; once they are gone it is gone
-//! too. The rule is pure ([`Tables::release_if_idle`] takes `now`), so it
+//! too. With them go the freed heap and the pages of speedtap's program
+//! the calls read, the vocabulary embedded in it among them
+//! ([`give_back`]). The rule is pure ([`Tables::release_if_idle`] takes `now`), so it
 //! is tested with instants the test makes, never a 10-minute wait.
 //!
 //! The meters take an `Arc<dyn TokenEstimator>` so tests can count with a
 //! rule they can compute by hand ([`WordCounter`]) and stay exact.
+
+mod give_back;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -179,7 +183,8 @@ fn spawn_release_watch() -> bool {
 }
 
 /// Sleeps until the tables have been idle for [`IDLE_RELEASE`], drops
-/// them, hands freed memory back to the system, and ends.
+/// them, gives what the calls used back to the system
+/// ([`give_back`](give_back::give_back)), and ends.
 fn release_watch() {
     loop {
         let wait = {
@@ -199,17 +204,7 @@ fn release_watch() {
         "tokenizer: released after {} s idle",
         IDLE_RELEASE.as_secs()
     );
-    trim_heap();
-}
-
-/// The tables are some 200,000 small allocations: freed, they stay in the
-/// allocator's arenas unless it is asked to give the pages back.
-fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim has no preconditions; it only returns free pages.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    give_back::give_back();
 }
 
 impl TokenEstimator for O200kEstimator {
