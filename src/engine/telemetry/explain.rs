@@ -49,7 +49,9 @@
 //!    in `n_prompt_tokens`; newer ones only the tokens taken in so far
 //!    (processed plus the batch under way), which alone would make a
 //!    progress that is always one batch from done. The ETA is what is left
-//!    at the rate observed between polls (or the learned rate). Without
+//!    at the rate the looks allow ([`super::prefill_rate`]: the learned
+//!    rate within their bounds, else the bounds' middle once they are
+//!    tight; none while they are wide). Without
 //!    `/slots`, the progress is the time since the prefill started times
 //!    this route and model's learned prefill rate, against the call's
 //!    (calibrated) prompt size.
@@ -60,6 +62,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::prefill_rate::PrefillLooks;
 use super::serial::SerialLearner;
 use super::server::{same_model, LoadedModel, Props, Queue, SlotState};
 use crate::meter::normals::Normals;
@@ -169,17 +172,8 @@ struct Tracked {
     cold: Option<bool>,
     /// The server's slot and task serving it.
     slot: Option<(u64, u64)>,
-    /// The first progress sample of that slot `(at, processed, changes)`,
-    /// with how many changes of the count were seen since (at most 2).
-    /// The first look may catch a batch already under way (two looks 82 ms
-    /// apart saw 0 then 256 tokens of a batch of about 1.6 s: a rate 20
-    /// times too fast), so the rate waits for a second change, which
-    /// spans at least one whole batch.
-    first_progress: Option<(Instant, u64, u8)>,
-    /// The latest sample whose count changed: the server advances the
-    /// count a batch at a time, so the rate is measured between changes,
-    /// not against the clock of each look.
-    last_progress: Option<(Instant, u64)>,
+    /// The looks at that slot task's prefill: the rate they allow.
+    progress: PrefillLooks,
     /// When the call stopped loading or queueing (its prefill began).
     prefill_since: Option<Instant>,
     /// Calls for the same model, in flight with this one, that streamed
@@ -267,8 +261,7 @@ impl Tracked {
                 .any(|s| s.id == slot_id && s.task == Some(task) && s.busy);
             if !running {
                 self.slot = None;
-                self.first_progress = None;
-                self.last_progress = None;
+                self.progress = PrefillLooks::default();
             }
         }
     }
@@ -300,16 +293,8 @@ impl Tracked {
             return;
         };
         self.facts.context_size = s.n_ctx.or(self.facts.context_size);
-        if let Some(p) = s.prompt_processed {
-            let changed = self.last_progress.is_some_and(|(_, last)| last != p);
-            match self.first_progress.as_mut() {
-                None => self.first_progress = Some((now, p, 0)),
-                Some((_, _, changes)) if changed => *changes = (*changes + 1).min(2),
-                Some(_) => {}
-            }
-            if self.last_progress.is_none_or(|(_, last)| last != p) {
-                self.last_progress = Some((now, p));
-            }
+        if let (Some(done), Some(taken_in)) = (s.prompt_processed, s.prompt_tokens) {
+            self.progress.record(now, done, taken_in);
         }
     }
 
@@ -416,22 +401,10 @@ impl Tracked {
         if total == 0 || done >= total || s.decoded.unwrap_or(0) != 0 {
             return None;
         }
-        // Tokens per ms between the first and the latest
-        // change of the count; the ETA counts from that
-        // reading, less the time since.
-        let observed = self
-            .first_progress
-            .filter(|(_, _, changes)| *changes >= 2)
-            .zip(self.last_progress)
-            .and_then(|((t0, p0, _), (t1, p1))| {
-                let dt = t1.saturating_duration_since(t0).as_millis() as f64;
-                (dt > 0.0 && p1 > p0).then(|| (p1 - p0) as f64 / dt)
-            });
-        let since_reading = self.last_progress.map_or(0.0, |(t, _)| {
-            look.now.saturating_duration_since(t).as_millis() as f64
-        });
-        let rate = observed.or(learned_rate);
-        let eta = rate.map(|r| ((total - done) as f64 / r - since_reading).max(0.0).round() as u64);
+        // Tokens per ms as far as the looks tell, and the time left at
+        // that pace from where they say the prompt stands.
+        let rate = self.progress.rate(total, learned_rate);
+        let eta = rate.and_then(|r| self.progress.eta_ms(total, r, look.now));
         // The server's own total, or the call's calibrated estimate when
         // that is larger (newer servers count only what was taken in).
         let source = if total == taken_in {
@@ -559,8 +532,7 @@ impl Tracker {
                 waiting: true,
                 cold: None,
                 slot: None,
-                first_progress: None,
-                last_progress: None,
+                progress: PrefillLooks::default(),
                 prefill_since: None,
                 waited_out: 0,
                 facts: ServerFacts::default(),
@@ -620,21 +592,16 @@ impl Tracker {
             .flatten();
         let handed = taken_from.and_then(|other| {
             let c = self.calls.get_mut(&other)?;
-            let handed = (
-                c.slot.take(),
-                c.first_progress.take(),
-                c.last_progress.take(),
-            );
+            let handed = (c.slot.take(), std::mem::take(&mut c.progress));
             c.prefill_since = None;
             Some(handed)
         });
         self.learn_serial(seq);
         if let Some(c) = self.calls.get_mut(&seq) {
             c.waiting = false;
-            if let Some((slot, first, last)) = handed {
+            if let Some((slot, progress)) = handed {
                 c.slot = slot;
-                c.first_progress = first;
-                c.last_progress = last;
+                c.progress = progress;
             }
         }
     }
@@ -1072,20 +1039,24 @@ mod tests {
         // The first call streams, then ends; the second gets the slot.
         t.first_token(1, &view);
         t.untrack(1, ms(t0, 900));
-        view.slots = Some(vec![slot(0, true, Some(6), 2000, 0)]);
+        view.slots = Some(vec![slot(0, true, Some(6), 4000, 0)]);
         t.observe(&view, ms(t0, 950));
-        view.slots = Some(vec![slot(0, true, Some(6), 2000, 500)]);
-        t.observe(&view, ms(t0, 1000));
-        view.slots = Some(vec![slot(0, true, Some(6), 2000, 1000)]);
-        t.observe(&view, ms(t0, 1500));
-        let w = t.explain("r", &view, &normals, ms(t0, 1500));
+        for (at, done) in [(1000, 500), (1500, 1000), (2000, 1500), (2500, 2000)] {
+            view.slots = Some(vec![slot(0, true, Some(6), 4000, done)]);
+            t.observe(&view, ms(t0, at));
+        }
+        let w = t.explain("r", &view, &normals, ms(t0, 2500));
         assert_eq!(w.len(), 1);
         assert_eq!(w[0].1.reason, WaitReason::Prefilling);
         assert_eq!(w[0].1.progress, Some(0.5));
-        assert_eq!(w[0].1.prompt_tokens, Some(2000));
-        // 1,000 tokens in the 550 ms since the first reading, two changes
-        // later: 1,000 left is 0.55 s.
-        assert_eq!(w[0].1.eta_ms, Some(550));
+        assert_eq!(w[0].1.prompt_tokens, Some(4000));
+        // A batch of at most 500 (the smallest step) each look: the looks
+        // allow 0.97 to 1.33 tokens a ms. At the middle, 1.15, they put
+        // the prompt at 2,226 to 2,283 tokens: 1,746 left is 1.52 s.
+        assert_eq!(w[0].1.eta_ms, Some(1_517));
+        // Without a new look the ETA counts down from the latest.
+        let w = t.explain("r", &view, &normals, ms(t0, 3000));
+        assert_eq!(w[0].1.eta_ms, Some(1_017));
     }
 
     #[test]
@@ -1176,9 +1147,15 @@ mod tests {
         t.observe(&view, ms(t0, 2_100));
         let w = t.explain("r", &view, &normals, ms(t0, 2_100));
         assert_eq!(w[0].1.progress, Some(0.271));
-        // 512 tokens in the 1.05 s since its first sample: 1,376 left is
-        // 2.8 s.
-        assert_eq!(w[0].1.eta_ms, Some(2_822));
+        for (at, done) in [(3_100, 768), (4_100, 1_024)] {
+            view.slots = Some(vec![slot(0, true, Some(6), done + 256, done)]);
+            t.observe(&view, ms(t0, at));
+        }
+        let w = t.explain("r", &view, &normals, ms(t0, 4_100));
+        // Its own task's looks allow 0.25 to 0.34 tokens a ms (the other
+        // task's 27 tokens at 100 ms would have allowed less), and at the
+        // middle the prompt stands at about 1,153: 735 left is 2.5 s.
+        assert_eq!(w[0].1.eta_ms, Some(2_478));
         // Only the tasks the slots still show are remembered.
         assert_eq!(t.seen_tasks.len(), 1);
     }
@@ -1215,18 +1192,24 @@ mod tests {
         assert_eq!(w[0].1.reason, WaitReason::Queued, "{w:?}");
         assert_eq!(w[0].1.position, Some(1));
         // Then call 1's own task prefills, measured from its own samples.
-        view.slots = Some(vec![slot(0, true, Some(6), 4_000, 0)]);
+        view.slots = Some(vec![slot(0, true, Some(6), 8_000, 0)]);
         t.observe(&view, ms(t0, 1_050));
-        view.slots = Some(vec![slot(0, true, Some(6), 4_000, 1_000)]);
-        t.observe(&view, ms(t0, 1_100));
-        view.slots = Some(vec![slot(0, true, Some(6), 4_000, 2_000)]);
-        t.observe(&view, ms(t0, 1_600));
-        let w = t.explain("r", &view, &normals, ms(t0, 1_600));
+        for (at, done) in [
+            (1_100, 1_000),
+            (1_600, 2_000),
+            (2_100, 3_000),
+            (2_600, 4_000),
+        ] {
+            view.slots = Some(vec![slot(0, true, Some(6), 8_000, done)]);
+            t.observe(&view, ms(t0, at));
+        }
+        let w = t.explain("r", &view, &normals, ms(t0, 2_600));
         assert_eq!(w[0].1.reason, WaitReason::Prefilling, "{w:?}");
         assert_eq!(w[0].1.progress, Some(0.5));
-        // 2,000 tokens in the 550 ms since its first sample: 2,000 left is
-        // 0.55 s.
-        assert_eq!(w[0].1.eta_ms, Some(550));
+        // Its own samples only (task 5's 3,000 at 100 ms are not among
+        // them): 1.94 to 2.67 tokens a ms, and at the middle the prompt
+        // stands at 4,452 to 4,567: 3,491 left is 1.52 s.
+        assert_eq!(w[0].1.eta_ms, Some(1_517));
     }
 
     #[test]
@@ -1267,6 +1250,16 @@ mod tests {
         t.first_token(2, &view);
         assert_eq!(t.calls[&1].slot, Some((0, 5)));
         assert_eq!(t.calls[&2].slot, None);
+    }
+
+    /// A warm call whose server reported `tokens` of prefill in `ms`.
+    fn long_prefill(tokens: u64, ms: u64) -> crate::meter::normals::Observation {
+        crate::meter::normals::Observation {
+            ttft_ms: ms,
+            prompt_tokens: Some(tokens),
+            prefill: Some((tokens, ms as f64)),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -1578,15 +1571,17 @@ mod tests {
         t.observe(&view, ms(t0, 2_100));
         let w = t.explain("r", &view, &normals, ms(t0, 2_100));
         assert_eq!(w[0].1.progress, Some(0.512));
-        // 256 tokens in the 1 s between two changes: 488 left is 1.9 s.
-        assert_eq!(w[0].1.eta_ms, Some(1_906));
-        // Half a second on, the server still shows the same count (it
-        // answers between batches): the ETA counts down from that reading
-        // instead of the rate sagging.
-        t.observe(&view, ms(t0, 2_600));
-        let w = t.explain("r", &view, &normals, ms(t0, 2_600));
-        assert_eq!(w[0].1.progress, Some(0.512));
-        assert_eq!(w[0].1.eta_ms, Some(1_406));
+        // Three looks a second apart, one batch each: anything from 0.13
+        // to 0.38 tokens a ms fits them (the batch under way may have
+        // begun just after a look or just before), too wide for an ETA.
+        assert_eq!(w[0].1.eta_ms, None);
+        // With a rate learned from this route's earlier calls, inside
+        // those bounds, the ETA is the tokens left at it: at 0.25 a ms the
+        // looks put the prompt at 512 to 756, and 366 left is 1.46 s.
+        let mut learned = Normals::new();
+        learned.observe("r", "m", &long_prefill(1_000, 4_000));
+        let w = t.explain("r", &view, &learned, ms(t0, 2_100));
+        assert_eq!(w[0].1.eta_ms, Some(1_464));
         // A server that counts the whole prompt still wins when larger.
         view.slots = Some(vec![slot(0, true, Some(7), 2_000, 1_000)]);
         t.observe(&view, ms(t0, 3_100));
@@ -1614,12 +1609,21 @@ mod tests {
         t.observe(&view, ms(t0, 92));
         let w = t.explain("r", &view, &normals, ms(t0, 92));
         assert_eq!(w[0].1.eta_ms, None, "{w:?}");
-        // A second change spans a whole batch: the rate is 512 tokens in
-        // 1.68 s, 1,488 left is 4.9 s (the first batch's head start still
-        // shows, but within 2x, where one change gave 20x).
+        // A second change still leaves 0.15 to 0.32 tokens a ms: no ETA
+        // yet, where the first-to-latest count read 512 tokens in 1.68 s
+        // and gave one (4.9 s) on a batch's head start.
         view.slots = Some(vec![slot(0, true, Some(3), 768, 512)]);
         t.observe(&view, ms(t0, 1_692));
         let w = t.explain("r", &view, &normals, ms(t0, 1_692));
-        assert_eq!(w[0].1.eta_ms, Some(4_888));
+        assert_eq!(w[0].1.eta_ms, None, "{w:?}");
+        // Looks a second apart as the batches go on narrow it to a third
+        // of the middle: 0.21 to 0.28 tokens a ms; from where that puts
+        // the prompt, 3.4 s are left.
+        for (at, done) in [(2_692, 768), (3_692, 1_024)] {
+            view.slots = Some(vec![slot(0, true, Some(3), done + 256, done)]);
+            t.observe(&view, ms(t0, at));
+        }
+        let w = t.explain("r", &view, &normals, ms(t0, 3_692));
+        assert_eq!(w[0].1.eta_ms, Some(3_434), "{w:?}");
     }
 }

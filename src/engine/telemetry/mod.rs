@@ -47,6 +47,7 @@
 
 pub mod explain;
 pub mod pace;
+pub mod prefill_rate;
 pub mod serial;
 pub mod server;
 
