@@ -70,8 +70,12 @@ impl PrefillLooks {
     /// `rate` tokens a ms from `now`. Where the prompt stood at the latest
     /// look is where every look, moved on at `rate`, says it could have
     /// stood: the middle of that, or the count itself while the end of
-    /// the batch under way is unknown. None before any look.
+    /// the batch under way is unknown. None before any look, or at no
+    /// pace (looks whose count went back bound the rate at 0).
     pub fn eta_ms(&self, total: u64, rate: f64, now: Instant) -> Option<u64> {
+        if rate.is_nan() || rate <= 0.0 {
+            return None;
+        }
         let latest = self.looks.last()?;
         let ms_since = |at: Instant| latest.at.saturating_duration_since(at).as_millis() as f64;
         let (mut lo, mut hi) = (f64::MIN, f64::MAX);
@@ -256,6 +260,17 @@ mod tests {
         assert!(lo <= hi);
         let (first, latest) = (looks.looks[0], *looks.looks.last().unwrap());
         assert_eq!(Some((lo, hi)), looks.pair(&first, &latest, 10_000));
+    }
+
+    #[test]
+    fn a_count_that_went_back_gives_no_eta_rather_than_an_endless_one() {
+        let t0 = Instant::now();
+        let mut looks = PrefillLooks::default();
+        looks.record(t0, 512, 768);
+        looks.record(ms(t0, 1_000), 0, 256);
+        let rate = looks.rate(2_000, Some(0.3)).expect("clamped");
+        assert_eq!(rate, 0.0);
+        assert_eq!(looks.eta_ms(2_000, rate, ms(t0, 1_000)), None);
     }
 
     #[test]
