@@ -657,6 +657,12 @@ impl CallActor {
             reasoning_ms: report.reasoning.map(|r| r.ms),
             // Judged by `report`, which also lets the call teach the usual.
             slowdown: None,
+            failure: None,
+            stalls: None,
+            stalled_ms: None,
+            longest_stall_ms: None,
+            longest_stall_after_token: None,
+            output_tokens_per_second_excluding_stalls: None,
         }
     }
 

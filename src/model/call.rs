@@ -609,6 +609,29 @@ pub struct CallDetails {
     /// the fixed threshold applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slow_after_usual_ms: Option<u64>,
+    /// How the call went wrong, with the server's own message; absent for
+    /// a call that ended well (`docs/metering.md`, "A failed call").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<super::failure::Failure>,
+    /// The stalls the call had while it streamed: how many, their total
+    /// and the longest (`docs/metering.md`, "A stall kept"); absent when
+    /// it never stalled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalls: Option<u32>,
+    /// The stalls' total, in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled_ms: Option<u64>,
+    /// The longest stall, in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longest_stall_ms: Option<u64>,
+    /// The output tokens streamed before the longest stall began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longest_stall_after_token: Option<u64>,
+    /// The output rate with the stalls' time taken out, tokens/s, for a
+    /// call that stalled: speedtap's own figure from the arrival times,
+    /// labelled as such, beside the server's rate in `speed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens_per_second_excluding_stalls: Option<f64>,
 }
 
 impl CallDetails {

@@ -12,6 +12,7 @@
 pub mod api_kind;
 pub mod call;
 pub mod control;
+pub mod failure;
 pub mod history;
 pub mod otlp_endpoint;
 pub mod queries;
@@ -32,6 +33,7 @@ pub use control::{
     BoundRoute, CaptureDoc, CaptureRouteDoc, CaptureState, DemoDoc, DiscoveredDoc, HistoryDoc,
     HistoryPoint, RouteDoc, RouteInfo, RoutesDoc, SaveOutcome, ServerDoc, SettingsDoc,
 };
+pub use failure::{clean_message, Failure, FailureKind};
 pub use history::{
     time_bound, DepthDoc, DepthFit, DepthPoint, DepthQuery, ExportFormat, HistoryFilter,
     ModelSummary, MAX_LIMIT,

@@ -467,6 +467,12 @@ fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, S
             .map(|json| serde_json::from_str(&json).map_err(|e| format!("slowdown: {e}")))
             .transpose()?,
         response_model: r.text(51),
+        failure: None,
+        stalls: None,
+        stalled_ms: None,
+        longest_stall_ms: None,
+        longest_stall_after_token: None,
+        output_tokens_per_second_excluding_stalls: None,
     })
 }
 

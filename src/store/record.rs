@@ -244,6 +244,12 @@ fn details_from_row(row: &Row<'_>, breakdown: TtftBreakdown) -> rusqlite::Result
             .map(|json| json_from(&json, 54))
             .transpose()?,
         response_model: row.get(55)?,
+        failure: None,
+        stalls: None,
+        stalled_ms: None,
+        longest_stall_ms: None,
+        longest_stall_after_token: None,
+        output_tokens_per_second_excluding_stalls: None,
     })
 }
 
