@@ -858,6 +858,7 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 route: "llama".into(),
                 calls: 2,
                 ok_calls: 2,
+                failed_calls: 0,
                 // TTFT [80, 120]: p50 h = 0.5 → 100; p90 h = 0.9 → 80 + 0.9 × 40 = 116.
                 ttft_ms_p50: Some(100.0),
                 ttft_ms_p90: Some(116.0),
@@ -881,6 +882,8 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 route: "ollama".into(),
                 calls: 7,
                 ok_calls: 5,
+                // a7's upstream error; a6 was abandoned, no failure kept.
+                failed_calls: 1,
                 // TTFT of the ok calls sorted [100, 200, 300, 400, 1000]:
                 // p50 h = 4 × 0.5 = 2 → 300; p90 h = 3.6 → 400 + 0.6 × 600 = 760.
                 ttft_ms_p50: Some(300.0),
@@ -909,6 +912,7 @@ fn models_medians_and_p90_match_hand_computed_values() {
                 route: "vllm".into(),
                 calls: 1,
                 ok_calls: 0,
+                failed_calls: 1,
                 ttft_ms_p50: None,
                 ttft_ms_p90: None,
                 tps_p50: None,

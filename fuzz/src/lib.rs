@@ -158,7 +158,7 @@ pub fn check_events(events: &[StreamEvent]) {
         match e {
             StreamEvent::Output { text, .. } => assert!(!text.is_empty(), "empty output text"),
             StreamEvent::Done => done += 1,
-            StreamEvent::Error { message } => {
+            StreamEvent::Error { message, .. } => {
                 assert!(!message.trim().is_empty(), "empty error message");
                 assert!(
                     message.chars().count() <= MAX_ERROR_CHARS,

@@ -118,7 +118,13 @@ pub enum StreamEvent {
     /// The protocol's terminal marker was seen (`[DONE]`, `message_stop`,
     /// `response.completed`, `done: true`, `stop: true`, TGI `details`...).
     Done,
-    /// The stream reported an error. The message is the server's own
-    /// error type/code, kept short; it never quotes user text.
-    Error { message: String },
+    /// The stream reported an error. `message` is the server's own error
+    /// type/code, kept short; it never quotes user text. `text` is the
+    /// server's own prose for it (`message`, `detail`, a bare string), when
+    /// it gave one: what a failed call shows, cleaned and capped by the
+    /// record ([`crate::model::Failure`]).
+    Error {
+        message: String,
+        text: Option<String>,
+    },
 }

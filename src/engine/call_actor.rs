@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use super::capture::sniff::ModelSniffer;
 use super::decode_watch::DecodeWatch;
 use super::details;
+use super::failure;
 use super::messages::*;
 use super::supervisor::Supervisor;
 use super::telemetry::explain::ServerFacts;
@@ -135,6 +136,11 @@ pub struct CallActor {
     /// server last showed life for it (silent, while it waits).
     liveness: Liveness,
 }
+
+/// A server-reported `load_duration` this long or longer is a load, until
+/// the model's warm normal is known (Ollama reports a few ms for a model
+/// already loaded).
+pub const COLD_LOAD_MS: f64 = 100.0;
 
 /// How often a call still waiting for its first token republishes its
 /// snapshot with the time waited, with or without telemetry, so its
@@ -505,7 +511,7 @@ impl CallActor {
                 unreachable: self.unreachable,
             });
         }
-        let ending = self.ending(&report);
+        let ending = self.ending(&report, end);
         let beside = self
             .setup
             .decode_watch
@@ -533,7 +539,7 @@ impl CallActor {
 
     /// What the end of the call says about its prompt and its start, from
     /// the server's timings and what it said about the model.
-    fn ending(&self, report: &CallReport) -> Ending {
+    fn ending(&self, report: &CallReport, end: StreamEnd) -> Ending {
         let timings = report.server_timings.clone().unwrap_or_default();
         // The server's whole prompt count: processed plus cached.
         let server_prompt = timings
@@ -553,6 +559,7 @@ impl CallActor {
             .queued_ms(first_token)
             .map(|ms| (ms, self.queue.position().unwrap_or(0)));
         Ending {
+            end,
             start: self.start_kind(timings.load_ms),
             timings,
             server_prompt,
@@ -562,10 +569,13 @@ impl CallActor {
         }
     }
 
-    /// Cold or warm: the server's `load_duration` against this model's
-    /// warm normal decides when both are known (the server's own clock is
-    /// better evidence than when `/api/ps` happened to be read); else the
-    /// load seen in `/api/ps`; else a `load_duration` of 1 s or more.
+    /// Cold or warm, only on evidence of a load (`docs/metering.md`, "Cold
+    /// only with a load"): the server's `load_duration` against this
+    /// model's warm normal when both are known; else a `load_duration` of
+    /// at least [`COLD_LOAD_MS`] (the server's own clock is better evidence
+    /// than when `/api/ps` happened to be read); else the load seen in
+    /// `/api/ps`. A model not listed at dispatch whose load was never seen
+    /// (a model that does not exist, a failed call) is neither.
     fn start_kind(&self, load_ms: Option<f64>) -> Option<StartKind> {
         let kind = |cold: bool| {
             if cold {
@@ -580,9 +590,13 @@ impl CallActor {
                 let normals = self.setup.normals.read().ok()?;
                 normals.is_load(&self.setup.identity.route, m, ms)
             });
+        let by_ps = match self.facts.cold {
+            Some(true) => self.facts.load_seen.then_some(true),
+            warm => warm,
+        };
         by_normal
-            .or(self.facts.cold)
-            .or(load_ms.map(|ms| ms >= 1_000.0))
+            .or(load_ms.map(|ms| ms >= COLD_LOAD_MS))
+            .or(by_ps)
             .map(kind)
     }
 
@@ -592,6 +606,7 @@ impl CallActor {
         let error = (!(200..300).contains(&self.http_status.unwrap_or(200)))
             .then(|| details::context_refusal(&self.error_body))
             .flatten();
+        let failure = self.failure(report, ending.end);
         self.error_body = Vec::new();
         let context = ending.server_prompt.map(|prompt| ContextUse {
             size: self.facts.context_size,
@@ -657,13 +672,33 @@ impl CallActor {
             reasoning_ms: report.reasoning.map(|r| r.ms),
             // Judged by `report`, which also lets the call teach the usual.
             slowdown: None,
-            failure: None,
+            failure,
             stalls: None,
             stalled_ms: None,
             longest_stall_ms: None,
             longest_stall_after_token: None,
             output_tokens_per_second_excluding_stalls: None,
         }
+    }
+
+    /// How the call went wrong, if it did (`engine::failure`). A body not
+    /// metered that the server answered with a 2xx did not fail: it was
+    /// only not understood.
+    fn failure(&self, report: &CallReport, end: StreamEnd) -> Option<crate::model::Failure> {
+        let ok_head = self.http_status.is_none_or(|c| (200..300).contains(&c));
+        if self.is_unmetered() && ok_head && !self.unreachable {
+            return None;
+        }
+        failure::failure(&failure::End {
+            unreachable: self.unreachable,
+            http_status: self.http_status,
+            outcome: report.outcome,
+            end,
+            error_body: &self.error_body,
+            stream_error: report.stream_error.as_deref(),
+            stream_error_text: report.stream_error_text.as_deref(),
+            output_tokens: report.snapshot.output_tokens,
+        })
     }
 
     /// Tells subscribers the route's server cut this model's prompt, the
@@ -744,6 +779,8 @@ impl CallActor {
 /// report and used by its details, the route's normals and the
 /// truncation event.
 struct Ending {
+    /// How the transport ended.
+    end: StreamEnd,
     timings: ServerTimings,
     /// The server's whole prompt count: processed plus cached.
     server_prompt: Option<u64>,

@@ -25,6 +25,7 @@ pub mod call_actor;
 pub mod capture;
 pub mod decode_watch;
 pub mod details;
+pub mod failure;
 pub mod http_meta;
 pub mod link;
 pub mod messages;

@@ -76,6 +76,8 @@ pub struct CallReport {
     pub server_timings: Option<ServerTimings>,
     /// The server's error type or code when the stream carried an error.
     pub stream_error: Option<String>,
+    /// The server's own prose for that error, when it gave one.
+    pub stream_error_text: Option<String>,
     /// Messages the decoder could not understand (diagnostics).
     pub unparsed_messages: u64,
     /// The provider's exact output count, when it sent one.
@@ -132,6 +134,7 @@ pub struct CallMetering {
     /// When the protocol's terminal marker arrived, if it did.
     done_at: Option<Instant>,
     stream_error: Option<String>,
+    stream_error_text: Option<String>,
     input_tokens: Option<u64>,
     server_timings: Option<ServerTimings>,
     /// The latest in-band prefill progress the server sent.
@@ -155,6 +158,7 @@ impl CallMetering {
             not_understood: false,
             done_at: None,
             stream_error: None,
+            stream_error_text: None,
             input_tokens: None,
             server_timings: None,
             prompt_progress: None,
@@ -395,6 +399,7 @@ impl CallMetering {
             input_tokens,
             server_timings: self.server_timings.clone(),
             stream_error: self.stream_error.clone(),
+            stream_error_text: self.stream_error_text.clone(),
             unparsed_messages: unparsed,
             exact_output_tokens,
             raw_estimate,
@@ -437,9 +442,10 @@ impl CallMetering {
                 StreamEvent::Done => {
                     self.done_at.get_or_insert(now);
                 }
-                StreamEvent::Error { message } => {
+                StreamEvent::Error { message, text } => {
                     if self.stream_error.is_none() {
                         self.stream_error = Some(message);
+                        self.stream_error_text = text;
                     }
                 }
             }

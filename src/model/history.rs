@@ -48,6 +48,10 @@ pub struct ModelSummary {
     pub calls: u64,
     /// Of those, the calls that ended `ok`: the sample for the figures below.
     pub ok_calls: u64,
+    /// Of those, the calls that failed (`failure`, a client that left
+    /// aside): the errors column's count.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_calls: u64,
     /// Median time to first token, ms, of calls neither queued nor cold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms_p50: Option<f64>,

@@ -10,7 +10,7 @@ use std::io::{BufRead, Write};
 use super::query::{for_each_call, Order};
 use super::{Store, StoreError};
 use crate::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
-use crate::model::{ContextUse, DraftCounts, PromptTruncation, Wait};
+use crate::model::{ContextUse, DraftCounts, Failure, PromptTruncation, Wait};
 use crate::model::{ExportFormat, HistoryFilter};
 use crate::model::{Phase, Snapshot};
 
@@ -30,8 +30,10 @@ use crate::model::{Phase, Snapshot};
 /// the server's version and the reasoning cost, `slowdown` (the call's
 /// slowdown as its JSON, `docs/api.md` "Slowdown") with the slowdown rule,
 /// `response_model` with the model the answer named, `slow_after_ms` and
-/// `slow_after_usual_ms` with the limit each call was held to.
-pub const CSV_COLUMNS: [&str; 54] = [
+/// `slow_after_usual_ms` with the limit each call was held to, the
+/// `failure_*` columns and the stall columns with the record of how a call
+/// went wrong.
+pub const CSV_COLUMNS: [&str; 62] = [
     "id",
     "route",
     "api",
@@ -86,6 +88,14 @@ pub const CSV_COLUMNS: [&str; 54] = [
     "response_model",
     "slow_after_ms",
     "slow_after_usual_ms",
+    "failure_kind",
+    "failure_after_tokens",
+    "failure_message",
+    "stalls",
+    "stalled_ms",
+    "longest_stall_ms",
+    "longest_stall_after_token",
+    "output_tokens_per_second_excluding_stalls",
 ];
 
 /// Writes the calls `filter` selects to `out`; returns how many.
@@ -188,6 +198,14 @@ fn csv_fields(c: &Call) -> impl Iterator<Item = String> {
         opt(d.response_model.as_deref()),
         opt(d.slow_after_ms),
         opt(d.slow_after_usual_ms),
+        opt(d.failure.as_ref().map(|f| f.kind.as_str())),
+        opt(d.failure.as_ref().map(|f| f.after_tokens)),
+        opt(d.failure.as_ref().and_then(|f| f.message.as_deref())),
+        opt(d.stalls),
+        opt(d.stalled_ms),
+        opt(d.longest_stall_ms),
+        opt(d.longest_stall_after_token),
+        opt(d.output_tokens_per_second_excluding_stalls),
     ]
     .into_iter()
 }
@@ -467,12 +485,19 @@ fn csv_details(r: CsvRow<'_>, breakdown: TtftBreakdown) -> Result<CallDetails, S
             .map(|json| serde_json::from_str(&json).map_err(|e| format!("slowdown: {e}")))
             .transpose()?,
         response_model: r.text(51),
-        failure: None,
-        stalls: None,
-        stalled_ms: None,
-        longest_stall_ms: None,
-        longest_stall_after_token: None,
-        output_tokens_per_second_excluding_stalls: None,
+        failure: match r.text(54) {
+            Some(_) => Some(Failure {
+                kind: r.named(54)?,
+                after_tokens: r.num(55)?.unwrap_or(0),
+                message: r.text(56),
+            }),
+            None => None,
+        },
+        stalls: r.num(57)?,
+        stalled_ms: r.num(58)?,
+        longest_stall_ms: r.num(59)?,
+        longest_stall_after_token: r.num(60)?,
+        output_tokens_per_second_excluding_stalls: r.num(61)?,
     })
 }
 

@@ -7,7 +7,7 @@ use rusqlite::{params_from_iter, Connection};
 use super::record::{self, COLUMNS};
 use super::{Store, StoreError};
 use crate::model::snapshot::round_rate;
-use crate::model::{Call, CallStatus, StartKind};
+use crate::model::{Call, CallStatus, FailureKind, StartKind};
 use crate::model::{DepthDoc, DepthPoint, DepthQuery};
 use crate::model::{HistoryFilter, ModelSummary};
 
@@ -194,6 +194,8 @@ struct Group {
     route: String,
     calls: u64,
     ok_calls: u64,
+    /// Calls that failed (a client that left is no failure).
+    failed_calls: u64,
     /// TTFTs of calls neither queued nor cold.
     ttft: Vec<f64>,
     /// TTFTs of cold starts.
@@ -233,6 +235,7 @@ impl Group {
             route: self.route,
             calls: self.calls,
             ok_calls: self.ok_calls,
+            failed_calls: self.failed_calls,
             last_seen: self.last_seen,
         }
     }
@@ -277,7 +280,7 @@ fn models(conn: &Connection, filter: &HistoryFilter) -> rusqlite::Result<Vec<Mod
     let sql = format!(
         "SELECT coalesce(model, ''), route, status, ttft_ms, output_tokens_per_second,
                 prefill_tokens_per_second, started_at_ms, started_at, start, queued_ms,
-                prefill_tokens, reasoning_tokens, reasoning_tokens_estimated
+                prefill_tokens, reasoning_tokens, reasoning_tokens_estimated, failure_kind
          FROM calls{where_sql} ORDER BY coalesce(model, ''), route"
     );
     let mut stmt = conn.prepare(&sql)?;
@@ -307,7 +310,11 @@ fn models(conn: &Connection, filter: &HistoryFilter) -> rusqlite::Result<Vec<Mod
             g.last_seen_ms = started_ms;
             g.last_seen = row.get(7)?;
         }
-        if row.get_ref(2)?.as_str()? != ok {
+        let status = row.get_ref(2)?.as_str()?;
+        if failed(status, row.get::<_, Option<String>>(13)?.as_deref()) {
+            g.failed_calls += 1;
+        }
+        if status != ok {
             continue;
         }
         g.ok_calls += 1;
@@ -315,6 +322,16 @@ fn models(conn: &Connection, filter: &HistoryFilter) -> rusqlite::Result<Vec<Mod
     }
     out.extend(group.map(Group::finish));
     Ok(out)
+}
+
+/// Whether a stored call failed: its failure's kind says so (a client that
+/// left did not fail); a row from before failures were kept failed when
+/// its status was `upstream_error`.
+fn failed(status: &str, failure_kind: Option<&str>) -> bool {
+    match failure_kind {
+        Some(kind) => kind != FailureKind::ClientLeft.as_str(),
+        None => status == CallStatus::UpstreamError.as_str(),
+    }
 }
 
 /// The `p` quantile (0 ≤ p ≤ 1) of `values` by linear interpolation between

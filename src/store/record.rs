@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use super::StoreError;
 use crate::model::Snapshot;
 use crate::model::{Call, CallDetails, CallIdentity, TtftBreakdown};
-use crate::model::{ContextUse, DraftCounts, PromptTruncation, Wait};
+use crate::model::{ContextUse, DraftCounts, Failure, PromptTruncation, Wait};
 
 /// The stored columns, in the order [`from_row`] reads them.
 pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, model, client, \
@@ -23,7 +23,9 @@ pub(crate) const COLUMNS: &str = "id, started_at, started_at_ms, route, api, mod
     truncated_server_tokens, truncated_context_size, context_size, context_used, draft_n, \
     draft_accepted, placement, model_bytes, vram_bytes, start, error, prompt_tokens_estimated, \
     queued_ms, queue_position, server_version, reasoning_tokens, reasoning_tokens_estimated, \
-    reasoning_ms, slowdown, response_model, slow_after_ms, slow_after_usual_ms";
+    reasoning_ms, slowdown, response_model, slow_after_ms, slow_after_usual_ms, \
+    failure_kind, failure_after_tokens, failure_message, stalls, stalled_ms, longest_stall_ms, \
+    longest_stall_after_token, tps_excluding_stalls";
 
 /// The `INSERT` of every one of [`COLUMNS`], numbered in their order,
 /// skipping a call already stored (same id and started_at).
@@ -112,6 +114,14 @@ pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Re
             non_empty(d.response_model.as_deref()),
             d.slow_after_ms,
             d.slow_after_usual_ms,
+            d.failure.as_ref().map(|f| f.kind.as_str()),
+            d.failure.as_ref().map(|f| f.after_tokens),
+            d.failure.as_ref().and_then(|f| f.message.as_deref()),
+            d.stalls,
+            d.stalled_ms,
+            d.longest_stall_ms,
+            d.longest_stall_after_token,
+            d.output_tokens_per_second_excluding_stalls,
         ])?;
     }
     Ok(())
@@ -244,12 +254,19 @@ fn details_from_row(row: &Row<'_>, breakdown: TtftBreakdown) -> rusqlite::Result
             .map(|json| json_from(&json, 54))
             .transpose()?,
         response_model: row.get(55)?,
-        failure: None,
-        stalls: None,
-        stalled_ms: None,
-        longest_stall_ms: None,
-        longest_stall_after_token: None,
-        output_tokens_per_second_excluding_stalls: None,
+        failure: match row.get::<_, Option<String>>(58)? {
+            Some(kind) => Some(Failure {
+                kind: enum_from(kind, 58)?,
+                after_tokens: row.get::<_, Option<u64>>(59)?.unwrap_or(0),
+                message: row.get(60)?,
+            }),
+            None => None,
+        },
+        stalls: row.get(61)?,
+        stalled_ms: row.get(62)?,
+        longest_stall_ms: row.get(63)?,
+        longest_stall_after_token: row.get(64)?,
+        output_tokens_per_second_excluding_stalls: row.get(65)?,
     })
 }
 

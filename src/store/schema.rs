@@ -152,6 +152,20 @@ ALTER TABLE calls ADD COLUMN slow_after_ms       INTEGER;
 ALTER TABLE calls ADD COLUMN slow_after_usual_ms INTEGER;
 ";
 
+/// Migration 9: how a call went wrong and the stalls it had
+/// (`docs/api.md`, "Call details": `failure`, `stalls`...). NULL: it
+/// ended well, never stalled, or a row from before.
+pub const MIGRATION_9: &str = "
+ALTER TABLE calls ADD COLUMN failure_kind                 TEXT;
+ALTER TABLE calls ADD COLUMN failure_after_tokens         INTEGER;
+ALTER TABLE calls ADD COLUMN failure_message              TEXT;
+ALTER TABLE calls ADD COLUMN stalls                       INTEGER;
+ALTER TABLE calls ADD COLUMN stalled_ms                   INTEGER;
+ALTER TABLE calls ADD COLUMN longest_stall_ms             INTEGER;
+ALTER TABLE calls ADD COLUMN longest_stall_after_token    INTEGER;
+ALTER TABLE calls ADD COLUMN tps_excluding_stalls         REAL;
+";
+
 /// Every migration, in order: `MIGRATIONS[i]` upgrades version `i` to `i + 1`.
 pub const MIGRATIONS: &[&str] = &[
     MIGRATION_1,
@@ -162,6 +176,7 @@ pub const MIGRATIONS: &[&str] = &[
     MIGRATION_6,
     MIGRATION_7,
     MIGRATION_8,
+    MIGRATION_9,
 ];
 
 /// The schema version this build writes.

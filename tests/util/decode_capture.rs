@@ -217,7 +217,7 @@ impl Decoded {
         self.events
             .iter()
             .filter_map(|e| match e {
-                StreamEvent::Error { message } => Some(message.as_str()),
+                StreamEvent::Error { message, .. } => Some(message.as_str()),
                 _ => None,
             })
             .collect()

@@ -239,6 +239,29 @@ pub fn error_message(v: &Value) -> String {
     }
 }
 
+/// The server's own prose for an error value, when it wrote any: a bare
+/// string, or the `message` (else `detail`, `msg`) of the object, nested
+/// `{"error": ...}` unwrapped. Lists (FastAPI's validation errors, whose
+/// `input` may quote the request) give none. Not cut here: the record
+/// cleans and caps it ([`crate::model::clean_message`]).
+pub fn error_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
+        Value::Object(map) => {
+            if let Some(inner) = map.get("error").filter(|e| e.is_string() || e.is_object()) {
+                if let Some(text) = error_text(inner) {
+                    return Some(text);
+                }
+            }
+            ["message", "detail", "msg"]
+                .iter()
+                .find_map(|k| nonblank_str(v, k))
+                .map(|s| s.trim().to_owned())
+        }
+        _ => None,
+    }
+}
+
 /// A string field with something besides whitespace: what [`short`] is
 /// given, so the message it makes is never empty.
 fn nonblank_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {

@@ -116,7 +116,7 @@ impl Protocol {
             }
         };
         if is_error_event || is_error_object(&value) {
-            sink.error(json::error_message(&value));
+            sink.error_value(&value);
             return;
         }
         match self {
@@ -207,7 +207,7 @@ impl Protocol {
             }
             Value::Object(map) => {
                 if is_error_object(v) {
-                    sink.error(json::error_message(v));
+                    sink.error_value(v);
                     return false;
                 }
                 let recognised = match self {
@@ -223,7 +223,7 @@ impl Protocol {
                 if !recognised {
                     if map.contains_key("detail") {
                         // FastAPI (llama-cpp-python, vLLM) errors: `{"detail": ...}`.
-                        sink.error(json::error_message(v));
+                        sink.error_value(v);
                     } else {
                         sink.unparsed();
                     }
@@ -417,7 +417,19 @@ impl Sink<'_> {
     }
 
     pub(crate) fn error(&mut self, message: String) {
-        self.out.push(StreamEvent::Error { message });
+        self.out.push(StreamEvent::Error {
+            message,
+            text: None,
+        });
+    }
+
+    /// An error event read from a JSON value: its type or code, and its
+    /// prose.
+    pub(crate) fn error_value(&mut self, value: &Value) {
+        self.out.push(StreamEvent::Error {
+            message: json::error_message(value),
+            text: json::error_text(value),
+        });
     }
 
     /// A message that could not be understood (counted, never fatal).
@@ -547,7 +559,7 @@ pub(crate) mod testing {
         events
             .iter()
             .filter_map(|e| match e {
-                StreamEvent::Error { message } => Some(message.clone()),
+                StreamEvent::Error { message, .. } => Some(message.clone()),
                 _ => None,
             })
             .collect()
@@ -712,21 +724,28 @@ mod tests {
             (
                 "{\"error\":{\"code\":400,\"message\":\"m\",\"type\":\"invalid_request_error\"}}",
                 "invalid_request_error",
+                "m",
             ),
-            ("{\"error\":\"model 'x' not found\"}", "model 'x' not found"),
-            ("{\"detail\":\"Not Found\"}", "Not Found"),
+            (
+                "{\"error\":\"model 'x' not found\"}",
+                "model 'x' not found",
+                "model 'x' not found",
+            ),
+            ("{\"detail\":\"Not Found\"}", "Not Found", "Not Found"),
             (
                 "{\"type\":\"error\",\"error\":{\"type\":\"not_found_error\",\"message\":\"m\"}}",
                 "not_found_error",
+                "m",
             ),
         ];
         for api in ApiKind::METERED {
-            for (b, msg) in cases {
+            for (b, msg, text) in cases {
                 let (ev, bad) = body(api, None, b);
                 assert_eq!(
                     ev,
                     vec![StreamEvent::Error {
-                        message: msg.into()
+                        message: msg.into(),
+                        text: Some(text.into()),
                     }],
                     "{api} {b}"
                 );

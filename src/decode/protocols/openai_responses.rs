@@ -71,7 +71,10 @@ impl Decoder {
                     .get("response")
                     .and_then(|r| r.get("error"))
                     .filter(|e| !e.is_null());
-                sink.error(error.map_or_else(|| "response.failed".to_owned(), json::error_message));
+                match error {
+                    Some(e) => sink.error_value(e),
+                    None => sink.error("response.failed".to_owned()),
+                }
                 sink.done();
             }
             _ => {}
@@ -92,7 +95,10 @@ impl Decoder {
         sink.timings(json::llamacpp_timings(v.get("timings")));
         if v.get("status").and_then(Value::as_str) == Some("failed") {
             let error = v.get("error").filter(|e| !e.is_null());
-            sink.error(error.map_or_else(|| "response.failed".to_owned(), json::error_message));
+            match error {
+                    Some(e) => sink.error_value(e),
+                    None => sink.error("response.failed".to_owned()),
+                }
         }
         true
     }

@@ -156,6 +156,12 @@ pub struct ServerFacts {
     pub vram_bytes: Option<u64>,
     /// The model was not loaded at dispatch (`Some(false)`: it was).
     pub cold: Option<bool>,
+    /// The load itself was seen: the model appeared in `/api/ps` for this
+    /// call, or `/api/ps` was held while it waited. A model merely not
+    /// listed at dispatch (one that does not exist, a server that lists
+    /// nothing) is no evidence of a load: such a call is never called
+    /// cold for it (`docs/metering.md`, "Cold only with a load").
+    pub load_seen: bool,
     /// The server's version, as the poller last read it (the same for
     /// every call on the route; set by the poller, not the rules).
     pub server_version: Option<String>,
@@ -220,6 +226,7 @@ impl Tracked {
         if self.cold.is_none() && view.ps.is_some() && fresh_look {
             if let Some(model) = &self.model {
                 self.cold = Some(view.loaded(model).is_none() || appeared);
+                self.facts.load_seen |= appeared;
             }
         }
         // `/api/ps` held while the call waits: the server is loading,
@@ -231,12 +238,15 @@ impl Tracked {
             .is_some_and(|m| view.loaded(m).is_some());
         if self.cold.is_none() && self.waiting && view.ps_held_since.is_some() && !listed_before {
             self.cold = Some(true);
+            self.facts.load_seen = true;
         }
     }
 
     /// Takes what `/api/ps` tells about the call's model into its facts.
     fn read_model_facts(&mut self, view: &ServerView) {
         if let Some(m) = self.model.as_deref().and_then(|m| view.loaded(m)) {
+            // Not loaded at dispatch, listed now: it loaded for this call.
+            self.facts.load_seen |= self.cold == Some(true);
             self.facts.model_bytes = m.size;
             self.facts.vram_bytes = m.size_vram;
             self.facts.placement = match (m.size, m.size_vram) {
