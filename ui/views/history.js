@@ -217,7 +217,8 @@ export function mountHistory(source, { onSelect }, doc = document) {
           h(
             "td",
             { "data-col": "status" },
-            h("span", { class: "status", "data-status": v.status.kind }, v.status.text),
+            h("span", { class: "status", "data-status": v.status.kind, "data-outcome": v.outcome ?? "", title: v.failureTitle || undefined }, v.status.text),
+            v.stallMark ? h("span", { class: "badge stall-mark", title: v.stallMark.title }, v.stallMark.text) : null,
             v.truncated ? h("span", { class: "badge cut", title: v.truncated.title }, "prompt cut") : null,
           ),
         );
