@@ -7,6 +7,7 @@
 
 import {
   apiLabel,
+  failureLabel,
   formatBytes,
   formatCompactCount,
   formatCount,
@@ -15,6 +16,7 @@ import {
   formatRate,
   formatSpan,
   formatTimestamp,
+  isFailed,
   isShowable,
   modelLabel,
   sourceBadge,
@@ -112,6 +114,56 @@ export function breakdownSegments(call) {
   };
 }
 
+/** Why a failed call has no rate, by the failure's kind. */
+const FAILURE_RATE_NOTES = {
+  http: "No rate: the server answered with an error.",
+  unreachable: "No rate: the server could not be reached.",
+  stream_error: "No rate: the server reported an error mid-stream.",
+  broke_off: "No rate: the stream broke off before it completed.",
+  client_left: "No rate: the client left before the stream completed.",
+};
+
+/** Milliseconds as seconds with one decimal: "20.1 s". */
+function seconds(ms) {
+  return `${(ms / 1000).toFixed(1)} s`;
+}
+
+/**
+ * The line that says a settled call failed: `Failed: HTTP 500 · "model 'x'
+ * not found"` (the server's message, as text, when it sent one), or null
+ * when it did not fail (a client that left is no failure).
+ */
+export function failureLine(call) {
+  if (!isFailed(call)) return null;
+  const message = call.failure?.message;
+  const words = typeof message === "string" && message !== "" ? ` · "${message}"` : "";
+  return { kind: call.failure?.kind ?? "http", text: `Failed: ${failureLabel(call)}${words}` };
+}
+
+/**
+ * The line that says a settled call stalled: "Stalled 20.1 s after token
+ * 40 · 30.2 tok/s without the stall", or with several stalls "Stalled 3
+ * times, 25.0 s in all; the longest 20.1 s after token 40 · 30.2 tok/s
+ * without the stalls". Absent parts are left out; null when it never stalled.
+ */
+export function stallLine(call) {
+  const n = call?.stalls;
+  if (!isShowable(n) || n < 1) return null;
+  const longestMs = isShowable(call.longest_stall_ms) ? call.longest_stall_ms : n === 1 ? call.stalled_ms : undefined;
+  const after = isShowable(call.longest_stall_after_token) ? ` after token ${formatCount(call.longest_stall_after_token)}` : "";
+  const longest = isShowable(longestMs) ? `${seconds(longestMs)}${after}` : after.trim();
+  let text;
+  if (n === 1) {
+    text = `Stalled ${longest}`.trim();
+  } else {
+    const total = isShowable(call.stalled_ms) ? `, ${seconds(call.stalled_ms)} in all` : "";
+    text = `Stalled ${formatCount(n)} times${total}${longest ? `; the longest ${longest}` : ""}`;
+  }
+  const rate = call.output_tokens_per_second_excluding_stalls;
+  if (isShowable(rate)) text += ` · ${formatRate(rate)} tok/s without the ${n === 1 ? "stall" : "stalls"}`;
+  return text;
+}
+
 /**
  * Why the rate reads what it reads (or why there is none), in a sentence.
  * "" for a call with no snapshot (unmetered: there is nothing to explain).
@@ -138,6 +190,8 @@ export function rateExplanation(call) {
   }
   if (call.one_burst === true) return "No rate: the output came in one burst, so its arrival says nothing about the model's speed.";
   if (call.status === "abandoned") return "No rate: the call ended before its stream completed.";
+  const kind = call.failure?.kind;
+  if (kind && FAILURE_RATE_NOTES[kind]) return FAILURE_RATE_NOTES[kind];
   if (call.status === "upstream_error") return "No rate: the server answered with an error.";
   return `No rate: an honest decode rate needs at least ${MIN_FINAL_RATE_TOKENS} output tokens spread over at least 0.5 s (or the server's own timings).`;
 }
@@ -239,6 +293,9 @@ export function callDetails(call, { timeZone } = {}) {
     wait: waitPanel(call),
     // A live call that streamed and went silent past its stall threshold.
     stalled: status === "in_flight" ? stalledText(speed) : null,
+    // How a settled call failed, and when it stalled on the way.
+    failure: status === "in_flight" ? null : failureLine(call),
+    stall: status === "in_flight" ? null : stallLine(call),
     truncation: truncationWarning(call.prompt_truncated),
     // Decoded below the usual rate of its route, model and context depth.
     slowdown: slowdownView(call.slowdown, speed?.output_tokens_per_second),

@@ -85,14 +85,76 @@ const STATUSES = {
   unmetered: "unmetered",
 };
 
-/** The status cell's text; an upstream error names its HTTP code when known. */
+/**
+ * The status as a word; an upstream error names its HTTP code when it is
+ * an error code (a stream that failed after a 200 is not "error 200").
+ */
 export function statusLabel(status, httpStatus) {
   if (typeof status !== "string" || status === "") return DASH;
   const label = STATUSES[status] ?? status.replace(/_/g, " ");
-  if (status === "upstream_error" && Number.isInteger(httpStatus)) {
+  if (status === "upstream_error" && isErrorCode(httpStatus)) {
     return `${label} ${httpStatus}`;
   }
   return label;
+}
+
+/** An HTTP status that says the request failed (4xx, 5xx). */
+function isErrorCode(code) {
+  return Number.isInteger(code) && code >= 400;
+}
+
+/** "HTTP 500", or "HTTP error" without an error code. */
+function httpLabel(code) {
+  return isErrorCode(code) ? `HTTP ${code}` : "HTTP error";
+}
+
+/** "broke after 30 tokens", "broke after 1 token", "broke before any token". */
+function brokeLabel(tokens) {
+  if (!isShowable(tokens) || tokens === 0) return "broke before any token";
+  return `broke after ${formatCount(tokens)} ${tokens === 1 ? "token" : "tokens"}`;
+}
+
+/**
+ * How a settled call went wrong, in a few words (at most 26 characters),
+ * or null when it ended well. From its `failure` (docs/api.md) when it has
+ * one; an older record without it falls back on its status.
+ */
+export function failureLabel(call) {
+  const failure = call?.failure;
+  if (failure && typeof failure === "object") {
+    switch (failure.kind) {
+      case "http":
+        return httpLabel(call.http_status);
+      case "unreachable":
+        return "unreachable";
+      case "stream_error":
+        return "server error mid-stream";
+      case "broke_off":
+        return brokeLabel(failure.after_tokens);
+      case "client_left":
+        return "client left";
+      default:
+        return typeof failure.kind === "string" && failure.kind !== "" ? failure.kind.replace(/_/g, " ") : "failed";
+    }
+  }
+  if (call?.status === "upstream_error") return httpLabel(call.http_status);
+  if (call?.status === "abandoned") return "ended early";
+  return null;
+}
+
+/**
+ * Whether a call failed (shown red): a failure other than the client
+ * leaving, or, in an older record without `failure`, an upstream error.
+ */
+export function isFailed(call) {
+  const failure = call?.failure;
+  if (failure && typeof failure === "object") return failure.kind !== "client_left";
+  return call?.status === "upstream_error";
+}
+
+/** Whether the call ended because its client left (neutral, not red). */
+export function clientLeft(call) {
+  return call?.failure?.kind === "client_left";
 }
 
 const SOURCES = {

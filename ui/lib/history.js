@@ -8,7 +8,7 @@
 // `client: ""`) is a real value: the calls that named none, the `""` row of
 // `/api/v1/models`. "Any" is the key left out.
 
-import { DASH, NO_MODEL, formatCompactCount, formatCount, formatMs, formatRate, formatTime, isShowable, modelLabel, parseTime } from "./format.js";
+import { DASH, NO_MODEL, formatCompactCount, formatCount, formatMs, formatPercent, formatRate, formatTime, isShowable, modelLabel, parseTime } from "./format.js";
 
 /** The time ranges offered, shortest first. `ms: null` = everything kept. */
 export const RANGES = Object.freeze([
@@ -179,7 +179,11 @@ export function comparisonRows(models, { now, timeZone } = {}) {
       isShowable(m.calls) && isShowable(m.ok_calls)
         ? `${formatCount(m.calls)} calls, ${formatCount(m.ok_calls)} ended ok (the figures are over those)`
         : "",
-    ttftP50: formatMs(m.ttft_ms_p50),
+    errors: errorsText(m),
+    errorsTitle: "Calls that failed (HTTP errors, unreachable, broken streams; not those whose client left) of all calls",
+    allFailed: allFailed(m),
+    // A model whose every call failed has no figures: say so once.
+    ttftP50: allFailed(m) ? "all failed" : formatMs(m.ttft_ms_p50),
     ttftP90: formatMs(m.ttft_ms_p90),
     tpsP50: formatRate(m.tps_p50),
     tpsP90: formatRate(m.tps_p90),
@@ -211,6 +215,22 @@ export function comparisonRows(models, { now, timeZone } = {}) {
       tps: bestTps !== undefined && m.tps_p50 === bestTps,
     },
   }));
+}
+
+/**
+ * The Errors cell: "2 / 10 (20%)", "0 / 10" when none failed (the engine
+ * leaves `failed_calls` out at 0), DASH without calls.
+ */
+export function errorsText(m) {
+  if (!isShowable(m?.calls) || m.calls === 0) return DASH;
+  const failed = isShowable(m.failed_calls) ? m.failed_calls : 0;
+  if (failed === 0) return `0 / ${formatCount(m.calls)}`;
+  return `${formatCount(failed)} / ${formatCount(m.calls)} (${formatPercent(failed / m.calls)})`;
+}
+
+/** Every call of the model failed: none ended ok, all are counted failed. */
+export function allFailed(m) {
+  return isShowable(m?.calls) && m.calls > 0 && m.ok_calls === 0 && m.failed_calls === m.calls;
 }
 
 /**

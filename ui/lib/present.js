@@ -5,12 +5,15 @@
 import {
   DASH,
   apiLabel,
+  clientLeft,
+  failureLabel,
   formatCount,
   formatEta,
   formatMs,
   formatPercent,
   formatRate,
   formatTime,
+  isFailed,
   isShowable,
   phaseLabel,
   sourceBadge,
@@ -41,7 +44,7 @@ export function callRow(call, { slow, now, timeZone } = {}) {
     started: formatTime(call.started_at, { now, timeZone }),
     api: apiLabel(call.api),
     apiRaw: call.api ?? "",
-    phase: speed ? { text: phaseLabel(speed.phase), kind: speed.phase } : null,
+    phase: phaseOf(call, status),
     slow: waiting && slow && isShowable(slow.waited_ms) ? slowText(slow) : null,
     // Why it waits, while it waits (the engine sends it in the snapshot).
     wait: waiting ? waitView(speed.wait) : null,
@@ -55,10 +58,57 @@ export function callRow(call, { slow, now, timeZone } = {}) {
     rate: formatRate(speed?.output_tokens_per_second),
     tokens: speed ? formatCount(speed.output_tokens) : DASH,
     source: speed ? sourceBadge(speed.token_source) : null,
-    status: { text: statusLabel(status, call.http_status), kind: status },
+    status: { text: statusText(call, status), kind: status },
+    // How it ended, when not well: "failed" (red) or "client_left" (neutral).
+    outcome: outcomeOf(call, status),
+    // The server's own words about the failure, for the status's tooltip.
+    failureTitle: failureTitle(call),
+    // A settled call that went silent mid-stream (History's "stalled" tag).
+    stallMark: stallMark(call, status),
     inFlight: status === "in_flight",
     unmetered: status === "unmetered" || call.api === "unknown",
   };
+}
+
+/** "failed", "client_left" or null (in flight, or ended well). */
+function outcomeOf(call, status) {
+  if (status === "in_flight") return null;
+  if (isFailed(call)) return "failed";
+  return clientLeft(call) ? "client_left" : null;
+}
+
+/**
+ * The phase badge: a settled call that failed reads "failed" (not
+ * "complete"), one whose client left "client left"; else the snapshot's.
+ */
+function phaseOf(call, status) {
+  const outcome = outcomeOf(call, status);
+  if (outcome === "failed") return { text: "failed", kind: "failed" };
+  if (outcome === "client_left") return { text: "client left", kind: "client_left" };
+  const speed = call.speed;
+  return speed ? { text: phaseLabel(speed.phase), kind: speed.phase } : null;
+}
+
+/** The status cell: how a settled call went wrong in a few words, else its status. */
+function statusText(call, status) {
+  const label = status === "in_flight" ? null : failureLabel(call);
+  return label ?? statusLabel(status, call.http_status);
+}
+
+/** The failure's label and the server's message, as a tooltip; "" without one. */
+function failureTitle(call) {
+  const label = call.status === "in_flight" ? null : failureLabel(call);
+  if (!label) return "";
+  const message = call.failure?.message;
+  return typeof message === "string" && message !== "" ? `${label}: ${message}` : label;
+}
+
+/** The "stalled" tag of a settled call that stalled, with its tooltip; or null. */
+function stallMark(call, status) {
+  if (status === "in_flight" || !(isShowable(call.stalls) && call.stalls > 0)) return null;
+  const total = isShowable(call.stalled_ms) ? ` (${formatMs(call.stalled_ms)} in all)` : "";
+  const times = call.stalls === 1 ? "once" : `${formatCount(call.stalls)} times`;
+  return { text: "stalled", title: `The stream went silent mid-answer ${times}${total}; the details say when` };
 }
 
 /**

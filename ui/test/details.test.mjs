@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { breakdownSegments, callDetails, callFlags, rateExplanation, reasoningSplit, slowLimitFact } from "../lib/details.js";
+import { breakdownSegments, callDetails, callFacts, callFlags, failureLine, rateExplanation, reasoningSplit, slowLimitFact, stallLine } from "../lib/details.js";
 
 const ollama = {
   id: "c-000042",
@@ -222,4 +222,42 @@ test("the slow limit is shown as it was applied: learned from the usual, or the 
   assert.equal(fixed.value, "5.0 s (the starting limit, until this model's usual is learned)");
   const learned = slowLimitFact({ slow_after_ms: 16000, slow_after_usual_ms: 8000 });
   assert.equal(learned.value, "16.0 s (learned from the usual 8.0 s for this model and prompt)");
+});
+
+test("a failed call's details say how it failed, with the server's message as text", () => {
+  const failed = { ...ollama, status: "upstream_error", http_status: 500, failure: { kind: "http", after_tokens: 0, message: "model 'x' not found" } };
+  assert.deepEqual(failureLine(failed), { kind: "http", text: `Failed: HTTP 500 · "model 'x' not found"` });
+  assert.equal(callDetails(failed).failure.text, `Failed: HTTP 500 · "model 'x' not found"`);
+  assert.equal(failureLine({ ...ollama, status: "upstream_error", failure: { kind: "broke_off", after_tokens: 30 } }).text, "Failed: broke after 30 tokens");
+  assert.equal(failureLine({ ...ollama, status: "upstream_error", http_status: 502 }).text, "Failed: HTTP 502", "an older record");
+  assert.equal(failureLine({ ...ollama, status: "abandoned", failure: { kind: "client_left" } }), null, "a client that left is no failure");
+  assert.equal(failureLine(ollama), null);
+});
+
+test("a failed call's missing rate is explained by how it failed", () => {
+  const failed = (kind) => ({ status: "upstream_error", failure: { kind }, speed: { is_final: true, output_tokens: 3 } });
+  assert.equal(rateExplanation(failed("http")), "No rate: the server answered with an error.");
+  assert.match(rateExplanation(failed("stream_error")), /error mid-stream/);
+  assert.match(rateExplanation(failed("broke_off")), /broke off/);
+  assert.match(rateExplanation(failed("unreachable")), /could not be reached/);
+});
+
+test("a call that stalled once says how long, after which token, and its rate without the stall", () => {
+  const once = { ...ollama, stalls: 1, stalled_ms: 20_100, longest_stall_ms: 20_100, longest_stall_after_token: 40, output_tokens_per_second_excluding_stalls: 30.2 };
+  assert.equal(stallLine(once), "Stalled 20.1 s after token 40 · 30.2 tok/s without the stall");
+  assert.equal(callDetails(once).stall, "Stalled 20.1 s after token 40 · 30.2 tok/s without the stall");
+  const { output_tokens_per_second_excluding_stalls: _, ...noRate } = once;
+  assert.equal(stallLine(noRate), "Stalled 20.1 s after token 40", "no rate part without speedtap's figure");
+});
+
+test("a call that stalled several times says how often, in all, and the longest", () => {
+  const many = { ...ollama, stalls: 3, stalled_ms: 25_000, longest_stall_ms: 20_100, longest_stall_after_token: 40, output_tokens_per_second_excluding_stalls: 30.2 };
+  assert.equal(stallLine(many), "Stalled 3 times, 25.0 s in all; the longest 20.1 s after token 40 · 30.2 tok/s without the stalls");
+  assert.equal(stallLine(ollama), null, "a call that never stalled has no line");
+});
+
+test("a failed call is said to start cold only when it carries start cold", () => {
+  const failed = { ...ollama, status: "upstream_error", http_status: 500, failure: { kind: "http" } };
+  assert.equal(callFacts(failed).some((f) => f.key === "start"), false);
+  assert.match(callFacts({ ...failed, start: "cold" }).find((f) => f.key === "start").value, /^cold/);
 });

@@ -3,11 +3,14 @@ import assert from "node:assert/strict";
 import {
   DASH,
   apiLabel,
+  clientLeft,
+  failureLabel,
   formatCount,
   formatMs,
   formatRate,
   formatTime,
   formatTimestamp,
+  isFailed,
   isShowable,
   modelLabel,
   parseTime,
@@ -70,6 +73,7 @@ test("status labels; an upstream error names its HTTP status when known", () => 
   assert.equal(statusLabel("abandoned"), "abandoned");
   assert.equal(statusLabel("upstream_error"), "upstream error");
   assert.equal(statusLabel("upstream_error", 502), "upstream error 502");
+  assert.equal(statusLabel("upstream_error", 200), "upstream error", "a 200 is no error code");
   assert.equal(statusLabel("unmetered", 200), "unmetered");
   assert.equal(statusLabel(undefined), DASH);
 });
@@ -122,4 +126,49 @@ test("times: today's calls by time of day, older ones by date; full timestamps w
   assert.equal(modelLabel(""), "(no model named)");
   assert.equal(modelLabel(undefined), "(no model named)");
   assert.equal(modelLabel("qwen3:8b"), "qwen3:8b");
+});
+
+test("a failure's label names its kind in a few words", () => {
+  const failed = (kind, extra = {}) => ({ status: "upstream_error", failure: { kind, ...extra } });
+  assert.equal(failureLabel({ ...failed("http"), http_status: 500 }), "HTTP 500");
+  assert.equal(failureLabel(failed("http")), "HTTP error");
+  assert.equal(failureLabel(failed("unreachable")), "unreachable");
+  assert.equal(failureLabel({ ...failed("stream_error"), http_status: 200 }), "server error mid-stream");
+  assert.equal(failureLabel(failed("broke_off", { after_tokens: 30 })), "broke after 30 tokens");
+  assert.equal(failureLabel(failed("broke_off", { after_tokens: 1 })), "broke after 1 token");
+  assert.equal(failureLabel(failed("broke_off", { after_tokens: 0 })), "broke before any token");
+  assert.equal(failureLabel({ status: "abandoned", failure: { kind: "client_left", after_tokens: 5 } }), "client left");
+});
+
+test("an older record without a failure is labelled from its status", () => {
+  assert.equal(failureLabel({ status: "upstream_error", http_status: 502 }), "HTTP 502");
+  assert.equal(failureLabel({ status: "upstream_error" }), "HTTP error");
+  assert.equal(failureLabel({ status: "upstream_error", http_status: 200 }), "HTTP error");
+  assert.equal(failureLabel({ status: "abandoned" }), "ended early");
+  assert.equal(failureLabel({ status: "ok", http_status: 200 }), null, "a call that ended well has none");
+});
+
+test("no label ever reads 'error 200', and every label fits 26 characters", () => {
+  const labels = [
+    statusLabel("upstream_error", 200),
+    failureLabel({ status: "upstream_error", http_status: 200 }),
+    failureLabel({ status: "upstream_error", http_status: 200, failure: { kind: "http" } }),
+    failureLabel({ status: "upstream_error", failure: { kind: "broke_off", after_tokens: 123_456 } }),
+    failureLabel({ status: "upstream_error", failure: { kind: "stream_error" } }),
+  ];
+  for (const l of labels) {
+    assert.doesNotMatch(l, /error 200/);
+    assert.ok(l.length <= 26, l);
+  }
+});
+
+test("a call is failed unless it ended well or its client left", () => {
+  assert.equal(isFailed({ status: "upstream_error", failure: { kind: "http" } }), true);
+  assert.equal(isFailed({ status: "ok", failure: { kind: "broke_off", after_tokens: 3 } }), true, "the failure decides, not the status");
+  assert.equal(isFailed({ status: "abandoned", failure: { kind: "client_left" } }), false);
+  assert.equal(isFailed({ status: "upstream_error" }), true, "an older record");
+  assert.equal(isFailed({ status: "abandoned" }), false);
+  assert.equal(isFailed({ status: "ok" }), false);
+  assert.equal(clientLeft({ status: "abandoned", failure: { kind: "client_left" } }), true);
+  assert.equal(clientLeft({ status: "abandoned" }), false);
 });

@@ -2,6 +2,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { DASH } from "../lib/format.js";
 import {
+  allFailed,
+  errorsText,
   DEFAULT_RANGE,
   depthFilter,
   depthModel,
@@ -339,4 +341,29 @@ test("the decode chart marks each route's server version change at the first cal
     { x: Date.parse("2026-11-30T10:03:00Z") / 1000, route: "ollama", from: "0.32.13", to: "0.33.2", label: "ollama: 0.32.13 → 0.33.2" },
   ]);
   assert.deepEqual(versionMarks(undefined), []);
+});
+
+test("the Errors cell counts the failed calls of all and their share, 0 when the engine names none", () => {
+  const [a, b, c] = comparisonRows([
+    { model: "a", route: "r", calls: 10, ok_calls: 8, failed_calls: 2 },
+    { model: "b", route: "r", calls: 10, ok_calls: 10 },
+    { model: "c", route: "r", calls: 0, ok_calls: 0 },
+  ]);
+  assert.equal(a.errors, "2 / 10 (20%)");
+  assert.equal(b.errors, "0 / 10");
+  assert.equal(c.errors, DASH);
+  assert.equal(errorsText({ calls: 3, failed_calls: 1 }), "1 / 3 (33%)");
+});
+
+test("a model whose calls all failed says all failed in its TTFT cell, dashes in the others", () => {
+  const [all, some] = comparisonRows([
+    { model: "x", route: "r", calls: 4, ok_calls: 0, failed_calls: 4 },
+    { model: "y", route: "r", calls: 4, ok_calls: 0, failed_calls: 3 },
+  ]);
+  assert.equal(all.allFailed, true);
+  assert.equal(all.ttftP50, "all failed");
+  assert.deepEqual([all.ttftP90, all.tpsP50, all.tpsP10], [DASH, DASH, DASH]);
+  assert.equal(some.allFailed, false, "one call left early, not failed: not all failed");
+  assert.equal(some.ttftP50, DASH);
+  assert.equal(allFailed({ calls: 0, ok_calls: 0, failed_calls: 0 }), false);
 });

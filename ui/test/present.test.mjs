@@ -196,3 +196,46 @@ test("a slowdown with several causes lists each; one without a rate still says t
   assert.equal(slowdownView({ usual_tps: 35 }), null, "no ratio, nothing shown");
   assert.equal(slowdownView(undefined), null);
 });
+
+test("a failed settled call's pill reads failed and its status says how, never 'upstream error 200'", () => {
+  const r = callRow({
+    ...settled,
+    status: "upstream_error",
+    http_status: 200,
+    failure: { kind: "stream_error", after_tokens: 12, message: "model 'x' not found" },
+  });
+  assert.deepEqual(r.phase, { text: "failed", kind: "failed" });
+  assert.deepEqual(r.status, { text: "server error mid-stream", kind: "upstream_error" });
+  assert.equal(r.outcome, "failed");
+  assert.equal(r.failureTitle, "server error mid-stream: model 'x' not found");
+});
+
+test("an older failed record without a failure still reads failed, with its HTTP code", () => {
+  const r = callRow({ ...settled, status: "upstream_error", http_status: 500 });
+  assert.deepEqual(r.phase, { text: "failed", kind: "failed" });
+  assert.equal(r.status.text, "HTTP 500");
+  assert.equal(r.failureTitle, "HTTP 500");
+});
+
+test("a call whose client left reads client left, neutral rather than failed", () => {
+  const r = callRow({ ...settled, status: "abandoned", failure: { kind: "client_left", after_tokens: 4 } });
+  assert.deepEqual(r.phase, { text: "client left", kind: "client_left" });
+  assert.equal(r.status.text, "client left");
+  assert.equal(r.outcome, "client_left");
+  assert.equal(callRow({ ...settled, status: "abandoned" }).status.text, "ended early");
+});
+
+test("a call that ended well keeps its complete pill and ok status, with no outcome", () => {
+  const r = callRow(settled);
+  assert.equal(r.outcome, null);
+  assert.equal(r.failureTitle, "");
+  assert.equal(r.stallMark, null);
+});
+
+test("a settled call that stalled is marked stalled, with how often and how long in its title", () => {
+  const once = callRow({ ...settled, stalls: 1, stalled_ms: 20_100 });
+  assert.equal(once.stallMark.text, "stalled");
+  assert.match(once.stallMark.title, /once \(20\.1 s in all\)/);
+  assert.match(callRow({ ...settled, stalls: 3, stalled_ms: 25_000 }).stallMark.title, /3 times \(25\.0 s in all\)/);
+  assert.equal(callRow({ ...settled, status: "in_flight", stalls: 1 }).stallMark, null, "a live call has its own stalled badge");
+});

@@ -129,8 +129,10 @@ export function mountCalls({ tbody, thead, empty, noneMatch, count, modelPick, r
     cells.api.title = v.apiRaw;
     setText(row.badge, v.wait ? v.wait.badge : v.phase ? v.phase.text : "–");
     row.badge.dataset.phase = v.phase ? v.phase.kind : "none";
+    row.badge.classList.toggle("phase-failed", v.outcome === "failed");
+    row.badge.classList.toggle("phase-client-left", v.outcome === "client_left");
     row.badge.dataset.wait = v.wait ? v.wait.reason : "";
-    row.badge.title = v.wait ? v.wait.title : "";
+    row.badge.title = v.wait ? v.wait.title : v.failureTitle;
     drawWait(row, v.wait);
     row.cut.hidden = !v.truncated;
     row.cut.title = v.truncated?.title ?? "";
@@ -167,6 +169,8 @@ export function mountCalls({ tbody, thead, empty, noneMatch, count, modelPick, r
     row.gap.title = how.gap ? how.gapTitle : "";
     setText(row.status, v.status.text);
     row.status.dataset.status = v.status.kind;
+    row.status.dataset.outcome = v.outcome ?? "";
+    row.status.title = v.failureTitle;
   }
 
   function drawWait(row, wait) {

@@ -137,6 +137,12 @@ export function mountDetails({ onClose } = {}, doc = document) {
         h("p", { class: "stalled-line", id: "details-stalled", title: "No output for longer than max(3 s, 10× this call's median gap between outputs)" }, `Stalled: ${d.stalled.replace(/^stalled /, "")} without output`),
       );
     }
+    if (d.failure) {
+      parts.push(h("p", { class: "failed-line", id: "details-failed", "data-kind": d.failure.kind, role: "status" }, d.failure.text));
+    }
+    if (d.stall) {
+      parts.push(h("p", { class: "stall-line", id: "details-stall", title: "Output stopped mid-stream for longer than this call's stall threshold, then went on" }, d.stall));
+    }
     if (d.wait?.live) parts.push(waitSection(d.wait));
     parts.push(section("Call", "identity", list(d.identity)));
     if (d.outcome.length) parts.push(section("Outcome", "outcome", list(d.outcome)));

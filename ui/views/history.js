@@ -165,7 +165,10 @@ export function mountHistory(source, { onSelect }, doc = document) {
           // The key numbers first (TTFT and decode medians), so they fit
           // at 800 px; the tails, the kept-apart waits and the rest after.
           td("calls", r.calls, "num", { title: r.callsTitle }),
-          td("ttft_p50", r.ttftP50, `num${r.best.ttft ? " best" : ""}`, { title: r.best.ttft ? `Lowest median TTFT. ${r.ttftTitle}` : r.ttftTitle }),
+          td("errors", r.errors, `num errors${r.errors.startsWith("0 /") ? "" : " some"}`, { title: r.errorsTitle }),
+          r.allFailed
+            ? td("ttft_p50", r.ttftP50, "num all-failed", { title: "Every call of this model failed: there are no figures" })
+            : td("ttft_p50", r.ttftP50, `num${r.best.ttft ? " best" : ""}`, { title: r.best.ttft ? `Lowest median TTFT. ${r.ttftTitle}` : r.ttftTitle }),
           td("tps_p50", r.tpsP50, `num strong${r.best.tps ? " best" : ""}`, { title: r.best.tps ? "Fastest median decode rate" : undefined }),
           td("ttft_p90", r.ttftP90, "num", { title: r.ttftTitle }),
           td("tps_p10", r.tpsP10, "num"),
@@ -217,7 +220,8 @@ export function mountHistory(source, { onSelect }, doc = document) {
           h(
             "td",
             { "data-col": "status" },
-            h("span", { class: "status", "data-status": v.status.kind }, v.status.text),
+            h("span", { class: "status", "data-status": v.status.kind, "data-outcome": v.outcome ?? "", title: v.failureTitle || undefined }, v.status.text),
+            v.stallMark ? h("span", { class: "badge stall-mark", title: v.stallMark.title }, v.stallMark.text) : null,
             v.truncated ? h("span", { class: "badge cut", title: v.truncated.title }, "prompt cut") : null,
           ),
         );
