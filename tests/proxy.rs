@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use proxy_support::*;
 use speedtap::model::ApiKind;
-use speedtap::model::{CallStatus, EngineEvent, EngineQueries};
+use speedtap::model::{CallStatus, EngineEvent, EngineQueries, FailureKind};
 use speedtap::model::{Phase, TokenSource};
 use speedtap::simulate::{SimConfig, SimServer};
 
@@ -197,6 +197,9 @@ async fn unreachable_upstream_gets_a_502_naming_it() {
     let calls = settled_calls(&engine, 1).await;
     assert_eq!(calls[0].status, CallStatus::UpstreamError);
     assert_eq!(calls[0].http_status, Some(502));
+    let failure = calls[0].details.failure.as_ref().expect("a failure");
+    assert_eq!(failure.kind, FailureKind::Unreachable);
+    assert_eq!(failure.label(calls[0].http_status), "unreachable");
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -397,6 +400,13 @@ async fn non_2xx_passes_through_unchanged_as_upstream_error() {
     let calls = settled_calls(&engine, 1).await;
     assert_eq!(calls[0].status, CallStatus::UpstreamError);
     assert_eq!(calls[0].http_status, Some(400));
+    // Failed, with the server's own message from its error body.
+    let failure = calls[0].details.failure.as_ref().expect("a failure");
+    assert_eq!(failure.kind, FailureKind::Http);
+    assert_eq!(failure.label(calls[0].http_status), "HTTP 400");
+    // Its name for the error, never its prose (which may quote the request).
+    assert_eq!(failure.message.as_deref(), Some("invalid_request_error"));
+    assert_eq!(calls[0].details.start, None, "no load, so not cold");
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -425,6 +435,14 @@ async fn upstream_cut_mid_stream_is_abandoned_and_the_client_sees_it() {
     assert!(received >= 5, "{received}");
     assert_eq!(speed.output_tokens, received);
     assert_eq!(speed.output_tokens_per_second, None);
+    // It broke off after the tokens it sent: the server's failure.
+    let failure = calls[0].details.failure.as_ref().expect("a failure");
+    assert_eq!(failure.kind, FailureKind::BrokeOff);
+    assert_eq!(failure.after_tokens, received);
+    assert_eq!(
+        failure.label(calls[0].http_status),
+        format!("broke after {received} tokens")
+    );
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -456,6 +474,10 @@ async fn client_hang_up_abandons_and_closes_upstream() {
     let calls = settled_calls(&engine, 1).await;
     assert_eq!(calls[0].status, CallStatus::Abandoned);
     assert!(calls[0].speed.as_ref().unwrap().output_tokens >= 3);
+    // The client's doing, not the server's.
+    let failure = calls[0].details.failure.as_ref().expect("a failure");
+    assert_eq!(failure.kind, FailureKind::ClientLeft);
+    assert!(!failure.is_error());
     // The upstream noticed: its stream was cancelled long before its end.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     while up.seen.lock().unwrap().cancelled == 0 {
@@ -809,6 +831,42 @@ async fn a_request_head_over_the_cap_is_a_431_even_when_sent_in_one_piece() {
         up.seen.lock().unwrap().requests.len(),
         1,
         "the head over the cap went upstream"
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// A 200 stream whose server sends an error event after 5 tokens: failed
+/// as a server error mid-stream, with the simulator's own message and the
+/// tokens before it, never "error 200".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_event_mid_stream_is_a_failure_with_the_servers_message() {
+    let sim = SimServer::start("127.0.0.1:0", SimConfig::default())
+        .await
+        .unwrap();
+    let engine = engine_for(&format!("http://{}", sim.local_addr())).await;
+    let got = send_with(
+        engine.routes[0].listen,
+        "POST",
+        "/v1/chat/completions",
+        Bytes::from_static(br#"{"model":"m","stream":true,"messages":[]}"#),
+        &[("x-sim-error-after", "5")],
+    )
+    .await;
+    assert_eq!(got.status, 200);
+    let calls = settled_calls(&engine, 1).await;
+    assert_eq!(calls[0].status, CallStatus::UpstreamError);
+    let failure = calls[0].details.failure.as_ref().expect("a failure");
+    assert_eq!(failure.kind, FailureKind::StreamError);
+    assert_eq!(failure.after_tokens, 5);
+    let label = failure.label(calls[0].http_status);
+    assert_eq!(label, "server error mid-stream");
+    // The simulator's OpenAI error event names no type: no prose is kept.
+    assert!(
+        failure
+            .message
+            .as_deref()
+            .is_none_or(|m| !m.contains("simulated")),
+        "{failure:?}"
     );
     engine.shutdown(Duration::from_secs(1)).await;
 }

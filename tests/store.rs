@@ -967,7 +967,7 @@ fn models_medians_and_p90_match_hand_computed_values() {
     assert_eq!(
         json,
         serde_json::json!({"model": "qwen3:8b", "route": "vllm", "calls": 1, "ok_calls": 0,
-                           "last_seen": ms_to_rfc3339(T0 + 1)})
+                           "failed_calls": 1, "last_seen": ms_to_rfc3339(T0 + 1)})
     );
 }
 
@@ -1219,13 +1219,15 @@ fn csv_export_has_the_documented_header_and_flat_rows() {
          truncated_server_tokens,truncated_context_size,context_size,context_used,draft_n,\
          draft_accepted,placement,model_bytes,vram_bytes,start,error,prompt_tokens_estimated,\
          queued_ms,queue_position,server_version,reasoning_tokens,reasoning_tokens_estimated,\
-         reasoning_ms,slowdown,response_model,slow_after_ms,slow_after_usual_ms"
+         reasoning_ms,slowdown,response_model,slow_after_ms,slow_after_usual_ms,failure_kind,\
+         failure_after_tokens,failure_message,stalls,stalled_ms,longest_stall_ms,\
+         longest_stall_after_token,output_tokens_per_second_excluding_stalls"
     );
     assert_eq!(
         lines[1],
         format!(
             "c-000005,llama,openai_chat,gemma3,openai-python,upstream_error,500,{},{},2000,250,80,,\
-             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,,,,,,false,,,,,",
+             server,37,,,,,,,false,false,proxy,false,,,,,,,,,,,,,,,,,,,,,,,,false,,,,,,,,,,,,,",
             ms_to_rfc3339(T0 + 4),
             ms_to_rfc3339(T0 + 2004)
         )

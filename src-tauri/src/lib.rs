@@ -372,6 +372,7 @@ fn fan_out(app: &App, event: &EngineEvent) {
         EngineEvent::Settled(call) => {
             notifications.on_settled(call);
             notifications.on_slowdown(call, tokio::time::Instant::now());
+            notifications.on_failed(call, tokio::time::Instant::now());
         }
         EngineEvent::PromptTruncated(cut) => notifications.on_prompt_truncated(
             &cut.call.route,

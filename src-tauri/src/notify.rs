@@ -30,11 +30,20 @@ use speedtap::engine::notifier::SlowFirstTokenHook;
 use speedtap::host::EngineHandle;
 use speedtap::meter::slowdown_notice::SlowdownNotices;
 use speedtap::model::SettingsDoc;
-use speedtap::model::{Call, SlowFirstToken};
+use speedtap::model::{Call, FailureKind, SlowFirstToken};
 
 /// The application name notifications carry (what notification centres
 /// group and label them by).
 pub const APP_NAME: &str = "speedtap";
+
+/// The icon theme name the package installs (`Icon=` of its desktop
+/// entry), sent with every notification.
+pub const ICON_NAME: &str = "speedtap-desktop";
+
+/// The package's desktop entry (`/usr/share/applications/speedtap.desktop`),
+/// sent as the `desktop-entry` hint so notification centres group and
+/// label the notices as the app's.
+pub const DESKTOP_ENTRY: &str = "speedtap";
 
 /// One notification.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +82,8 @@ impl DesktopSink {
                 .appname(APP_NAME)
                 .summary(&summary)
                 .body(&body)
+                .icon(ICON_NAME)
+                .hint(notify_rust::Hint::DesktopEntry(DESKTOP_ENTRY.to_owned()))
                 .show();
             if let Err(e) = shown {
                 tracing::warn!("desktop notification not shown: {e}");
@@ -119,7 +130,18 @@ pub struct Notifications {
     truncated: Mutex<HashSet<(String, Option<String>)>>,
     /// When each route, model and slowdown cause was last told.
     slowdowns: Mutex<SlowdownNotices>,
+    /// When each route, model and failure kind was last told: one model's
+    /// failures never silence another's.
+    failures: Mutex<HashMap<(String, String, FailureKind), Instant>>,
 }
+
+/// At most one failure notification per route, model and kind in this
+/// period.
+pub const FAILURE_THROTTLE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The most characters of a notification's title: GNOME and KDE cut
+/// longer ones.
+pub const TITLE_MAX: usize = 60;
 
 impl Notifications {
     /// A policy sending to `sink`, reading the settings from the engine
@@ -133,6 +155,7 @@ impl Notifications {
             alarmed: Mutex::new(HashMap::new()),
             truncated: Mutex::new(HashSet::new()),
             slowdowns: Mutex::new(SlowdownNotices::new()),
+            failures: Mutex::new(HashMap::new()),
         })
     }
 
@@ -146,6 +169,7 @@ impl Notifications {
             alarmed: Mutex::new(HashMap::new()),
             truncated: Mutex::new(HashSet::new()),
             slowdowns: Mutex::new(SlowdownNotices::new()),
+            failures: Mutex::new(HashMap::new()),
         })
     }
 
@@ -242,6 +266,38 @@ impl Notifications {
         }
     }
 
+    /// A call settled at `now` having failed (an HTTP error, an error
+    /// event, a break-off; a client that left is no failure): told once
+    /// per route, model and kind per [`FAILURE_THROTTLE`], never for the
+    /// demo's calls or a relay's legs. A failure silenced by the pause or
+    /// the settings is not counted as told.
+    pub fn on_failed(&self, call: &Call, now: Instant) {
+        let Some(failure) = call.details.failure.as_ref().filter(|f| f.is_error()) else {
+            return;
+        };
+        let (notifications, _) = self.settings();
+        if self.is_paused() || !notifications || call.identity.demo || call.details.relay.is_some()
+        {
+            return;
+        }
+        let key = (
+            call.identity.route.clone(),
+            call.identity.model.clone().unwrap_or_default(),
+            failure.kind,
+        );
+        {
+            let mut told = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+            if told
+                .get(&key)
+                .is_some_and(|at| now.saturating_duration_since(*at) < FAILURE_THROTTLE)
+            {
+                return;
+            }
+            told.insert(key, now);
+        }
+        self.sink.show(failure_note(call));
+    }
+
     /// A call settled: the follow-up, if we alarmed about it and the user
     /// wants follow-ups.
     pub fn on_settled(&self, call: &Call) {
@@ -283,6 +339,48 @@ pub fn slow_body(alarm: &serde_json::Value) -> String {
         ),
         (None, None) => "Still waiting.".to_owned(),
     }
+}
+
+/// `model: tail`, the model's name cut (`…`) so the whole stays within
+/// [`TITLE_MAX`] characters.
+pub fn short_title(model: &str, tail: &str) -> String {
+    let room = TITLE_MAX.saturating_sub(tail.chars().count() + 2);
+    let name: String = if model.chars().count() > room {
+        let mut cut: String = model.chars().take(room.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    } else {
+        model.to_owned()
+    };
+    format!("{name}: {tail}")
+}
+
+/// The failure notification: `phi4: failed (HTTP 500)` as the title; the
+/// body the server's name for the error and where it ran, or, without
+/// one, what the call had streamed. Never a repeat of the title.
+pub fn failure_note(call: &Call) -> Note {
+    let Some(failure) = &call.details.failure else {
+        return Note {
+            summary: short_title(
+                call.identity.model.as_deref().unwrap_or("a model"),
+                "failed",
+            ),
+            body: String::new(),
+        };
+    };
+    let label = failure.label(call.http_status);
+    let model = call.identity.model.as_deref().unwrap_or("a model");
+    let summary = short_title(model, &format!("failed ({label})"));
+    let on = format!("on {}", call.identity.route);
+    let body = match &failure.message {
+        Some(message) => format!("The server's error: {message} ({on})."),
+        None if failure.after_tokens > 0 => format!(
+            "The answer stopped after {} output tokens, before its end ({on}).",
+            failure.after_tokens
+        ),
+        None => format!("No answer came back ({on})."),
+    };
+    Note { summary, body }
 }
 
 /// The cut-prompt notification: the engine's message and what to do.
@@ -512,6 +610,91 @@ mod tests {
             1,
             "notifications off in the settings"
         );
+    }
+
+    fn failed_call(id: &str, model: &str, kind: FailureKind, message: Option<&str>) -> Call {
+        let mut call = settled(id, None, None, CallStatus::UpstreamError);
+        call.identity.model = Some(model.to_owned());
+        call.http_status = Some(500);
+        call.details.failure = Some(speedtap::model::Failure::new(kind, 30, message));
+        call
+    }
+
+    #[test]
+    fn a_failed_call_is_notified_once_per_route_model_and_kind_with_a_short_title() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, false);
+        let t0 = Instant::now();
+        let boom = Some("CUDA error: out of memory");
+        n.on_failed(&failed_call("c-1", "phi4", FailureKind::Http, boom), t0);
+        // The same model and kind within the minute: once is enough.
+        n.on_failed(&failed_call("c-2", "phi4", FailureKind::Http, boom), t0);
+        // Another model, or another kind, is told at once.
+        n.on_failed(&failed_call("c-3", "gemma3", FailureKind::Http, None), t0);
+        n.on_failed(&failed_call("c-4", "phi4", FailureKind::BrokeOff, None), t0);
+        // A client that left is nobody's failure.
+        n.on_failed(
+            &failed_call("c-5", "phi4", FailureKind::ClientLeft, None),
+            t0,
+        );
+        n.on_failed(
+            &failed_call("c-6", "phi4", FailureKind::Http, boom),
+            t0 + FAILURE_THROTTLE,
+        );
+        assert_eq!(
+            sink.summaries(),
+            [
+                "phi4: failed (HTTP 500)",
+                "gemma3: failed (HTTP 500)",
+                "phi4: failed (broke after 30 tokens)",
+                "phi4: failed (HTTP 500)",
+            ]
+        );
+        let notes = sink.0.lock().unwrap().clone();
+        assert_eq!(
+            notes[0].body,
+            "The server's error: CUDA error: out of memory (on ollama)."
+        );
+        assert_eq!(
+            notes[2].body,
+            "The answer stopped after 30 output tokens, before its end (on ollama)."
+        );
+        for note in &notes {
+            assert!(note.summary.chars().count() <= TITLE_MAX, "{note:?}");
+            assert!(!note.body.contains(&note.summary), "{note:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_model_name_is_cut_so_the_title_fits_sixty_characters() {
+        let model = "hf.co/unsloth/DeepSeek-R1-Distill-Qwen-32B-GGUF:Q4_K_M-very-long";
+        let title = short_title(model, "failed (broke after 1,234 tokens)");
+        assert_eq!(title.chars().count(), TITLE_MAX, "{title}");
+        assert!(
+            title.ends_with("…: failed (broke after 1,234 tokens)"),
+            "{title}"
+        );
+        assert_eq!(short_title("phi4", "stalled 30 s"), "phi4: stalled 30 s");
+    }
+
+    #[test]
+    fn no_failure_notification_while_paused_or_switched_off() {
+        let sink = Collect::default();
+        let n = Notifications::with_settings(sink.clone(), true, false);
+        n.set_paused(true);
+        let t0 = Instant::now();
+        n.on_failed(&failed_call("c-1", "phi4", FailureKind::Http, None), t0);
+        assert!(sink.summaries().is_empty());
+        n.set_paused(false);
+        n.on_failed(&failed_call("c-2", "phi4", FailureKind::Http, None), t0);
+        assert_eq!(
+            sink.summaries().len(),
+            1,
+            "a silenced one is not counted as told"
+        );
+        let off = Notifications::with_settings(sink.clone(), false, false);
+        off.on_failed(&failed_call("c-3", "x", FailureKind::Http, None), t0);
+        assert_eq!(sink.summaries().len(), 1);
     }
 
     #[test]

@@ -62,6 +62,8 @@ impl Icons {
             TrayState::Waiting => &self.waiting,
             TrayState::Streaming => &self.streaming,
             TrayState::Slow => &self.slow,
+            // A failed call: the problem icon, until the model succeeds.
+            TrayState::Failed => &self.problem,
         }
     }
 }

@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::Deserialize;
 use speedtap::model::Stats;
-use speedtap::model::{Call, CallIdentity, EngineEvent};
+use speedtap::model::{Call, CallIdentity, CallStatus, EngineEvent};
 use speedtap::model::{FollowedServer, FollowedState, LoadedModelDoc, RouteInfo};
 use speedtap::model::{Phase, Snapshot, TokenSource};
 use tokio::time::Instant;
@@ -55,6 +55,10 @@ pub const ID_MORE_CALLS: &str = "calls-more";
 pub const ID_NO_CALLS: &str = "calls-none";
 /// The hour's high and low.
 pub const ID_HOUR: &str = "hour";
+/// Prefix of the line saying a model's last call failed (`failed:ROUTE/MODEL`).
+pub const ID_FAILED_PREFIX: &str = "failed:";
+/// The most models whose last failure the menu lists.
+pub const MAX_FAILED_ENTRIES: usize = 3;
 /// "Open speedtap": show and focus the window.
 pub const ID_OPEN: &str = "open";
 /// "Pause notifications" (a check item).
@@ -86,6 +90,9 @@ pub enum TrayState {
     Streaming,
     /// A first token is later than the threshold.
     Slow,
+    /// Nothing in flight, and the last call of some model failed (until
+    /// that model's next call succeeds).
+    Failed,
 }
 
 /// What a menu line is.
@@ -267,6 +274,9 @@ pub struct TrayModel {
     active: BTreeMap<String, Active>,
     /// Calls the engine raised the slow-first-token alarm for.
     alarmed: HashSet<String>,
+    /// Per (route, model): how its last call failed, until a call of that
+    /// model succeeds.
+    failed: BTreeMap<(String, String), String>,
     stats: Stats,
     /// The menu shows when loaded models unload: each reading redraws, so
     /// the time left counts down while nothing else happens.
@@ -284,6 +294,7 @@ impl TrayModel {
         TrayModel {
             active: BTreeMap::new(),
             alarmed: HashSet::new(),
+            failed: BTreeMap::new(),
             stats: Stats::default(),
             unloads_shown: false,
         }
@@ -325,7 +336,7 @@ impl TrayModel {
             }
             EngineEvent::Settled(call) => {
                 self.forget(&call.identity.id);
-                false
+                self.note_outcome(call)
             }
             // Each reading redraws while calls are shown (their waits and
             // rates age with `now`); an idle engine repeats the same
@@ -347,6 +358,27 @@ impl TrayModel {
             EngineEvent::PromptTruncated(_) => false,
             // The menu lists the servers (read from the engine at redraw).
             EngineEvent::Servers(_) => true,
+        }
+    }
+
+    /// Keeps how a model's last call failed, or forgets it once a call of
+    /// that model succeeds; a client that left, the demo's calls and a
+    /// relay's legs say nothing about the model. True when that changed.
+    fn note_outcome(&mut self, call: &Call) -> bool {
+        if call.identity.demo || call.details.relay.is_some() {
+            return false;
+        }
+        let key = (
+            call.identity.route.clone(),
+            call.identity.model.clone().unwrap_or_default(),
+        );
+        match &call.details.failure {
+            Some(f) if f.is_error() => {
+                let label = f.label(call.http_status);
+                self.failed.insert(key, label.clone()) != Some(label)
+            }
+            _ if call.status == CallStatus::Ok => self.failed.remove(&key).is_some(),
+            _ => false,
         }
     }
 
@@ -475,6 +507,9 @@ impl TrayModel {
             // whose settled event has not reached us yet.
             state = TrayState::Streaming;
         }
+        if state == TrayState::Idle && !self.failed.is_empty() {
+            state = TrayState::Failed;
+        }
         state
     }
 
@@ -512,6 +547,14 @@ impl TrayModel {
             EntryKind::Info,
             hour_line(&self.stats),
         ));
+        for ((route, model), label) in self.failed.iter().take(MAX_FAILED_ENTRIES) {
+            let name = if model.is_empty() { route } else { model };
+            menu.push(MenuEntry::new(
+                format!("{ID_FAILED_PREFIX}{route}/{model}"),
+                EntryKind::Info,
+                format!("Last call failed: {name} ({label})"),
+            ));
+        }
         if !inputs.servers.is_empty() {
             menu.push(MenuEntry::separator(3));
         }
@@ -780,7 +823,7 @@ mod tests {
     use std::time::Duration;
 
     use speedtap::model::ApiKind;
-    use speedtap::model::{CallStatus, SlowFirstToken};
+    use speedtap::model::{Failure, FailureKind, SlowFirstToken};
 
     use super::*;
 
@@ -1471,6 +1514,56 @@ mod tests {
             t0,
         );
         assert_eq!(m.active_calls(), 0);
+        assert_eq!(m.view(t0, &INPUTS).state, TrayState::Idle);
+    }
+
+    fn settled_as(
+        id: &str,
+        model: &str,
+        status: CallStatus,
+        failure: Option<Failure>,
+    ) -> EngineEvent {
+        let mut call = Call {
+            identity: ident(id, model),
+            status,
+            http_status: Some(500),
+            speed: Some(snap(Phase::Complete, 2000, None)),
+            input_tokens: None,
+            details: Default::default(),
+        };
+        call.details.failure = failure;
+        EngineEvent::Settled(call)
+    }
+
+    #[test]
+    fn a_failed_call_shows_in_the_icon_and_menu_until_that_models_next_call_succeeds() {
+        let t0 = Instant::now();
+        let mut m = TrayModel::new();
+        let http = Some(Failure::new(FailureKind::Http, 0, Some("boom")));
+        assert!(m.apply(
+            &settled_as("c-1", "phi4", CallStatus::UpstreamError, http),
+            t0
+        ));
+        let failed = |m: &TrayModel| -> Vec<String> {
+            let view = m.view(t0, &INPUTS);
+            view.menu
+                .iter()
+                .filter(|e| e.id.starts_with(ID_FAILED_PREFIX))
+                .map(|e| e.text.clone())
+                .collect()
+        };
+        assert_eq!(m.view(t0, &INPUTS).state, TrayState::Failed);
+        assert_eq!(failed(&m), ["Last call failed: phi4 (HTTP 500)"]);
+        // A client that left says nothing about the model: still failed.
+        let left = Some(Failure::new(FailureKind::ClientLeft, 3, None));
+        m.apply(&settled_as("c-2", "phi4", CallStatus::Abandoned, left), t0);
+        assert_eq!(failed(&m).len(), 1);
+        // Another model's success leaves phi4's failure shown.
+        m.apply(&settled_as("c-3", "gemma3", CallStatus::Ok, None), t0);
+        assert_eq!(m.view(t0, &INPUTS).state, TrayState::Failed);
+        // phi4 succeeds: the failure is gone.
+        assert!(m.apply(&settled_as("c-4", "phi4", CallStatus::Ok, None), t0));
+        assert!(failed(&m).is_empty());
         assert_eq!(m.view(t0, &INPUTS).state, TrayState::Idle);
     }
 

@@ -258,7 +258,13 @@ fn phase_label(phase: Phase) -> &'static str {
     }
 }
 
+/// The status column: `failed` for a call that failed, `left` for one
+/// whose client hung up; how it failed follows the numbers
+/// ([`failure_tail`]).
 fn status_label(call: &Call) -> String {
+    if let Some(failure) = &call.details.failure {
+        return if failure.is_error() { "failed" } else { "left" }.into();
+    }
     match call.status {
         CallStatus::Ok => "done".into(),
         CallStatus::InFlight => "in flight".into(),
@@ -308,13 +314,28 @@ fn live_line(call: &CallIdentity, speed: &Snapshot) -> String {
 
 fn settled_line(call: &Call) -> String {
     format!(
-        "{} {} {}",
+        "{} {} {}{}",
         identity_columns(&call.identity),
         col(&status_label(call), STATE_W),
-        numbers(call.speed.as_ref())
+        numbers(call.speed.as_ref()),
+        failure_tail(call)
     )
     .trim_end()
     .to_string()
+}
+
+/// How a call failed, after its numbers, in the words every front end
+/// uses ([`crate::model::Failure::label`]): `  · broke after 30 tokens`,
+/// `  · HTTP 500 (server_error)`, `  · client left`.
+fn failure_tail(call: &Call) -> String {
+    let Some(failure) = &call.details.failure else {
+        return String::new();
+    };
+    let mut tail = format!("  · {}", failure.label(call.http_status));
+    if let Some(message) = &failure.message {
+        tail.push_str(&format!(" ({message})"));
+    }
+    tail
 }
 
 /// The calls the live block lists: all of them in flight, and those past
@@ -708,5 +729,27 @@ mod tests {
         assert_eq!(line.matches(ABSENT).count(), 4, "{line}");
         call.status = CallStatus::Unmetered;
         assert!(settled_line(&call).contains("unmetered"));
+    }
+
+    #[test]
+    fn a_failed_call_says_how_it_failed_and_a_client_that_left_is_no_failure() {
+        use crate::model::{Failure, FailureKind};
+        let mut call = match settled("c-1") {
+            EngineEvent::Settled(c) => c,
+            _ => unreachable!(),
+        };
+        call.status = CallStatus::Abandoned;
+        call.http_status = Some(200);
+        call.details.failure = Some(Failure::new(FailureKind::BrokeOff, 30, None));
+        let line = settled_line(&call);
+        assert!(line.contains(" failed "), "{line}");
+        assert!(line.ends_with("· broke after 30 tokens"), "{line}");
+        assert!(!line.contains("error 200"), "{line}");
+        call.details.failure = Some(Failure::new(FailureKind::ClientLeft, 3, None));
+        let line = settled_line(&call);
+        assert!(
+            line.ends_with("· client left") && !line.contains("failed"),
+            "{line}"
+        );
     }
 }

@@ -119,10 +119,10 @@ pub enum StreamEvent {
     /// `response.completed`, `done: true`, `stop: true`, TGI `details`...).
     Done,
     /// The stream reported an error. `message` is the server's own error
-    /// type/code, kept short; it never quotes user text. `text` is the
-    /// server's own prose for it (`message`, `detail`, a bare string), when
-    /// it gave one: what a failed call shows, cleaned and capped by the
-    /// record ([`crate::model::Failure`]).
+    /// type/code, kept short (its prose when it names none: live
+    /// diagnostics only). `text` is its identifier alone (`type`, `code`),
+    /// when it has one: what a failed call may keep, since prose can quote
+    /// the request or the answer ([`crate::model::Failure`]).
     Error {
         message: String,
         text: Option<String>,

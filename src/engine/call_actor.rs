@@ -1529,7 +1529,7 @@ mod tests {
             h.at(1_490).await;
             assert!(h.settled().await.is_empty());
             h.at(1_500).await;
-            let expected = record(
+            let mut expected = record(
                 CallStatus::Abandoned,
                 Snapshot {
                     stalled_ms: None,
@@ -1544,6 +1544,12 @@ mod tests {
                 },
                 None,
             );
+            // Gone without an end: the interceptor's client left.
+            expected.details.failure = Some(crate::model::Failure::new(
+                crate::model::FailureKind::ClientLeft,
+                6,
+                None,
+            ));
             assert_eq!(h.settled().await, std::slice::from_ref(&expected));
             h.at(20_000).await;
             assert_eq!(h.settled().await, [expected]);

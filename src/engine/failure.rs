@@ -43,9 +43,9 @@ pub fn failure(e: &End<'_>) -> Option<Failure> {
         let message = body_message(e.error_body);
         return Some(Failure::new(FailureKind::Http, n, message.as_deref()));
     }
-    if let Some(kind) = e.stream_error {
-        let message = e.stream_error_text.unwrap_or(kind);
-        return Some(Failure::new(FailureKind::StreamError, n, Some(message)));
+    if e.stream_error.is_some() {
+        let code = e.stream_error_text;
+        return Some(Failure::new(FailureKind::StreamError, n, code));
     }
     match (e.outcome, e.end) {
         (Outcome::Ok, _) => None,
@@ -57,22 +57,13 @@ pub fn failure(e: &End<'_>) -> Option<Failure> {
     }
 }
 
-/// The server's message from its error body: the prose of a JSON error
-/// (`{"error": "..."}`, `{"error": {"message": ...}}`, `{"detail": ...}`),
-/// else the body's text when it is text. `None` for an empty body.
+/// The server's own name for the error in its body: the `type` or `code`
+/// of a JSON error (`{"error": {"type": "server_error", ...}}`). Never
+/// its prose, nor a text body: servers quote the request there, and no
+/// prompt or answer text is kept (`tests/security.rs`).
 pub fn body_message(body: &[u8]) -> Option<String> {
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    if text.is_empty() {
-        return None;
-    }
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(value) => json::error_text(&value),
-        // A body cut at the read limit is not JSON any more: its text still
-        // says what went wrong, but an HTML page says nothing worth a line.
-        Err(_) if text.starts_with('<') => None,
-        Err(_) => Some(text.to_owned()),
-    }
+    let value = serde_json::from_slice::<serde_json::Value>(body).ok()?;
+    json::error_code(&value)
 }
 
 #[cfg(test)]
@@ -102,42 +93,37 @@ mod tests {
     fn an_http_error_keeps_the_servers_own_message() {
         let mut e = end(Some(500), Outcome::UpstreamError, StreamEnd::Complete);
         e.output_tokens = 0;
-        e.error_body = br#"{"error":{"code":500,"message":"failed to load model\nout of memory","type":"server_error"}}"#;
+        e.error_body = br#"{"error":{"code":500,"message":"failed to load my secret prompt","type":"server_error"}}"#;
         let f = failure(&e).unwrap();
         assert_eq!(f.kind, FailureKind::Http);
         assert_eq!(f.label(Some(500)), "HTTP 500");
-        assert_eq!(
-            f.message.as_deref(),
-            Some("failed to load model out of memory")
-        );
-        e.error_body = br#"{"error":"model 'x' not found, try pulling it first"}"#;
-        let f = failure(&e).unwrap();
-        assert_eq!(
-            f.message.as_deref(),
-            Some("model 'x' not found, try pulling it first")
-        );
+        // The server's name for the error, never its prose.
+        assert_eq!(f.message.as_deref(), Some("server_error"));
+        e.error_body = br#"{"error":"my secret prompt is not valid"}"#;
+        assert_eq!(failure(&e).unwrap().message, None);
         e.error_body = b"Too Many Requests\r\n";
         e.http_status = Some(429);
         let f = failure(&e).unwrap();
+        assert_eq!((f.label(Some(429)).as_str(), f.message), ("HTTP 429", None));
+        e.error_body = br#"{"type":"error","error":{"type":"overloaded_error","message":"x"}}"#;
         assert_eq!(
-            (f.label(Some(429)).as_str(), f.message.as_deref()),
-            ("HTTP 429", Some("Too Many Requests"))
+            failure(&e).unwrap().message.as_deref(),
+            Some("overloaded_error")
         );
-        e.error_body = b"<html><body>502</body></html>";
-        assert_eq!(failure(&e).unwrap().message, None);
     }
 
     #[test]
     fn an_error_event_in_a_200_stream_is_a_server_error_mid_stream() {
         let mut e = end(Some(200), Outcome::UpstreamError, StreamEnd::UpstreamCut);
-        e.stream_error = Some("server_error");
-        e.stream_error_text = Some("the model crashed");
+        e.stream_error = Some("the answer so far");
+        e.stream_error_text = Some("server_error");
         let f = failure(&e).unwrap();
         assert_eq!(f.kind, FailureKind::StreamError);
         assert_eq!(f.after_tokens, 30);
-        assert_eq!(f.message.as_deref(), Some("the model crashed"));
+        assert_eq!(f.message.as_deref(), Some("server_error"));
+        // Prose alone (an Ollama `{"error": "..."}` line) keeps nothing.
         e.stream_error_text = None;
-        assert_eq!(failure(&e).unwrap().message.as_deref(), Some("server_error"));
+        assert_eq!(failure(&e).unwrap().message, None);
     }
 
     #[test]

@@ -51,9 +51,11 @@ pub struct Failure {
     pub kind: FailureKind,
     /// Output tokens the call had streamed before it went wrong.
     pub after_tokens: u64,
-    /// The server's own message, from its error body or event: at most
+    /// The server's own name for the error, from its error body or event
+    /// (its `type` or `code`: `server_error`, `invalid_request_error`),
+    /// never its prose, which may quote the request or the answer: at most
     /// [`MESSAGE_CAP`] characters, control characters removed
-    /// ([`clean_message`]). Absent when the server said nothing readable.
+    /// ([`clean_message`]). Absent when the server named none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
@@ -147,7 +149,10 @@ mod tests {
         let f = |kind, n| Failure::new(kind, n, None);
         assert_eq!(f(FailureKind::Http, 0).label(Some(500)), "HTTP 500");
         assert_eq!(f(FailureKind::Http, 0).label(Some(429)), "HTTP 429");
-        assert_eq!(f(FailureKind::Unreachable, 0).label(Some(502)), "unreachable");
+        assert_eq!(
+            f(FailureKind::Unreachable, 0).label(Some(502)),
+            "unreachable"
+        );
         assert_eq!(
             f(FailureKind::StreamError, 12).label(Some(200)),
             "server error mid-stream"
@@ -156,8 +161,14 @@ mod tests {
             f(FailureKind::BrokeOff, 30).label(Some(200)),
             "broke after 30 tokens"
         );
-        assert_eq!(f(FailureKind::BrokeOff, 1).label(None), "broke after 1 token");
-        assert_eq!(f(FailureKind::ClientLeft, 3).label(Some(200)), "client left");
+        assert_eq!(
+            f(FailureKind::BrokeOff, 1).label(None),
+            "broke after 1 token"
+        );
+        assert_eq!(
+            f(FailureKind::ClientLeft, 3).label(Some(200)),
+            "client left"
+        );
         for kind in [
             FailureKind::Http,
             FailureKind::Unreachable,
@@ -187,7 +198,10 @@ mod tests {
         let kept = clean_message(&long);
         assert_eq!(kept.chars().count(), MESSAGE_CAP + 1);
         assert!(kept.ends_with('…'));
-        assert_eq!(Failure::new(FailureKind::Http, 0, Some("\n\u{0}  ")).message, None);
+        assert_eq!(
+            Failure::new(FailureKind::Http, 0, Some("\n\u{0}  ")).message,
+            None
+        );
     }
 
     #[test]

@@ -239,27 +239,39 @@ pub fn error_message(v: &Value) -> String {
     }
 }
 
-/// The server's own prose for an error value, when it wrote any: a bare
-/// string, or the `message` (else `detail`, `msg`) of the object, nested
-/// `{"error": ...}` unwrapped. Lists (FastAPI's validation errors, whose
-/// `input` may quote the request) give none. Not cut here: the record
-/// cleans and caps it ([`crate::model::clean_message`]).
-pub fn error_text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_owned()),
-        Value::Object(map) => {
-            if let Some(inner) = map.get("error").filter(|e| e.is_string() || e.is_object()) {
-                if let Some(text) = error_text(inner) {
-                    return Some(text);
-                }
-            }
-            ["message", "detail", "msg"]
-                .iter()
-                .find_map(|k| nonblank_str(v, k))
-                .map(|s| s.trim().to_owned())
+/// The server's own name for an error value, as it may be kept: its
+/// `type`, `code` or `error_type` identifier (`invalid_request_error`,
+/// `server_error`, `500`), nested `{"error": ...}` unwrapped. Never its
+/// prose (`message`, `detail`, a bare string): servers quote the request
+/// and the answer there ("… is not a valid prompt"), and neither may be
+/// kept (`tests/security.rs`). `None` when it names no identifier.
+pub fn error_code(v: &Value) -> Option<String> {
+    let Value::Object(map) = v else {
+        return None;
+    };
+    if let Some(inner) = map.get("error").filter(|e| e.is_object()) {
+        if let Some(code) = error_code(inner) {
+            return Some(code);
         }
-        _ => None,
     }
+    ["type", "code", "error_type"].iter().find_map(|k| {
+        let id = match map.get(*k)? {
+            Value::String(s) => s.trim().to_owned(),
+            Value::Number(n) => n.to_string(),
+            _ => return None,
+        };
+        is_identifier(&id).then_some(id)
+    })
+}
+
+/// A short machine name: letters, digits, `_ . : -`, at most 64, and not
+/// the word `error` alone (Anthropic's wrapper type says nothing).
+fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s != "error"
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'))
 }
 
 /// A string field with something besides whitespace: what [`short`] is

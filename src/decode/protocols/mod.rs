@@ -428,7 +428,7 @@ impl Sink<'_> {
     pub(crate) fn error_value(&mut self, value: &Value) {
         self.out.push(StreamEvent::Error {
             message: json::error_message(value),
-            text: json::error_text(value),
+            text: json::error_code(value),
         });
     }
 
@@ -724,18 +724,19 @@ mod tests {
             (
                 "{\"error\":{\"code\":400,\"message\":\"m\",\"type\":\"invalid_request_error\"}}",
                 "invalid_request_error",
-                "m",
+                Some("invalid_request_error"),
             ),
+            // Prose is never kept: it may quote the request.
             (
                 "{\"error\":\"model 'x' not found\"}",
                 "model 'x' not found",
-                "model 'x' not found",
+                None,
             ),
-            ("{\"detail\":\"Not Found\"}", "Not Found", "Not Found"),
+            ("{\"detail\":\"Not Found\"}", "Not Found", None),
             (
                 "{\"type\":\"error\",\"error\":{\"type\":\"not_found_error\",\"message\":\"m\"}}",
                 "not_found_error",
-                "m",
+                Some("not_found_error"),
             ),
         ];
         for api in ApiKind::METERED {
@@ -745,7 +746,7 @@ mod tests {
                     ev,
                     vec![StreamEvent::Error {
                         message: msg.into(),
-                        text: Some(text.into()),
+                        text: text.map(str::to_owned),
                     }],
                     "{api} {b}"
                 );

@@ -96,9 +96,9 @@ impl Decoder {
         if v.get("status").and_then(Value::as_str) == Some("failed") {
             let error = v.get("error").filter(|e| !e.is_null());
             match error {
-                    Some(e) => sink.error_value(e),
-                    None => sink.error("response.failed".to_owned()),
-                }
+                Some(e) => sink.error_value(e),
+                None => sink.error("response.failed".to_owned()),
+            }
         }
         true
     }
