@@ -42,7 +42,7 @@ fn insert_sql() -> String {
 /// Inserts `calls`, skipping any already stored (same id and started_at).
 #[expect(
     clippy::too_many_lines,
-    reason = "one line per stored column, in COLUMNS order; the column table of issue 41 replaces this list"
+    reason = "one line per stored column, in COLUMNS order, until a column table drives the insert"
 )]
 pub(crate) fn insert_calls(tx: &Transaction<'_>, calls: &[Call]) -> rusqlite::Result<()> {
     let mut stmt = tx.prepare_cached(&insert_sql())?;
