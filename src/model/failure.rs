@@ -115,7 +115,7 @@ pub fn clean_message(raw: &str) -> String {
             continue;
         }
         if chars == MESSAGE_CAP {
-            out.pop_if_space();
+            out.truncate(out.trim_end().len());
             out.push('…');
             return out;
         }
@@ -123,21 +123,8 @@ pub fn clean_message(raw: &str) -> String {
         out.push(c);
         chars += 1;
     }
-    out.pop_if_space();
+    out.truncate(out.trim_end().len());
     out
-}
-
-/// Drops one trailing space.
-trait PopIfSpace {
-    fn pop_if_space(&mut self);
-}
-
-impl PopIfSpace for String {
-    fn pop_if_space(&mut self) {
-        if self.ends_with(' ') {
-            self.pop();
-        }
-    }
 }
 
 #[cfg(test)]
